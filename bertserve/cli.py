@@ -1,0 +1,57 @@
+"""The `bertserve` console script.
+
+Each side registers its own subcommands, so this file never imports torch (export side) or grpc
+(serving side) before a subcommand of theirs is chosen: a module listed in COMMAND_MODULES exposes
+`register(subparsers)`, which adds its subcommands with `set_defaults(run=callable)`; the callable
+takes the parsed arguments and returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bertserve import __version__
+
+# module -> subcommands it registers (listed here so `bertserve --help` needs no heavy import).
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "export.commands": ("export",),
+    "service.commands": ("serve", "embed", "fill-mask", "classify", "tokenize", "info"),
+}
+
+
+def _module_for(command: str) -> str | None:
+    for module, commands in COMMAND_MODULES.items():
+        if command in commands:
+            return module
+    return None
+
+
+def build_parser(only_module: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertserve", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"bertserve {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module, commands in COMMAND_MODULES.items():
+        if only_module is None or module == only_module:
+            importlib.import_module(module).register(subparsers)
+        else:  # placeholders keep --help complete without importing the module
+            for command in commands:
+                subparsers.add_parser(command, help=f"(see `bertserve {command} --help`)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    module = _module_for(command) if command else None
+    parser = build_parser(only_module=module or "")
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 2
+    return int(args.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
