@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code for bertserve.v1 (run `python -m bertserve.protogen`; never edit by hand)."""

@@ -1,0 +1,256 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ResponseMetadata(_message.Message):
+    __slots__ = ("model", "model_version", "total_tokens", "input_tokens", "truncated", "queue_time_ms", "inference_time_ms", "tokenize_time_ms", "batches")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    model_version: int
+    total_tokens: int
+    input_tokens: _containers.RepeatedScalarFieldContainer[int]
+    truncated: _containers.RepeatedScalarFieldContainer[bool]
+    queue_time_ms: float
+    inference_time_ms: float
+    tokenize_time_ms: float
+    batches: int
+    def __init__(self, model: _Optional[str] = ..., model_version: _Optional[int] = ..., total_tokens: _Optional[int] = ..., input_tokens: _Optional[_Iterable[int]] = ..., truncated: _Optional[_Iterable[bool]] = ..., queue_time_ms: _Optional[float] = ..., inference_time_ms: _Optional[float] = ..., tokenize_time_ms: _Optional[float] = ..., batches: _Optional[int] = ...) -> None: ...
+
+class EmbedRequest(_message.Message):
+    __slots__ = ("inputs", "model", "normalize", "truncate")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    normalize: bool
+    truncate: bool
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class Embedding(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class EmbedResponse(_message.Message):
+    __slots__ = ("embeddings", "dimension", "metadata")
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
+    dimension: int
+    metadata: ResponseMetadata
+    def __init__(self, embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., dimension: _Optional[int] = ..., metadata: _Optional[_Union[ResponseMetadata, _Mapping]] = ...) -> None: ...
+
+class FillMaskRequest(_message.Message):
+    __slots__ = ("inputs", "model", "top_k", "truncate")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    top_k: int
+    truncate: bool
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., top_k: _Optional[int] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class MaskCandidate(_message.Message):
+    __slots__ = ("token", "token_id", "score", "sequence")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    token_id: int
+    score: float
+    sequence: str
+    def __init__(self, token: _Optional[str] = ..., token_id: _Optional[int] = ..., score: _Optional[float] = ..., sequence: _Optional[str] = ...) -> None: ...
+
+class MaskPrediction(_message.Message):
+    __slots__ = ("position", "candidates")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    candidates: _containers.RepeatedCompositeFieldContainer[MaskCandidate]
+    def __init__(self, position: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[MaskCandidate, _Mapping]]] = ...) -> None: ...
+
+class FillMaskResult(_message.Message):
+    __slots__ = ("masks",)
+    MASKS_FIELD_NUMBER: _ClassVar[int]
+    masks: _containers.RepeatedCompositeFieldContainer[MaskPrediction]
+    def __init__(self, masks: _Optional[_Iterable[_Union[MaskPrediction, _Mapping]]] = ...) -> None: ...
+
+class FillMaskResponse(_message.Message):
+    __slots__ = ("results", "metadata")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[FillMaskResult]
+    metadata: ResponseMetadata
+    def __init__(self, results: _Optional[_Iterable[_Union[FillMaskResult, _Mapping]]] = ..., metadata: _Optional[_Union[ResponseMetadata, _Mapping]] = ...) -> None: ...
+
+class ClassifyRequest(_message.Message):
+    __slots__ = ("inputs", "model", "top_k", "raw_scores", "truncate")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    top_k: int
+    raw_scores: bool
+    truncate: bool
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., top_k: _Optional[int] = ..., raw_scores: _Optional[bool] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class LabelScore(_message.Message):
+    __slots__ = ("label", "index", "score")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    index: int
+    score: float
+    def __init__(self, label: _Optional[str] = ..., index: _Optional[int] = ..., score: _Optional[float] = ...) -> None: ...
+
+class Classification(_message.Message):
+    __slots__ = ("labels",)
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.RepeatedCompositeFieldContainer[LabelScore]
+    def __init__(self, labels: _Optional[_Iterable[_Union[LabelScore, _Mapping]]] = ...) -> None: ...
+
+class ClassifyResponse(_message.Message):
+    __slots__ = ("results", "metadata")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[Classification]
+    metadata: ResponseMetadata
+    def __init__(self, results: _Optional[_Iterable[_Union[Classification, _Mapping]]] = ..., metadata: _Optional[_Union[ResponseMetadata, _Mapping]] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("inputs", "model", "truncate")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    truncate: bool
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class Token(_message.Message):
+    __slots__ = ("text", "id", "start", "end", "special")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    id: int
+    start: int
+    end: int
+    special: bool
+    def __init__(self, text: _Optional[str] = ..., id: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., special: _Optional[bool] = ...) -> None: ...
+
+class TokenizedInput(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[Token]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("results", "metadata")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[TokenizedInput]
+    metadata: ResponseMetadata
+    def __init__(self, results: _Optional[_Iterable[_Union[TokenizedInput, _Mapping]]] = ..., metadata: _Optional[_Union[ResponseMetadata, _Mapping]] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("name", "version", "tasks", "default_for", "dimension", "max_length", "vocab_size", "num_layers", "precision", "provider", "pooling", "normalize_default", "mask_token", "labels", "problem_type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_FOR_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    MASK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    tasks: _containers.RepeatedScalarFieldContainer[str]
+    default_for: _containers.RepeatedScalarFieldContainer[str]
+    dimension: int
+    max_length: int
+    vocab_size: int
+    num_layers: int
+    precision: str
+    provider: str
+    pooling: str
+    normalize_default: bool
+    mask_token: str
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    problem_type: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., dimension: _Optional[int] = ..., max_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., pooling: _Optional[str] = ..., normalize_default: _Optional[bool] = ..., mask_token: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., problem_type: _Optional[str] = ...) -> None: ...
+
+class Limits(_message.Message):
+    __slots__ = ("max_inputs_per_request", "max_input_chars", "max_message_bytes", "max_batch_size", "max_batch_tokens", "max_queue_inputs", "max_queue_delay_ms", "max_masks_per_input")
+    MAX_INPUTS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUT_CHARS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MASKS_PER_INPUT_FIELD_NUMBER: _ClassVar[int]
+    max_inputs_per_request: int
+    max_input_chars: int
+    max_message_bytes: int
+    max_batch_size: int
+    max_batch_tokens: int
+    max_queue_inputs: int
+    max_queue_delay_ms: float
+    max_masks_per_input: int
+    def __init__(self, max_inputs_per_request: _Optional[int] = ..., max_input_chars: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_queue_inputs: _Optional[int] = ..., max_queue_delay_ms: _Optional[float] = ..., max_masks_per_input: _Optional[int] = ...) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("server_version", "models", "limits", "versions")
+    class VersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    server_version: str
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    limits: Limits
+    versions: _containers.ScalarMap[str, str]
+    def __init__(self, server_version: _Optional[str] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
