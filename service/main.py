@@ -1,0 +1,49 @@
+"""`bertserve serve`: runs the server until SIGTERM or SIGINT, then drains and exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from service.errors import StartupError
+from service.settings import Settings
+
+log = logging.getLogger("bertserve.server")
+
+
+async def run_until_signalled(settings: Settings) -> int:
+    from service.server import InferenceServer
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    server = InferenceServer(settings)
+    try:
+        await server.start()
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)
+        await server.stop(finish_queued=False)
+        return 1
+    log.info(
+        "serving bertserve.v1.Inference on %s:%d, metrics on %s",
+        settings.host,
+        server.port,
+        f"http://{settings.host}:{server.metrics_port}/metrics" if server.metrics_port else "(off)",
+    )
+    await stop.wait()
+    log.info("signal received: draining")
+    finished = await server.drain()
+    log.info("stopped (%s)", "every accepted call answered" if finished else "grace period ran out")
+    return 0
+
+
+def serve(settings: Settings) -> int:
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return asyncio.run(run_until_signalled(settings))

@@ -1,0 +1,98 @@
+"""Prometheus metrics (names in docs/architecture.md), in a registry of their own per server, served
+over HTTP on their own port."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from service.batcher import BatchObserver, BatchStats
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+RATIO_BUCKETS = (1.0, 1.05, 1.1, 1.25, 1.5, 2, 3, 5, 10)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("bertserve_requests", "RPCs answered", ["rpc", "code"], registry=r)
+        self.request_duration = Histogram(
+            "bertserve_request_duration_seconds", "RPC duration", ["rpc"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.queue_duration = Histogram(
+            "bertserve_queue_duration_seconds",
+            "time an input waited in its model's queue",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_duration = Histogram(
+            "bertserve_inference_duration_seconds",
+            "compute time of one batch",
+            ["model", "graph"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "bertserve_batch_size", "inputs per batch", ["model"], buckets=SIZE_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "bertserve_batch_tokens", "padded tokens per batch", ["model"], buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.padding_ratio = Histogram(
+            "bertserve_padding_ratio",
+            "padded tokens / real tokens per batch",
+            ["model"],
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge("bertserve_queue_depth", "inputs queued", ["model"], registry=r)
+        self.inputs = Counter("bertserve_inputs", "inputs accepted", ["model", "task"], registry=r)
+        self.dropped = Counter(
+            "bertserve_dropped", "inputs dropped before compute", ["model", "reason"], registry=r
+        )
+        self.model_info = Gauge(
+            "bertserve_model_info",
+            "loaded models",
+            ["model", "version", "precision", "provider", "tasks"],
+            registry=r,
+        )
+        self._http = None
+
+    def observer(self, model: str, graph: str) -> BatchObserver:
+        return _ModelObserver(self, model, graph)
+
+    def serve_http(self, host: str, port: int) -> int:
+        """Starts /metrics in a daemon thread; returns the bound port."""
+        self._http, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return self._http.server_port
+
+    def stop_http(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+
+class _ModelObserver(BatchObserver):
+    def __init__(self, metrics: Metrics, model: str, graph: str):
+        self.m, self.model, self.graph = metrics, model, graph
+        for reason in ("cancelled", "deadline"):
+            metrics.dropped.labels(model, reason)  # present at zero from the start
+
+    def queue_depth(self, depth: int) -> None:
+        self.m.queue_depth.labels(self.model).set(depth)
+
+    def dropped(self, reason: str, count: int) -> None:
+        self.m.dropped.labels(self.model, reason).inc(count)
+
+    def batch_done(self, stats: BatchStats) -> None:
+        queue = self.m.queue_duration.labels(self.model)
+        for waited in stats.queue_s:
+            queue.observe(waited)
+        self.m.inference_duration.labels(self.model, self.graph).observe(stats.inference_s)
+        self.m.batch_size.labels(self.model).observe(stats.size)
+        self.m.batch_tokens.labels(self.model).observe(stats.padded_tokens)
+        self.m.padding_ratio.labels(self.model).observe(stats.padded_tokens / max(1, stats.real_tokens))

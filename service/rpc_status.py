@@ -1,0 +1,100 @@
+"""The one place where domain errors become gRPC status codes, with per-RPC metrics and call tracking."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from service import errors
+
+log = logging.getLogger(__name__)
+
+STATUS_OF_ERROR: dict[type[errors.ServiceError], grpc.StatusCode] = {
+    errors.InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.ModelNotFound: grpc.StatusCode.NOT_FOUND,
+    errors.TaskUnavailable: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.DeadlineTooShort: grpc.StatusCode.DEADLINE_EXCEEDED,
+    errors.ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+    errors.InferenceFailed: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_of(exc: errors.ServiceError) -> grpc.StatusCode:
+    for kind in type(exc).__mro__:
+        if kind in STATUS_OF_ERROR:
+            return STATUS_OF_ERROR[kind]
+    return grpc.StatusCode.INTERNAL
+
+
+class Lifecycle:
+    """Whether new calls are accepted, and how many are in flight (the drain waits for zero)."""
+
+    def __init__(self) -> None:
+        self.accepting = True
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+
+Handler = Callable[..., Awaitable[object]]
+
+
+def rpc(name: str) -> Callable[[Handler], Handler]:
+    """Wraps a servicer method: refuses calls while draining, maps errors, counts and times calls.
+
+    The servicer must have `metrics` (service.metrics.Metrics) and `lifecycle` (Lifecycle) attributes.
+    """
+
+    def wrap(method: Handler) -> Handler:
+        @functools.wraps(method)
+        async def handler(self, request, context: grpc.aio.ServicerContext):
+            started = time.perf_counter()
+            lifecycle: Lifecycle = self.lifecycle
+            if not lifecycle.accepting:
+                self.metrics.requests.labels(name, grpc.StatusCode.UNAVAILABLE.name).inc()
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry elsewhere"
+                )
+            code, message = grpc.StatusCode.OK, ""
+            lifecycle.enter()
+            try:
+                return await method(self, request, context)
+            except errors.ServiceError as exc:
+                code, message = status_of(exc), str(exc)
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception as exc:
+                log.exception("%s failed", name)
+                code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}"
+            finally:
+                lifecycle.leave()
+                self.metrics.requests.labels(name, code.name).inc()
+                self.metrics.request_duration.labels(name).observe(time.perf_counter() - started)
+            await context.abort(code, message)
+
+        return handler
+
+    return wrap

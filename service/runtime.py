@@ -1,0 +1,78 @@
+"""ONNX Runtime sessions: execution provider chosen from config and reported as the session really got it.
+
+onnxruntime-gpu lists CUDAExecutionProvider as available even on machines without a GPU, so the only
+truth is `session.get_providers()` after the session exists. `provider=cuda` insists (startup error
+otherwise); `auto` takes CUDA when the session really gets it, else CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from service.errors import StartupError
+
+log = logging.getLogger(__name__)
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+def session_options(intra_op_threads: int, inter_op_threads: int) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads  # 0 = ORT's default
+    options.inter_op_num_threads = inter_op_threads
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only; the server logs what matters itself
+    return options
+
+
+class GraphSession:
+    """One ONNX graph. `run` is blocking (ORT releases the GIL): call it from a worker thread."""
+
+    def __init__(
+        self,
+        path: Path,
+        provider: str,
+        intra_op_threads: int,
+        inter_op_threads: int,
+        io_binding: bool | None = None,
+    ):
+        wants_cuda = provider in ("auto", "cuda") and CUDA in ort.get_available_providers()
+        providers = [CUDA, CPU] if wants_cuda else [CPU]
+        try:
+            self.session = ort.InferenceSession(
+                str(path), session_options(intra_op_threads, inter_op_threads), providers=providers
+            )
+        except Exception as exc:  # ORT raises several unrelated types for unreadable graphs
+            raise StartupError(f"{path}: ONNX Runtime cannot load it: {exc}") from None
+        self.providers = self.session.get_providers()
+        self.provider = CUDA if CUDA in self.providers else CPU
+        if provider == "cuda" and self.provider != CUDA:
+            raise StartupError(
+                f"{path}: provider cuda was asked for, but the session got {self.providers} "
+                "(no usable GPU or CUDA libraries); use provider auto or cpu"
+            )
+        self.device = "cuda" if self.provider == CUDA else "cpu"
+        # I/O binding keeps outputs on the device until copied once; on CPU it works the same way.
+        self.io_binding = self.provider == CUDA if io_binding is None else io_binding
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        log.info(
+            "%s: %s (asked %s; io_binding=%s)", Path(path).name, self.provider, provider, self.io_binding
+        )
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        if not self.io_binding:
+            return dict(zip(outputs, self.session.run(outputs, feeds), strict=True))
+        binding = self.session.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in outputs:
+            binding.bind_output(name, self.device)
+        self.session.run_with_iobinding(binding)
+        return dict(zip(outputs, binding.copy_outputs_to_cpu(), strict=True))

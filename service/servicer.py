@@ -1,0 +1,258 @@
+"""The bertserve.v1.Inference servicer: proto -> domain -> batcher -> proto. Errors are raised as domain
+errors and mapped to status codes by `rpc_status.rpc`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import onnxruntime
+import tokenizers
+from google import protobuf
+
+from bertserve import __version__
+from bertserve.v1 import inference_pb2 as pb
+from bertserve.v1 import inference_pb2_grpc
+from service.batcher import ItemResult, WorkItem
+from service.errors import InvalidInput
+from service.metrics import Metrics
+from service.model_registry import ModelRegistry
+from service.rpc_status import Lifecycle, rpc
+from service.served_model import ServedModel
+from service.settings import Settings
+from service.tasks import Task, TaskOptions
+from service.tasks.classify import ranked
+from service.tasks.fill_mask import mask_positions
+from service.tokenization import EncodedInput
+from service.validation import check_texts, check_top_k
+
+DEFAULT_FILL_MASK_TOP_K = 5
+
+
+@dataclass
+class CallOutcome:
+    values: list[object]
+    encoded: list[EncodedInput]
+    metadata: pb.ResponseMetadata
+
+
+def _metadata(model: ServedModel, encoded: list[EncodedInput], tokenize_s: float, results: list[ItemResult]):
+    lengths = [e.length for e in encoded]
+    batches = {r.batch_id: r.inference_s for r in results}
+    return pb.ResponseMetadata(
+        model=model.name,
+        model_version=model.version,
+        total_tokens=sum(lengths),
+        input_tokens=lengths,
+        truncated=[e.truncated for e in encoded],
+        queue_time_ms=1000 * max((r.queue_s for r in results), default=0.0),
+        inference_time_ms=1000 * sum(batches.values()),
+        tokenize_time_ms=1000 * tokenize_s,
+        batches=len(batches),
+    )
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        settings: Settings,
+        metrics: Metrics,
+        lifecycle: Lifecycle,
+        cpu_executor: Executor,
+    ):
+        self.registry = registry
+        self.settings = settings
+        self.metrics = metrics
+        self.lifecycle = lifecycle
+        self._cpu = cpu_executor  # tokenization and decoding, off the event loop
+
+    async def _off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, fn, *args)
+
+    async def _tokenize(self, model: ServedModel, inputs, truncate: bool) -> tuple[list[EncodedInput], float]:
+        texts = check_texts(inputs, self.settings.max_inputs_per_request, self.settings.max_input_chars)
+        started = time.perf_counter()
+        encoded = await self._off_loop(model.tokenizer.encode, texts, truncate)
+        return encoded, time.perf_counter() - started
+
+    async def _infer(
+        self, model: ServedModel, inputs, truncate: bool, options: TaskOptions, context
+    ) -> CallOutcome:
+        encoded, tokenize_s = await self._tokenize(model, inputs, truncate)
+        masks = (
+            [self._masks(model, i, e) for i, e in enumerate(encoded)]
+            if options.task is Task.FILL_MASK
+            else None
+        )
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else time.monotonic() + remaining
+        loop = asyncio.get_running_loop()
+        items = [
+            WorkItem(
+                ids=e.ids,
+                type_ids=e.type_ids,
+                options=options,
+                future=loop.create_future(),
+                deadline=deadline,
+                mask_positions=None if masks is None else masks[i],
+            )
+            for i, e in enumerate(encoded)
+        ]
+        model.batcher.submit(items)
+        self.metrics.inputs.labels(model.name, options.task.value).inc(len(items))
+        futures = [item.future for item in items]
+        try:
+            results: list[ItemResult] = await asyncio.gather(*futures)
+        finally:
+            for future in futures:  # after a failure, the batcher skips what is still queued
+                future.cancel()
+        return CallOutcome(
+            [r.value for r in results], encoded, _metadata(model, encoded, tokenize_s, results)
+        )
+
+    def _masks(self, model: ServedModel, index: int, encoded: EncodedInput) -> np.ndarray:
+        spec = model.manifest.tasks.fill_mask
+        positions = mask_positions(encoded.ids, spec.mask_token_id)
+        if len(positions) == 0:
+            cut = " after truncation" if encoded.truncated else ""
+            raise InvalidInput(f"inputs[{index}]: no {spec.mask_token} token{cut}")
+        if len(positions) > self.settings.max_masks_per_input:
+            raise InvalidInput(
+                f"inputs[{index}]: {len(positions)} {spec.mask_token} tokens is more than "
+                f"max_masks_per_input {self.settings.max_masks_per_input}"
+            )
+        return positions
+
+    @rpc("Embed")
+    async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+        model = self.registry.resolve(request.model, Task.EMBED)
+        spec = model.manifest.tasks.embed
+        normalize = request.normalize if request.HasField("normalize") else spec.normalize
+        outcome = await self._infer(
+            model, request.inputs, request.truncate, TaskOptions(Task.EMBED, normalize), context
+        )
+        return pb.EmbedResponse(
+            embeddings=[pb.Embedding(values=v.tolist()) for v in outcome.values],
+            dimension=spec.dimension,
+            metadata=outcome.metadata,
+        )
+
+    @rpc("FillMask")
+    async def FillMask(self, request: pb.FillMaskRequest, context) -> pb.FillMaskResponse:
+        model = self.registry.resolve(request.model, Task.FILL_MASK)
+        top_k = DEFAULT_FILL_MASK_TOP_K
+        if request.HasField("top_k"):
+            top_k = check_top_k(request.top_k, model.tokenizer.vocab_size, "top_k", "vocabulary size")
+        options = TaskOptions(Task.FILL_MASK, top_k=top_k)
+        outcome = await self._infer(model, request.inputs, request.truncate, options, context)
+        sequences = await self._off_loop(
+            model.filled_sequences, [e.ids for e in outcome.encoded], outcome.values
+        )
+        results = []
+        for masks, filled in zip(outcome.values, sequences, strict=True):
+            predictions = [
+                pb.MaskPrediction(
+                    position=mask.position,
+                    candidates=[
+                        pb.MaskCandidate(
+                            token=model.tokenizer.id_to_token(int(token_id)),
+                            token_id=int(token_id),
+                            score=float(score),
+                            sequence=text,
+                        )
+                        for token_id, score, text in zip(mask.token_ids, mask.scores, texts, strict=True)
+                    ],
+                )
+                for mask, texts in zip(masks, filled, strict=True)
+            ]
+            results.append(pb.FillMaskResult(masks=predictions))
+        return pb.FillMaskResponse(results=results, metadata=outcome.metadata)
+
+    @rpc("Classify")
+    async def Classify(self, request: pb.ClassifyRequest, context) -> pb.ClassifyResponse:
+        model = self.registry.resolve(request.model, Task.CLASSIFY)
+        spec = model.manifest.tasks.classify
+        labels = len(spec.id2label)
+        top_k = 0
+        if request.HasField("top_k"):
+            top_k = check_top_k(request.top_k, labels, "top_k", "number of labels")
+        options = TaskOptions(Task.CLASSIFY, top_k=top_k, raw_scores=request.raw_scores)
+        outcome = await self._infer(model, request.inputs, request.truncate, options, context)
+        results = [
+            pb.Classification(
+                labels=[
+                    pb.LabelScore(label=spec.id2label.get(i, str(i)), index=i, score=score)
+                    for i, score in ranked(scores, top_k)
+                ]
+            )
+            for scores in outcome.values
+        ]
+        return pb.ClassifyResponse(results=results, metadata=outcome.metadata)
+
+    @rpc("Tokenize")
+    async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
+        model = self.registry.resolve(request.model, None)
+        encoded, tokenize_s = await self._tokenize(model, request.inputs, request.truncate)
+        results = [
+            pb.TokenizedInput(
+                tokens=[
+                    pb.Token(text=text, id=int(token_id), start=start, end=end, special=special)
+                    for text, token_id, (start, end), special in zip(
+                        e.tokens, e.ids, e.offsets, e.special, strict=True
+                    )
+                ]
+            )
+            for e in encoded
+        ]
+        return pb.TokenizeResponse(results=results, metadata=_metadata(model, encoded, tokenize_s, []))
+
+    @rpc("Info")
+    async def Info(self, request: pb.InfoRequest, context) -> pb.InfoResponse:
+        s = self.settings
+        models = []
+        for model in self.registry.ordered:
+            manifest = model.manifest
+            tasks = manifest.tasks
+            models.append(
+                pb.ModelInfo(
+                    name=model.name,
+                    version=model.version,
+                    tasks=[t.value for t in model.tasks],
+                    default_for=self.registry.default_rpcs(model),
+                    dimension=tasks.embed.dimension if tasks.embed else manifest.dimensions.hidden_size,
+                    max_length=manifest.max_length,
+                    vocab_size=manifest.dimensions.vocab_size,
+                    num_layers=manifest.dimensions.num_hidden_layers,
+                    precision=model.precision,
+                    provider=model.provider,
+                    pooling=tasks.embed.pooling if tasks.embed else "",
+                    normalize_default=bool(tasks.embed and tasks.embed.normalize),
+                    mask_token=tasks.fill_mask.mask_token if tasks.fill_mask else "",
+                    labels=[tasks.classify.id2label[i] for i in sorted(tasks.classify.id2label)]
+                    if tasks.classify
+                    else [],
+                    problem_type=tasks.classify.problem_type if tasks.classify else "",
+                )
+            )
+        limits = pb.Limits(
+            max_inputs_per_request=s.max_inputs_per_request,
+            max_input_chars=s.max_input_chars,
+            max_message_bytes=s.max_message_bytes,
+            max_batch_size=s.max_batch_size,
+            max_batch_tokens=s.max_batch_tokens,
+            max_queue_inputs=s.max_queue_inputs,
+            max_queue_delay_ms=s.max_queue_delay_ms,
+            max_masks_per_input=s.max_masks_per_input,
+        )
+        versions = {
+            "onnxruntime": onnxruntime.__version__,
+            "tokenizers": tokenizers.__version__,
+            "grpcio": grpc.__version__,
+            "protobuf": protobuf.__version__,
+        }
+        return pb.InfoResponse(server_version=__version__, models=models, limits=limits, versions=versions)

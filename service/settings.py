@@ -1,0 +1,109 @@
+"""Every server setting in one place: defaults < `BERTSERVE_*` environment variables < command-line flags.
+
+A bad value stops the server at start with the setting named (see `load_settings`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "BERTSERVE_"
+MODEL_SPEC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(:[1-9][0-9]*)?$")
+
+
+class SettingsError(ValueError):
+    """One line per bad setting, each naming the setting and its environment variable."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    model_repo: Path = Path("model_repository")
+    # NAME or NAME:VERSION, comma-separated in the environment; empty = every model, highest version.
+    # The first model listed that has a task is the default model for that task's RPC.
+    models: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = Field(50051, ge=0, le=65535)  # 0 = pick a free port
+    metrics_port: int = Field(9090, ge=-1, le=65535)  # 0 = pick a free port, -1 = no metrics endpoint
+    precision: Literal["fp32", "int8", "fp16"] = "fp32"
+    provider: Literal["auto", "cpu", "cuda"] = "auto"
+    intra_op_threads: int = Field(0, ge=0, le=256)  # 0 = ONNX Runtime's default (one per physical core)
+    inter_op_threads: int = Field(1, ge=0, le=64)
+    max_batch_size: int = Field(32, ge=1, le=4096)
+    max_batch_tokens: int = Field(16384, ge=2, le=4_194_304)  # padded length x inputs
+    max_queue_delay_ms: float = Field(2.0, ge=0, le=10_000)
+    max_queue_inputs: int = Field(1024, ge=1, le=1_000_000)
+    max_inputs_per_request: int = Field(256, ge=1, le=100_000)
+    max_input_chars: int = Field(20_000, ge=1, le=10_000_000)
+    max_masks_per_input: int = Field(32, ge=1, le=1024)
+    max_message_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=1 << 30)
+    grace_period_s: float = Field(30.0, ge=0, le=3600)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # set: clients must present a certificate signed by it (mutual TLS)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("models")
+    @classmethod
+    def _check_models(cls, value: list[str]) -> list[str]:
+        for spec in value:
+            if not MODEL_SPEC.match(spec):
+                raise ValueError(f"{spec!r} is not NAME or NAME:VERSION")
+        names = [spec.split(":")[0] for spec in value]
+        if len(set(names)) != len(names):
+            raise ValueError("a model is listed twice")
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key must be given together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key")
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: no such file: {path}")
+        return self
+
+    def model_specs(self) -> list[tuple[str, int | None]]:
+        """`models` parsed into (name, version or None for the highest)."""
+        out: list[tuple[str, int | None]] = []
+        for spec in self.models:
+            name, _, version = spec.partition(":")
+            out.append((name, int(version) if version else None))
+        return out
+
+
+def _describe(error: dict) -> str:
+    field = ".".join(str(part) for part in error["loc"]) if error["loc"] else ""
+    where = f"setting {field} ({ENV_PREFIX}{field.split('.')[0].upper()})" if field else "settings"
+    value = error.get("input")
+    shown = f" (got {value!r})" if field and not isinstance(value, dict) else ""
+    return f"{where}: {error['msg']}{shown}"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, with `overrides` (command-line flags that were given) on top."""
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        raise SettingsError("\n".join(_describe(e) for e in exc.errors())) from None
