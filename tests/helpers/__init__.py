@@ -1,0 +1,1 @@
+"""Shared test helpers (small random checkpoints); fixtures built on them live in tests/conftest.py."""
