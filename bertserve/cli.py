@@ -18,6 +18,7 @@ from bertserve import __version__
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "export.commands": ("export",),
     "service.commands": ("serve", "embed", "fill-mask", "classify", "tokenize", "info"),
+    "bench.commands": ("bench",),
 }
 
 

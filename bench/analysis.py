@@ -1,0 +1,93 @@
+"""Ratios between the targets measured in one run, and the issue's goals checked against them.
+
+Every ratio is None when a side of it was not measured (e.g. no checkpoint for the naive server);
+nothing is filled in.
+"""
+
+from __future__ import annotations
+
+SERVER, SERVER_BS1, SERVER_INT8, NAIVE = "server-fp32", "server-fp32-bs1", "server-int8", "naive-fp32"
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def _saturation(targets: dict, name: str) -> float | None:
+    target = targets.get(name)
+    return target["saturation"]["inputs_per_s"] if target else None
+
+
+def _closed_at(targets: dict, name: str, concurrency: int) -> dict | None:
+    target = targets.get(name)
+    for phase in target["closed"] if target else []:
+        if phase["concurrency"] == concurrency:
+            return phase
+    return None
+
+
+def _saturation_phase(targets: dict, name: str) -> dict | None:
+    target = targets.get(name)
+    return _closed_at(targets, name, target["saturation"]["concurrency"]) if target else None
+
+
+def padding_ratio(phase: dict | None) -> float | None:
+    """Padded tokens the server computed / real tokens it was sent, over one phase."""
+    if phase is None:
+        return None
+    return _div(phase["server"].get("batch_tokens_padded"), phase["tokens"])
+
+
+def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> dict:
+    server = _saturation(targets, SERVER)
+    naive = _saturation(targets, NAIVE)
+    ceiling = inprocess.get("fp32", {}).get("mixed", {})
+    ceiling_fixed = inprocess.get("fp32", {}).get("fixed", {})
+    single = inprocess.get("fp32", {}).get("single", {})
+    server_fixed = targets.get(SERVER, {}).get("fixed")
+    at_one = _closed_at(targets, SERVER, 1)
+    saturated = _saturation_phase(targets, SERVER)
+    return {
+        "server_vs_inprocess": _div(server, ceiling.get("inputs_per_s")),
+        "server_vs_inprocess_fixed": _div(
+            server_fixed and server_fixed["inputs_per_s"], ceiling_fixed.get("inputs_per_s")
+        ),
+        "server_vs_naive_fp32": _div(server, naive),
+        "int8_vs_naive": _div(_saturation(targets, SERVER_INT8), naive),
+        "int8_vs_server_fp32": _div(_saturation(targets, SERVER_INT8), server),
+        "batching_gain": _div(server, _saturation(targets, SERVER_BS1)),
+        "p50_c1_minus_inprocess_ms": (at_one["p50_ms"] - single["p50_ms"]) if at_one and single else None,
+        "gemm_peak_fraction": _div(saturated and saturated["gflops_per_s"], gemm_peak_gflops),
+        "gemm_peak_fraction_inprocess": _div(ceiling.get("gflops_per_s"), gemm_peak_gflops),
+        "padding_ratio": padding_ratio(saturated),
+    }
+
+
+# (key, the goal in words, test): from the issue "Make it fast".
+GOALS = [
+    ("server_vs_inprocess", ">= 0.90", lambda v: v >= 0.90),
+    ("server_vs_naive_fp32", ">= 1.3", lambda v: v >= 1.3),
+    ("int8_vs_naive", ">= 2.5", lambda v: v >= 2.5),
+    ("int8_cosine_to_fp32", ">= 0.99", lambda v: v >= 0.99),
+    ("padding_ratio", "<= 1.10", lambda v: v <= 1.10),
+    ("p50_c1_minus_inprocess_ms", "<= 1 ms", lambda v: v <= 1.0),
+    ("gemm_peak_fraction", ">= 0.75", lambda v: v >= 0.75),
+    ("server_startup_s", "<= 2 s", lambda v: v <= 2.0),
+    ("server_rss_mb", "<= 400 MB", lambda v: v <= 400),
+]
+
+
+def goals(measured: dict) -> list[dict]:
+    """One row per goal: the measured value (None if not measured) and whether it is met."""
+    rows = []
+    for key, goal, test in GOALS:
+        value = measured.get(key)
+        rows.append(
+            {
+                "metric": key,
+                "goal": goal,
+                "measured": value,
+                "met": None if value is None else bool(test(value)),
+            }
+        )
+    return rows

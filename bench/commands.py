@@ -1,0 +1,94 @@
+"""`bertserve bench`: registered with the console script (see bertserve/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import psutil
+
+
+def _default_threads() -> int:
+    return max(1, min(psutil.cpu_count(logical=False) or 1, len(os.sched_getaffinity(0))))
+
+
+def _concurrency(value: str) -> list[int]:
+    levels = [int(v) for v in value.split(",") if v.strip()]
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("expected positive integers separated by commas, e.g. 1,4,16,64")
+    return levels
+
+
+def _setting(value: str) -> tuple[str, str]:
+    key, sep, setting = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError("expected NAME=VALUE, e.g. max_queue_delay_ms=1")
+    return key.strip().lower(), setting
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark the server against same-run baselines",
+        description="Closed-loop sweep and open loop against bertserve (fp32, batching off, int8) and a naive "
+        "transformers server, with the in-process ONNX Runtime ceiling and the GEMM peak measured in the same "
+        "run. Writes bench.json, bench.md and PNG plots into --out.",
+    )
+    parser.add_argument(
+        "--model-repo", type=Path, required=True, help="model repository (bertserve export --out)"
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="directory for bench.json, bench.md, *.png, logs/"
+    )
+    parser.add_argument(
+        "--model", help="model name in the repository (default: the first with the embed task)"
+    )
+    parser.add_argument(
+        "--checkpoint", type=Path, help="Hugging Face checkpoint the model came from (naive baseline)"
+    )
+    parser.add_argument("--quick", action="store_true", help="a short run (under 3 minutes on 2 cores)")
+    parser.add_argument("--threads", type=int, default=_default_threads(), help="threads for every target")
+    parser.add_argument("--concurrency", type=_concurrency, help="closed-loop levels (default 1,4,16,64)")
+    parser.add_argument("--texts", type=int, help="mixed-corpus texts per phase (default 2000, quick 240)")
+    parser.add_argument("--fixed-texts", type=int, help="128-token texts per phase (default 256, quick 48)")
+    parser.add_argument("--inputs-per-request", type=int, help="texts per Embed call (default 1)")
+    parser.add_argument(
+        "--rate", type=float, help="open-loop requests/s (default 0.7 x server-fp32 saturation)"
+    )
+    parser.add_argument(
+        "--targets", help="comma-separated subset of server-fp32,server-fp32-bs1,server-int8,naive-fp32"
+    )
+    parser.add_argument(
+        "--server-setting", type=_setting, action="append", default=[], metavar="NAME=VALUE",
+        help="extra bertserve setting for the bertserve targets (repeatable), e.g. max_queue_delay_ms=1",
+    )  # fmt: skip
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.processes import BenchError
+    from bench.runner import BenchConfig, run
+
+    overrides = {
+        "concurrency": args.concurrency,
+        "texts": args.texts,
+        "fixed_texts": args.fixed_texts,
+        "inputs_per_request": args.inputs_per_request,
+        "open_rate": args.rate,
+        "targets": args.targets.split(",") if args.targets else None,
+    }
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    common = dict(model_repo=args.model_repo, out=args.out, model=args.model, checkpoint=args.checkpoint,
+                  threads=args.threads, server_settings=dict(args.server_setting))  # fmt: skip
+    config = (
+        BenchConfig.quick_preset(**common, **overrides) if args.quick else BenchConfig(**common, **overrides)
+    )
+    try:
+        asyncio.run(run(config))
+    except BenchError as error:
+        print(f"bertserve bench: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,119 @@
+"""Baseline (a), the ceiling: ONNX Runtime in this process on the server's graph, no gRPC, ideal batches.
+
+Ideal batches: the texts are tokenized ahead of time, sorted by length and cut into batches of a fixed
+size, so padding is as small as it gets and nothing waits in a queue. The same threads as the server
+(intra-op N, inter-op 1, sequential). A pass encodes every text once; the reported rate is the best of
+a few passes for the best batch size tried, which is what a server at saturation can at most reach.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+from bench.corpus import Corpus
+from bench.stats import latency_summary
+
+OUTPUT = "sentence_embedding"
+
+
+@dataclass(frozen=True)
+class Batch:
+    feeds: dict[str, np.ndarray]
+    inputs: int
+    real_tokens: int
+    padded_tokens: int
+
+
+def make_session(graph: Path, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+
+
+def _feeds(sequences: list[list[int]], input_names: set[str]) -> dict[str, np.ndarray]:
+    width = max(len(s) for s in sequences)
+    ids = np.zeros((len(sequences), width), dtype=np.int64)  # (B, T), pad id 0
+    mask = np.zeros_like(ids)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = sequence
+        mask[row, : len(sequence)] = 1
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    return {name: array for name, array in feeds.items() if name in input_names}
+
+
+def plan_batches(sequences: list[list[int]], batch_size: int, input_names: set[str]) -> list[Batch]:
+    """Sorted by length, cut every `batch_size` inputs: the least padding any batcher can achieve."""
+    ordered = sorted(sequences, key=len)
+    batches = []
+    for start in range(0, len(ordered), batch_size):
+        chunk = ordered[start : start + batch_size]
+        real = sum(len(s) for s in chunk)
+        batches.append(
+            Batch(_feeds(chunk, input_names), len(chunk), real, len(chunk) * max(len(s) for s in chunk))
+        )
+    return batches
+
+
+def _timed_pass(session: ort.InferenceSession, batches: list[Batch]) -> float:
+    start = time.perf_counter()
+    for batch in batches:
+        session.run([OUTPUT], batch.feeds)
+    return time.perf_counter() - start
+
+
+def measure_ceiling(
+    graph: Path, tokenizer: Tokenizer, corpus: Corpus, threads: int, batch_sizes: list[int], passes: int
+) -> dict:
+    """Inputs/s at the best batch size, plus every batch size tried."""
+    session = make_session(graph, threads)
+    input_names = {i.name for i in session.get_inputs()}
+    start = time.perf_counter()
+    sequences = [e.ids for e in tokenizer.encode_batch(corpus.texts)]
+    tokenize_s = time.perf_counter() - start
+    by_batch_size = {}
+    for batch_size in batch_sizes:
+        batches = plan_batches(sequences, batch_size, input_names)
+        session.run([OUTPUT], batches[len(batches) // 2].feeds)  # warm-up
+        seconds = min(_timed_pass(session, batches) for _ in range(passes))
+        real = sum(b.real_tokens for b in batches)
+        padded = sum(b.padded_tokens for b in batches)
+        by_batch_size[batch_size] = {
+            "inputs_per_s": len(sequences) / seconds,
+            "tokens_per_s": real / seconds,
+            "padding_ratio": padded / real,
+            "seconds_per_pass": seconds,
+        }
+    best = max(by_batch_size, key=lambda b: by_batch_size[b]["inputs_per_s"])
+    return {
+        "graph": graph.name,
+        "threads": threads,
+        "inputs": len(sequences),
+        "best_batch_size": best,
+        **by_batch_size[best],
+        "tokenize_ms_per_input": 1e3 * tokenize_s / len(sequences),
+        "by_batch_size": {str(b): r for b, r in by_batch_size.items()},
+    }
+
+
+def measure_single_latency(
+    graph: Path, tokenizer: Tokenizer, corpus: Corpus, threads: int, count: int
+) -> dict:
+    """Latency of one input at a time (batch 1), tokenization included, over the first `count` texts."""
+    session = make_session(graph, threads)
+    input_names = {i.name for i in session.get_inputs()}
+    texts = corpus.texts[:count]
+    session.run([OUTPUT], _feeds([tokenizer.encode(texts[0]).ids], input_names))  # warm-up
+    latencies = []
+    for text in texts:
+        start = time.perf_counter()
+        session.run([OUTPUT], _feeds([tokenizer.encode(text).ids], input_names))
+        latencies.append(time.perf_counter() - start)
+    return {"graph": graph.name, "threads": threads, "inputs": len(texts), **latency_summary(latencies)}

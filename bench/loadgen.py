@@ -1,0 +1,160 @@
+"""The load generator: closed loop at a fixed concurrency, open loop at a fixed request rate.
+
+Both send a fixed list of requests (the same texts for every target, so every target encodes the same
+lengths) through `call`, an async function that sends one request's texts and returns the server's
+reply. Latency is measured per request on the client; the open loop measures it from the request's
+scheduled send time, so a server that falls behind is charged for the wait (no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from bench.stats import latency_summary
+
+Call = Callable[[list[str]], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class Request:
+    texts: list[str]
+    tokens: int  # real tokens of all its texts, as the model's tokenizer counts them
+    flops: float  # useful FLOPs to encode its texts (bench.flops), padding excluded
+
+
+@dataclass
+class PhaseResult:
+    """What one closed- or open-loop run measured (failed requests count only in `errors`)."""
+
+    mode: str  # "closed" or "open"
+    concurrency: int | None = None
+    offered_rate: float | None = None  # requests/s, open loop only
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)  # of successful requests, seconds
+    queue_ms: list[float] = field(default_factory=list)  # server-reported, from each reply's metadata
+    inference_ms: list[float] = field(default_factory=list)
+    inputs: int = 0
+    tokens: int = 0
+    flops: float = 0.0
+    errors: Counter = field(default_factory=Counter)  # status code name -> count
+
+    def summary(self) -> dict:
+        requests = len(self.latencies)
+        return {
+            "mode": self.mode,
+            "concurrency": self.concurrency,
+            "offered_rate_rps": self.offered_rate,
+            "seconds": self.seconds,
+            "requests_ok": requests,
+            "errors": dict(self.errors),
+            "inputs": self.inputs,
+            "tokens": self.tokens,
+            "requests_per_s": requests / self.seconds if self.seconds else float("nan"),
+            "inputs_per_s": self.inputs / self.seconds if self.seconds else float("nan"),
+            "tokens_per_s": self.tokens / self.seconds if self.seconds else float("nan"),
+            "gflops_per_s": self.flops / self.seconds / 1e9 if self.seconds else float("nan"),
+            **latency_summary(self.latencies),
+            "reply_queue_ms_mean": _mean(self.queue_ms),
+            "reply_inference_ms_mean": _mean(self.inference_ms),
+        }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def make_requests(
+    texts: Sequence[str], tokens: Sequence[int], inputs_per_request: int, flops_of: Callable[[int], float]
+) -> list[Request]:
+    """Consecutive texts grouped `inputs_per_request` at a time; `flops_of(tokens)` prices one input."""
+    requests = []
+    for i in range(0, len(texts), inputs_per_request):
+        counts = tokens[i : i + inputs_per_request]
+        requests.append(
+            Request(list(texts[i : i + inputs_per_request]), sum(counts), sum(map(flops_of, counts)))
+        )
+    return requests
+
+
+class _Progress:
+    """A one-line counter on a terminal (updated on completions, never on a timer); silent otherwise."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.enabled = sys.stderr.isatty()
+        self.step = max(1, total // 20)
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.enabled and (self.done % self.step == 0 or self.done == self.total):
+            sys.stderr.write(f"\r  {self.label}: {self.done}/{self.total} requests")
+            if self.done == self.total:
+                sys.stderr.write("\r" + " " * (len(self.label) + 40) + "\r")
+            sys.stderr.flush()
+
+
+async def _send(call: Call, request: Request, started: float, result: PhaseResult) -> None:
+    try:
+        reply = await call(request.texts)
+    except grpc.aio.AioRpcError as error:
+        result.errors[error.code().name] += 1
+        return
+    result.latencies.append(time.perf_counter() - started)
+    metadata = getattr(reply, "metadata", None)
+    if metadata is not None:
+        result.queue_ms.append(metadata.queue_time_ms)
+        result.inference_ms.append(metadata.inference_time_ms)
+    result.inputs += len(request.texts)
+    result.tokens += request.tokens
+    result.flops += request.flops
+
+
+async def closed_loop(call: Call, requests: list[Request], concurrency: int, label: str = "") -> PhaseResult:
+    """`concurrency` callers, each sending its next request as soon as its last one is answered."""
+    result = PhaseResult("closed", concurrency=concurrency)
+    pending = iter(requests)
+    progress = _Progress(label or f"closed c={concurrency}", len(requests))
+
+    async def caller() -> None:
+        for request in pending:  # shared iterator: each request is sent exactly once
+            await _send(call, request, time.perf_counter(), result)
+            progress.tick()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+async def open_loop(
+    call: Call, requests: list[Request], rate: float, seed: int = 0, label: str = ""
+) -> PhaseResult:
+    """Requests sent at Poisson arrival times of mean `rate` per second, whether or not earlier ones are done."""
+    result = PhaseResult("open", offered_rate=rate)
+    rng = random.Random(seed)
+    progress = _Progress(label or f"open {rate:.1f} req/s", len(requests))
+
+    async def timed(request: Request, scheduled: float) -> None:
+        await _send(call, request, scheduled, result)
+        progress.tick()
+
+    start = time.perf_counter()
+    scheduled = start
+    tasks = []
+    for request in requests:
+        scheduled += rng.expovariate(rate)
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)  # waiting for the next arrival time of the schedule
+        tasks.append(asyncio.create_task(timed(request, scheduled)))
+    await asyncio.gather(*tasks)
+    result.seconds = time.perf_counter() - start
+    return result

@@ -1,0 +1,144 @@
+"""Servers under test as child processes on 127.0.0.1: start, wait until ready, measure, stop.
+
+Readiness is awaited, never polled: for bertserve, the grpc.health.v1 Watch stream reporting SERVING;
+for the naive server (which has no health service), the gRPC channel becoming ready. Either way the
+wait races the child's exit, so a server that dies at start fails the bench at once with its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import psutil
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+class BenchError(RuntimeError):
+    """A one-line reason the bench cannot go on (printed by the command, exit 1)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    name: str
+    argv: list[str]
+    port: int
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
+    metrics_port: int | None = None
+    health_checked: bool = True  # bertserve: wait for SERVING; naive: wait for the channel
+    process: asyncio.subprocess.Process | None = None
+    startup_s: float | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else None
+
+    async def start(self, timeout_s: float) -> float:
+        """Spawns the server and returns the seconds until it was ready."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")  # noqa: SIM115 (the child keeps writing after this returns)
+        started = time.perf_counter()
+        self.process = await asyncio.create_subprocess_exec(
+            *self.argv, stdout=log, stderr=asyncio.subprocess.STDOUT, env={**os.environ, **self.env}
+        )
+        log.close()
+        ready = asyncio.ensure_future(self._ready())
+        exited = asyncio.ensure_future(self.process.wait())
+        done, _ = await asyncio.wait({ready, exited}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        for task in (ready, exited):
+            if task not in done:
+                task.cancel()
+        if ready in done and ready.exception() is None:
+            self.startup_s = time.perf_counter() - started
+            return self.startup_s
+        reason = (
+            f"exited with {self.process.returncode}" if exited in done else f"not ready in {timeout_s:.0f} s"
+        )
+        await self.stop()
+        raise BenchError(f"{self.name} {reason}; its log ({self.log_path}) ends:\n{self.log_tail()}")
+
+    async def _ready(self) -> None:
+        async with grpc.aio.insecure_channel(self.address) as channel:
+            if not self.health_checked:
+                await channel.channel_ready()
+                return
+            watch = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(service=""), wait_for_ready=True
+            )
+            async for reply in watch:
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    watch.cancel()
+                    return
+            raise BenchError(f"{self.name}: the health stream ended before SERVING")
+
+    def rss_mb(self) -> float | None:
+        if self.process is None or self.process.returncode is not None:
+            return None
+        return psutil.Process(self.process.pid).memory_info().rss / 2**20
+
+    async def stop(self, grace_s: float = 30.0) -> int | None:
+        """SIGTERM, then SIGKILL after `grace_s`; returns the exit code."""
+        if self.process is None or self.process.returncode is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.process.wait(), grace_s)
+        except asyncio.TimeoutError:
+            self.process.kill()
+            return await self.process.wait()
+
+    def log_tail(self, lines: int = 15) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return "(no log)"
+
+
+def bertserve_process(
+    name: str, repo: Path, model: str, threads: int, log_dir: Path, settings: dict[str, str]
+) -> ServerProcess:
+    """`bertserve serve` configured through its BERTSERVE_* settings; `settings` override the defaults here."""
+    port, metrics_port = free_port(), free_port()
+    env = {
+        "BERTSERVE_MODEL_REPO": str(repo),
+        "BERTSERVE_MODELS": model,
+        "BERTSERVE_HOST": "127.0.0.1",
+        "BERTSERVE_PORT": str(port),
+        "BERTSERVE_METRICS_PORT": str(metrics_port),
+        "BERTSERVE_INTRA_OP_THREADS": str(threads),
+        "BERTSERVE_INTER_OP_THREADS": "1",
+        "BERTSERVE_LOG_LEVEL": "WARNING",
+    } | {f"BERTSERVE_{key.upper()}": value for key, value in settings.items()}
+    argv = [sys.executable, "-m", "bertserve.cli", "serve"]
+    return ServerProcess(name, argv, port, log_dir / f"{name}.log", env, metrics_port=metrics_port)
+
+
+def naive_process(
+    checkpoint: Path, threads: int, pooling: str, normalize: bool, max_length: int, log_dir: Path
+) -> ServerProcess:
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "bench.naive_server", "--checkpoint", str(checkpoint), "--port", str(port),
+        "--threads", str(threads), "--pooling", pooling, "--max-length", str(max_length),
+        "--normalize" if normalize else "--no-normalize",
+    ]  # fmt: skip
+    env = {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    return ServerProcess("naive-fp32", argv, port, log_dir / "naive-fp32.log", env, health_checked=False)

@@ -1,0 +1,179 @@
+"""Writes the results: bench.json (everything measured), bench.md (the tables) and the PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from bench.analysis import padding_ratio
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.{digits}f}"
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows)]
+
+
+def _phase_row(name: str, label: str, phase: dict) -> list[str]:
+    server = phase.get("server") or {}
+    return [
+        name, label, _num(phase["inputs_per_s"]), _num(phase["tokens_per_s"], 0), _num(phase["p50_ms"]),
+        _num(phase["p90_ms"]), _num(phase["p99_ms"]), _num(server.get("batch_size_mean")),
+        _num(padding_ratio(phase) if server else None, 2), _num(server.get("queue_ms_mean")),
+        _num(server.get("inference_ms_mean")), str(sum(phase["errors"].values())),
+    ]  # fmt: skip
+
+
+def markdown(result: dict) -> str:
+    m, model, corpus = result["machine"], result["model"], result["corpus"]
+    lines = [
+        f"# bertserve bench: {model['name']}:{model['version']} ({'quick' if result['quick'] else 'full'} run)",
+        "",
+        f"{m['cpu']}, {m['logical_cores']} logical cores, {m['memory_gib']:.0f} GiB; {result['settings']['threads']} "
+        f"threads for every target. onnxruntime {m['versions'].get('onnxruntime')}, torch {m['versions'].get('torch')}, "
+        f"transformers {m['versions'].get('transformers')}. {result['created_at']}.",
+        "",
+        f"Mixed corpus: {corpus['mixed']['texts']} texts, {corpus['mixed']['mean_tokens']} tokens on average "
+        f"(median {corpus['mixed']['median_tokens']}, max {corpus['mixed']['max_tokens']}); fixed: "
+        f"{corpus['fixed']['texts']} texts of {corpus['fixed']['max_tokens']} tokens. "
+        f"{result['settings']['inputs_per_request']} input(s) per request.",
+        "",
+        "## Closed loop, mixed corpus",
+        "",
+    ]
+    header = ["target", "phase", "inputs/s", "tokens/s", "p50 ms", "p90 ms", "p99 ms", "mean batch", "padding",
+              "queue ms", "infer ms/batch", "errors"]  # fmt: skip
+    rows = [
+        _phase_row(n, f"c={p['concurrency']}", p) for n, t in result["targets"].items() for p in t["closed"]
+    ]
+    lines += _table(header, rows) + [
+        "",
+        "## Fixed length (at each target's best concurrency) and open loop",
+        "",
+    ]
+    rows = []
+    for name, target in result["targets"].items():
+        rows.append(
+            _phase_row(
+                name,
+                f"fixed{corpus['fixed']['max_tokens']} c={target['fixed']['concurrency']}",
+                target["fixed"],
+            )
+        )
+        rows.append(_phase_row(name, f"open {target['open']['offered_rate_rps']:.0f} req/s", target["open"]))
+    lines += _table(header, rows) + ["", "## Servers", ""]
+    rows = [
+        [n, _num(t["saturation"]["inputs_per_s"]), str(t["saturation"]["concurrency"]), _num(t["startup_s"], 2),
+         _num(t["rss_mb_after_load"], 0)]
+        for n, t in result["targets"].items()
+    ]  # fmt: skip
+    lines += _table(["target", "saturation inputs/s", "at concurrency", "ready after s", "RSS MB"], rows)
+    lines += ["", "## Ceilings (in-process ONNX Runtime, ideal batches, no gRPC) and the GEMM peak", ""]
+    rows = []
+    for precision, by_corpus in result["inprocess"].items():
+        for corpus_name in ("mixed", "fixed"):
+            c = by_corpus.get(corpus_name)
+            if c:
+                rows.append([f"{precision} {corpus_name}", _num(c["inputs_per_s"]), _num(c["tokens_per_s"], 0),
+                             str(c["best_batch_size"]), _num(c["padding_ratio"], 2), _num(c["gflops_per_s"])])  # fmt: skip
+    lines += _table(["in-process", "inputs/s", "tokens/s", "batch size", "padding", "GFLOP/s"], rows)
+    single = result["inprocess"].get("fp32", {}).get("single")
+    if single:
+        lines += [
+            "",
+            f"One input at a time in-process (tokenization included): p50 {single['p50_ms']:.2f} ms.",
+        ]
+    gemm = result["gemm"]
+    lines += ["", f"fp32 GEMM peak: {_num(gemm.get('peak_gflops'))} GFLOP/s ({gemm.get('peak_library')}, {gemm.get('peak_shape')}).",
+              "", "## Ratios and goals", ""]  # fmt: skip
+    rows = [
+        [g["metric"], g["goal"], _num(g["measured"], 3), {True: "yes", False: "no", None: "–"}[g["met"]]]
+        for g in result["goals"]
+    ]
+    lines += _table(["metric", "goal", "measured", "met"], rows)
+    other = {k: v for k, v in result["ratios"].items() if k not in {g["metric"] for g in result["goals"]}}
+    lines += ["", *(f"- {k}: {_num(v, 3)}" for k, v in other.items())]
+    if result["notes"]:
+        lines += ["", "## Notes", "", *(f"- {n}" for n in result["notes"])]
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    targets = result["targets"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, target in targets.items():
+        cs = [p["concurrency"] for p in target["closed"]]
+        ax.plot(cs, [p["inputs_per_s"] for p in target["closed"]], marker="o", label=name)
+    for precision, style in (("fp32", "--"), ("int8", ":")):
+        ceiling = result["inprocess"].get(precision, {}).get("mixed")
+        if ceiling:
+            ax.axhline(
+                ceiling["inputs_per_s"],
+                linestyle=style,
+                color="gray",
+                label=f"in-process {precision} ceiling",
+            )
+    ax.set(
+        xscale="log",
+        xlabel="concurrency (closed loop)",
+        ylabel="inputs/s",
+        title="Throughput vs concurrency, mixed corpus",
+    )
+    ax.set_xticks(result["settings"]["concurrency"], [str(c) for c in result["settings"]["concurrency"]])
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4), sharey=True)
+    for ax, percentile in zip(axes, ("p50_ms", "p90_ms", "p99_ms"), strict=True):
+        for name, target in targets.items():
+            cs = [p["concurrency"] for p in target["closed"]]
+            ax.plot(cs, [p[percentile] for p in target["closed"]], marker="o", label=name)
+        ax.set(xscale="log", yscale="log", xlabel="concurrency", title=percentile.replace("_ms", " latency"))
+        ax.set_xticks(result["settings"]["concurrency"], [str(c) for c in result["settings"]["concurrency"]])
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("ms")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "latency.png", dpi=120)
+    plt.close(fig)
+    return ["throughput.png", "latency.png"]
+
+
+def _json_safe(value: object) -> object:
+    """NaN (a figure that could not be measured) becomes null, so bench.json stays strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write(result: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(
+        json.dumps(_json_safe(result), indent=2, default=str, allow_nan=False) + "\n"
+    )
+    (out / "bench.md").write_text(markdown(result))
+    written = [out / "bench.json", out / "bench.md"]
+    if result["targets"]:
+        written += [out / name for name in plots(result, out)]
+    return written

@@ -1,0 +1,287 @@
+"""The whole run: corpus, GEMM peak, in-process ceilings, the four servers, ratios, report.
+
+Order matters on a small machine: nothing else of ours runs while one target is measured (the GEMM
+peak and the ceilings first, then one server at a time), and every target gets the same texts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import psutil
+
+from bench import analysis, inprocess, report
+from bench.corpus import Corpus, fixed_length_corpus, load_tokenizer, mixed_corpus
+from bench.flops import corpus_flops, encoder_flops
+from bench.gemm import thread_environment
+from bench.loadgen import make_requests
+from bench.model_setup import ModelUnderTest, resolve_model
+from bench.processes import BenchError, bertserve_process, naive_process
+from bench.targets import TargetRun, Workload
+from bertserve.manifest import ENCODER, ENCODER_INT8
+
+FIXED_LENGTH = 128
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model_repo: Path
+    out: Path
+    model: str | None = None
+    checkpoint: Path | None = None
+    threads: int = 2
+    quick: bool = False
+    concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
+    texts: int = 2000  # mixed-corpus texts per phase (the corpus holds 2000)
+    fixed_texts: int = 256
+    inputs_per_request: int = 1
+    ceiling_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32, 64])
+    ceiling_passes: int = 3
+    gemm_seconds_per_shape: float = 0.3
+    open_rate: float | None = None  # requests/s; None: a fraction of server-fp32's saturation rate
+    open_rate_fraction: float = 0.7
+    server_settings: dict[str, str] = field(
+        default_factory=dict
+    )  # extra BERTSERVE_* for every bertserve target
+    targets: list[str] = field(
+        default_factory=lambda: [analysis.SERVER, analysis.SERVER_BS1, analysis.SERVER_INT8, analysis.NAIVE]
+    )
+
+    @classmethod
+    def quick_preset(cls, **overrides) -> BenchConfig:
+        preset = dict(
+            quick=True,
+            texts=240,
+            fixed_texts=48,
+            ceiling_batch_sizes=[8, 32],
+            ceiling_passes=2,
+            gemm_seconds_per_shape=0.1,
+        )
+        return cls(**(preset | overrides))
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _machine(threads: int) -> dict:
+    cpu = platform.processor()
+    with contextlib.suppress(OSError, StopIteration):
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    versions = {}
+    for package in (
+        "onnxruntime",
+        "onnxruntime-gpu",
+        "torch",
+        "transformers",
+        "tokenizers",
+        "grpcio",
+        "numpy",
+        "bertserve",
+    ):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return {
+        "cpu": cpu, "logical_cores": psutil.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
+        "memory_gib": psutil.virtual_memory().total / 2**30, "platform": platform.platform(),
+        "python": platform.python_version(), "threads": threads, "versions": versions,
+        "load_average_at_start": os.getloadavg(),
+    }  # fmt: skip
+
+
+def _gemm_peak(config: BenchConfig, model: ModelUnderTest) -> dict:
+    d = model.manifest.dimensions
+    argv = [sys.executable, "-m", "bench.gemm", "--threads", str(config.threads), "--hidden", str(d.hidden_size),
+            "--intermediate", str(d.intermediate_size), "--seconds-per-shape", str(config.gemm_seconds_per_shape)]  # fmt: skip
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env=thread_environment(config.threads) | _child_path(),
+        check=False,
+    )
+    if done.returncode != 0:
+        raise BenchError(f"GEMM measurement failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout)
+
+
+def _child_path() -> dict[str, str]:
+    """PYTHONPATH that lets child processes import bench and bertserve from a source checkout too."""
+    root = str(Path(__file__).resolve().parents[1])
+    return {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+
+
+def _ceilings(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, fixed: Corpus) -> dict:
+    dims = model.manifest.dimensions
+    graphs = {"fp32": model.graph(ENCODER)}
+    if model.int8_repo is not None:
+        graphs["int8"] = model.graph(ENCODER_INT8)
+    results: dict[str, dict] = {}
+    for precision, graph in graphs.items():
+        results[precision] = {}
+        for key, corpus in (("mixed", mixed), ("fixed", fixed)):
+            c = inprocess.measure_ceiling(
+                graph, tokenizer, corpus, config.threads, config.ceiling_batch_sizes, config.ceiling_passes
+            )
+            c["gflops_per_s"] = corpus_flops(dims, corpus.tokens) / c["seconds_per_pass"] / 1e9
+            results[precision][key] = c
+            log(
+                f"  in-process {precision} {corpus.name}: {c['inputs_per_s']:.1f} inputs/s at batch {c['best_batch_size']}"
+            )
+    results["fp32"]["single"] = inprocess.measure_single_latency(
+        graphs["fp32"], tokenizer, mixed, config.threads, len(mixed.texts)
+    )
+    log(f"  in-process fp32 one input at a time: p50 {results['fp32']['single']['p50_ms']:.2f} ms")
+    return results
+
+
+def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
+    """Target name -> the server process to measure, in measuring order (server-fp32 first)."""
+    servers = {}
+    settings = config.server_settings
+    if analysis.SERVER in config.targets:
+        servers[analysis.SERVER] = bertserve_process(
+            analysis.SERVER, model.repo, model.spec, config.threads, logs, settings
+        )
+    if analysis.SERVER_BS1 in config.targets:
+        servers[analysis.SERVER_BS1] = bertserve_process(
+            analysis.SERVER_BS1,
+            model.repo,
+            model.spec,
+            config.threads,
+            logs,
+            settings | {"max_batch_size": "1"},
+        )
+    if analysis.SERVER_INT8 in config.targets and model.int8_repo is not None:
+        servers[analysis.SERVER_INT8] = bertserve_process(
+            analysis.SERVER_INT8,
+            model.int8_repo,
+            model.spec,
+            config.threads,
+            logs,
+            settings | {"precision": "int8"},
+        )
+    if analysis.NAIVE in config.targets and model.checkpoint is not None:
+        embed = model.manifest.tasks.embed
+        servers[analysis.NAIVE] = naive_process(
+            model.checkpoint, config.threads, embed.pooling, embed.normalize, model.manifest.max_length, logs
+        )
+    for server in servers.values():
+        server.env.update(_child_path())
+    return servers
+
+
+async def run(config: BenchConfig) -> dict:
+    started = time.perf_counter()
+    config.out.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bertserve-bench-") as scratch:
+        log("[1/5] model and corpus")
+        model = resolve_model(config.model_repo, config.model, config.checkpoint, Path(scratch), log)
+        dims = model.manifest.dimensions
+        tokenizer = load_tokenizer(model.tokenizer_path, model.manifest.max_length)
+        mixed = mixed_corpus(tokenizer, limit=config.texts)
+        fixed = fixed_length_corpus(
+            tokenizer, min(FIXED_LENGTH, model.manifest.max_length), config.fixed_texts
+        )
+        log(f"  {model.spec}; mixed {mixed.summary()}; {fixed.name} x {len(fixed.texts)}")
+        if model.checkpoint is None:
+            notes.append("no checkpoint: the naive baseline was not measured (pass --checkpoint)")
+        if model.int8_repo is None:
+            notes.append("no int8 encoder and no checkpoint to export one: int8 was not measured")
+
+        log("[2/5] GEMM peak")
+        gemm = _gemm_peak(config, model)
+        log(
+            f"  fp32 GEMM peak {gemm['peak_gflops']:.1f} GFLOP/s ({gemm['peak_library']}, {gemm['peak_shape']})"
+        )
+
+        log("[3/5] in-process ceilings")
+        ceilings = _ceilings(config, model, tokenizer, mixed, fixed)
+
+        log("[4/5] servers")
+        flops_of = lambda tokens: encoder_flops(dims, tokens)  # noqa: E731
+        workload = Workload(
+            config.concurrency,
+            make_requests(mixed.texts, mixed.tokens, config.inputs_per_request, flops_of),
+            make_requests(fixed.texts, fixed.tokens, config.inputs_per_request, flops_of),
+            config.open_rate_fraction,
+        )
+        targets: dict[str, dict] = {}
+        open_rate = config.open_rate
+        for name, server in _servers(config, model, config.out / "logs").items():
+            targets[name] = await TargetRun(server, model.name, workload, log).run(open_rate)
+            open_rate = (
+                open_rate or targets[name]["open"]["offered_rate_rps"]
+            )  # the same offered load for all
+
+    log("[5/5] report")
+    ratios = analysis.ratios(targets, ceilings, gemm.get("peak_gflops"))
+    int8_graph = model.int8_manifest.graphs.get(ENCODER_INT8) if model.int8_manifest else None
+    server = targets.get(analysis.SERVER, {})
+    measured = ratios | {
+        "int8_cosine_to_fp32": int8_graph.parity.cosine_to_fp32 if int8_graph and int8_graph.parity else None,
+        "server_startup_s": server.get("startup_s"),
+        "server_rss_mb": server.get("rss_mb_after_load"),
+    }
+    result = {
+        "bench_version": 1,
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "quick": config.quick,
+        "seconds": None,
+        "machine": _machine(config.threads),
+        "model": {
+            "name": model.name,
+            "version": model.version,
+            "source": model.manifest.export.source,
+            "max_length": model.manifest.max_length,
+            "dimensions": dims.model_dump(),
+            "graphs": sorted(model.manifest.graphs),
+            "checkpoint": str(model.checkpoint) if model.checkpoint else None,
+            "int8_exported_by_bench": model.int8_repo is not None and model.int8_repo != model.repo,
+        },  # fmt: skip
+        "corpus": {"mixed": mixed.summary(), "fixed": fixed.summary()},
+        "settings": {
+            "threads": config.threads,
+            "concurrency": config.concurrency,
+            "texts": config.texts,
+            "fixed_texts": config.fixed_texts,
+            "inputs_per_request": config.inputs_per_request,
+            "ceiling_batch_sizes": config.ceiling_batch_sizes,
+            "server_settings": config.server_settings,
+            "open_rate_rps": open_rate,
+        },  # fmt: skip
+        "flops": {
+            "per_input_mean_gflop_mixed": corpus_flops(dims, mixed.tokens) / len(mixed.tokens) / 1e9,
+            "per_input_gflop_fixed": encoder_flops(dims, fixed.tokens[0]) / 1e9,
+        },  # fmt: skip
+        "gemm": gemm,
+        "inprocess": ceilings,
+        "targets": targets,
+        "ratios": ratios,
+        "padding_ratio": ratios["padding_ratio"],
+        "gemm_peak_fraction": ratios["gemm_peak_fraction"],
+        "goals": analysis.goals(measured),
+        "notes": notes,
+    }
+    result["seconds"] = time.perf_counter() - started
+    for path in report.write(result, config.out):
+        log(f"  wrote {path}")
+    return result

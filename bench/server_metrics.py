@@ -1,0 +1,80 @@
+"""Server-side figures from the Prometheus endpoint: scraped before and after a phase, then differenced.
+
+Uses the metric names of docs/architecture.md (prefix `bertserve_`). A metric the server does not
+export yields None, never zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections import defaultdict
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Sample = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def _fetch(url: str) -> dict[Sample, float]:
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 (a 127.0.0.1 URL we built)
+        text = response.read().decode()
+    samples: dict[Sample, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+async def scrape(url: str | None) -> dict[Sample, float]:
+    """All samples at `url` (empty when there is no metrics endpoint)."""
+    return {} if url is None else await asyncio.to_thread(_fetch, url)
+
+
+def _total(samples: dict[Sample, float], name: str) -> float | None:
+    values = [value for (sample, _), value in samples.items() if sample == name]
+    return sum(values) if values else None
+
+
+def _delta(before: dict[Sample, float], after: dict[Sample, float], name: str) -> float | None:
+    end = _total(after, name)
+    return None if end is None else end - (_total(before, name) or 0.0)
+
+
+def _ratio(numerator: float | None, denominator: float | None, scale: float = 1.0) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return scale * numerator / denominator
+
+
+def phase_delta(before: dict[Sample, float], after: dict[Sample, float], seconds: float) -> dict:
+    """What the server did between two scrapes: means of its histograms and totals of its counters."""
+    if not after:
+        return {}
+    p = "bertserve_"
+
+    def mean(histogram: str, scale: float = 1.0) -> float | None:
+        return _ratio(
+            _delta(before, after, f"{p}{histogram}_sum"),
+            _delta(before, after, f"{p}{histogram}_count"),
+            scale,
+        )
+
+    inference_busy = _delta(before, after, f"{p}inference_duration_seconds_sum")
+    batches = _delta(before, after, f"{p}batch_size_count")
+    codes: dict[str, float] = defaultdict(float)
+    for (sample, labels), value in after.items():
+        if sample == f"{p}requests_total":
+            codes[dict(labels).get("code", "?")] += value - before.get((sample, labels), 0.0)
+    return {
+        "queue_ms_mean": mean("queue_duration_seconds", 1e3),  # per input, enqueue to compute
+        "inference_ms_mean": mean("inference_duration_seconds", 1e3),  # per batch
+        "inference_busy_fraction": _ratio(inference_busy, seconds),  # time the model ran / wall time
+        "request_ms_mean": mean("request_duration_seconds", 1e3),
+        "batches": batches,
+        "batch_size_mean": mean("batch_size"),
+        "batch_tokens_padded": _delta(before, after, f"{p}batch_tokens_sum"),
+        "padding_ratio_mean_per_batch": mean("padding_ratio"),
+        "inputs": _delta(before, after, f"{p}inputs_total"),
+        "dropped": _delta(before, after, f"{p}dropped_total"),
+        "requests_by_code": {code: count for code, count in codes.items() if count},
+    }

@@ -1,0 +1,97 @@
+"""One server under test through its phases: start, closed-loop sweep, fixed-length, open loop, stop.
+
+Every phase is preceded by a short warm-up at its concurrency (not recorded) and bracketed by scrapes
+of the server's /metrics, so server-side figures cover exactly the phase's requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from bench.loadgen import Call, PhaseResult, Request, closed_loop, open_loop
+from bench.processes import ServerProcess
+from bench.server_metrics import phase_delta, scrape
+from bertserve.v1 import inference_pb2, inference_pb2_grpc
+
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20)]
+
+
+@dataclass(frozen=True)
+class Workload:
+    concurrencies: list[int]
+    mixed: list[Request]
+    fixed: list[Request]
+    open_rate_fraction: float  # open-loop rate as a fraction of the target's saturation rate
+    startup_timeout_s: float = 180.0
+
+
+def embed_call(channel: grpc.aio.Channel, model: str) -> Call:
+    stub = inference_pb2_grpc.InferenceStub(channel)
+
+    async def call(texts: list[str]) -> inference_pb2.EmbedResponse:
+        return await stub.Embed(inference_pb2.EmbedRequest(inputs=texts, model=model, truncate=True))
+
+    return call
+
+
+def _line(name: str, label: str, s: dict) -> str:
+    errors = f", errors {s['errors']}" if s["errors"] else ""
+    return (
+        f"  {name:<16} {label:<14} {s['inputs_per_s']:8.1f} inputs/s {s['tokens_per_s']:9.0f} tokens/s"
+        f"  p50 {s['p50_ms']:7.1f} ms  p99 {s['p99_ms']:7.1f} ms{errors}"
+    )
+
+
+class TargetRun:
+    def __init__(self, server: ServerProcess, model: str, workload: Workload, log: Callable[[str], None]):
+        self.server, self.model, self.workload, self.log = server, model, workload, log
+        self.call: Call | None = None
+
+    async def _phase(self, label: str, run, warmup: list[Request], concurrency: int) -> dict:
+        assert self.call is not None
+        if warmup:
+            await closed_loop(self.call, warmup, concurrency, label=f"{label} warm-up")
+        before = await scrape(self.server.metrics_url)
+        result: PhaseResult = await run()
+        after = await scrape(self.server.metrics_url)
+        summary = result.summary()
+        summary["server"] = phase_delta(before, after, result.seconds)
+        self.log(_line(self.server.name, label, summary))
+        return summary
+
+    async def run(self, open_rate: float | None) -> dict:
+        """All phases; `open_rate` None: a fraction of this target's own saturation rate."""
+        w = self.workload
+        startup_s = await self.server.start(w.startup_timeout_s)
+        self.log(f"  {self.server.name} ready in {startup_s:.1f} s")
+        try:
+            async with grpc.aio.insecure_channel(self.server.address, options=CHANNEL_OPTIONS) as channel:
+                self.call = embed_call(channel, self.model)
+                closed = []
+                for c in w.concurrencies:
+                    run = lambda c=c: closed_loop(self.call, w.mixed, c, label=f"{self.server.name} c={c}")  # noqa: E731
+                    closed.append(await self._phase(f"closed c={c}", run, w.mixed[: 2 * c], c))
+                best = max(closed, key=lambda s: s["inputs_per_s"])
+                c_best = best["concurrency"]
+                fixed_run = lambda: closed_loop(self.call, w.fixed, c_best, label=f"{self.server.name} fixed")  # noqa: E731
+                fixed = await self._phase(f"fixed c={c_best}", fixed_run, w.fixed[: 2 * c_best], c_best)
+                rate = open_rate or w.open_rate_fraction * best["requests_per_s"]
+                open_run = lambda: open_loop(self.call, w.mixed, rate, label=f"{self.server.name} open")  # noqa: E731
+                opened = await self._phase(f"open {rate:.0f} rps", open_run, [], 1)
+            rss_mb = self.server.rss_mb()
+        finally:
+            exit_code = await self.server.stop()
+        return {
+            "startup_s": startup_s,
+            "rss_mb_after_load": rss_mb,
+            "exit_code": exit_code,
+            "closed": closed,
+            "saturation": {
+                k: best[k] for k in ("concurrency", "inputs_per_s", "tokens_per_s", "p50_ms", "p99_ms")
+            },
+            "fixed": fixed,
+            "open": opened,
+        }
