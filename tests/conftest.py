@@ -1,0 +1,71 @@
+"""Shared session fixtures: small random checkpoints and exported model repositories.
+
+- `make_tiny_checkpoint(kind, **overrides)`: a random Hugging Face checkpoint directory (see
+  tests/helpers/checkpoints.py), cached per arguments for the session.
+- `default_repo`: a repository holding all-MiniLM-L6-v2 version 1 exported once per session through
+  the CLI (`bertserve export --default`: graphs encoder, encoder_int8, encoder_fp16).
+- `tiny_repo`: a repository with three tiny random models (hidden 48, 3 heads, vocab 777), each with
+  encoder, encoder_int8, encoder_fp16 and encoder_attentions: `tiny-embed` (BertModel with pooler),
+  `tiny-mlm` (BertForMaskedLM + mlm_head), `tiny-classifier` (BertForSequenceClassification + classifier_head).
+
+The repositories are shared by every test of the session: treat them as read-only (copy one with
+shutil.copytree before tampering with it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.checkpoints import make_checkpoint
+
+DEFAULT_MODEL_NAME = "all-minilm-l6-v2"
+TINY_MODELS = {
+    "tiny-embed": "BertModel",
+    "tiny-mlm": "BertForMaskedLM",
+    "tiny-classifier": "BertForSequenceClassification",
+}
+
+
+@pytest.fixture(scope="session")
+def make_tiny_checkpoint(tmp_path_factory):
+    cache: dict[tuple, Path] = {}
+
+    def make(kind: str = "BertModel", **overrides) -> Path:
+        key = (kind, tuple(sorted(overrides.items())))
+        if key not in cache:
+            directory = tmp_path_factory.mktemp(f"ckpt-{kind}")
+            cache[key] = make_checkpoint(directory, kind, **overrides)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def default_repo(tmp_path_factory) -> Path:
+    from bertserve.cli import main
+
+    repo = tmp_path_factory.mktemp("default-repo")
+    code = main(["export", "--default", "--out", str(repo)])
+    assert code == 0, "bertserve export --default failed"
+    return repo
+
+
+@pytest.fixture(scope="session")
+def tiny_repo(tmp_path_factory, make_tiny_checkpoint) -> Path:
+    from export.pipeline import export_model
+
+    repo = tmp_path_factory.mktemp("tiny-repo")
+    for name, kind in TINY_MODELS.items():
+        export_model(
+            make_tiny_checkpoint(kind),
+            repo,
+            name=name,
+            version=1,
+            int8=True,
+            fp16=True,
+            attentions=True,
+            log=lambda _: None,
+        )
+    return repo
