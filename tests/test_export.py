@@ -270,3 +270,20 @@ def test_versions_and_cli_exit_codes(tmp_path, make_tiny_checkpoint, capsys):
     assert main(["export", "--checkpoint", str(tmp_path / "missing"), "--out", str(repo)]) == 1
     assert "not a directory" in capsys.readouterr().err
     assert sorted(p.name for p in (repo / "m").iterdir()) == ["1", "2"]
+
+
+def test_exports_legacy_bin_with_vocab_only(tmp_path):
+    """pytorch_model.bin (tied decoder spelled out, old position_ids) and no tokenizer.json: the
+    repository's tokenizer is built from vocab.txt and truncates at max_length."""
+    from tests.helpers.checkpoints import make_checkpoint
+
+    checkpoint = make_checkpoint(tmp_path / "ckpt", "BertForMaskedLM", safetensors=False)
+    (checkpoint / "tokenizer.json").unlink()
+    directory = export_model(checkpoint, tmp_path / "repo", name="legacy", log=lambda _: None)
+    manifest = Manifest.read(directory)
+    assert set(manifest.graphs) == {"encoder", "mlm_head"} and manifest.tasks.fill_mask.mask_token_id == 4
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    assert tokenizer.encode("The cat sat [MASK] the mat").tokens[4] == "[MASK]"
+    assert len(tokenizer.encode("word1 " * 500).ids) == manifest.max_length
