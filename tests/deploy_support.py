@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import pytest
 import yaml
@@ -105,3 +111,54 @@ def parse_dockerfile(path: Path) -> tuple[dict[str, str], list[Stage]]:
         else:
             stages[-1].instructions.append((keyword, args))
     return global_args, stages
+
+
+class LineReader:
+    """Collects a child process's output lines in a thread; `wait_for` blocks on a condition until a
+    line matches (no polling)."""
+
+    def __init__(self, stream: IO[str]):
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._closed = False
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match | None:
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._changed:
+            while True:
+                for line in self.lines[seen:]:
+                    if match := regex.search(line):
+                        return match
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if self._closed or left <= 0:
+                    return None
+                self._changed.wait(left)
+
+    def text(self) -> str:
+        with self._changed:
+            return "\n".join(self.lines[-60:])
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for tools that cannot bind port 0 and report it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 10) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()

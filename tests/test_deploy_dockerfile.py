@@ -64,7 +64,7 @@ def test_exporter_installs_torch_pinned_like_the_makefile_and_exports_the_defaul
     assert global_args["TORCH_VERSION"] == pinned_in_makefile
     runs = " ".join(stages["exporter"].all("RUN"))
     assert '--index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"' in runs
-    assert "bertserve export --default --out /models" in runs
+    assert "bertserve export --default --out /models --int8 --fp16" in runs
 
 
 @pytest.mark.parametrize("target", RUNTIME_STAGES)
