@@ -44,6 +44,11 @@ def dashboard_queries() -> list[str]:
     return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
 
 
+def panel_queries(title: str) -> list[str]:
+    (panel,) = [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"] == title]
+    return [target["expr"] for target in panel["targets"]]
+
+
 def alert_queries() -> dict[str, str]:
     groups = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())["groups"]
     return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"]}

@@ -42,7 +42,7 @@ from tests.deploy_support import (
     render_kustomize,
     system_tool,
 )
-from tests.test_deploy_monitoring import alert_queries, architecture_metrics, dashboard_queries
+from tests.test_deploy_monitoring import alert_queries, architecture_metrics, dashboard_queries, panel_queries
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -274,10 +274,12 @@ def test_every_dashboard_query_runs_and_the_panels_have_data(prometheus, traffic
     promql_until(prometheus, total, lambda r: r and float(r[0]["value"][1]) >= EMBED_CALLS + LATE_CALLS)
     empty = [query for query in dashboard_queries() if not promql(prometheus, _grafana(query))]
     assert empty == [], "panels without data"
-    (throughput,) = promql(prometheus, _grafana(dashboard_queries()[0]))
+    (requests_per_s,) = panel_queries("Requests/s")
+    (throughput,) = promql(prometheus, _grafana(requests_per_s))
     assert float(throughput["value"][1]) > 0
-    p99 = promql(prometheus, _grafana(dashboard_queries()[2]))
-    assert 0 < float(p99[0]["value"][1]) < 30
+    (p99_query,) = panel_queries("p99 latency (all RPCs)")
+    (p99,) = promql(prometheus, _grafana(p99_query))
+    assert 0 < float(p99["value"][1]) < 30
 
 
 def test_alert_rules_load_and_evaluate_without_error(prometheus):
