@@ -47,6 +47,9 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
     server_fixed = targets.get(SERVER, {}).get("fixed")
     at_one = _closed_at(targets, SERVER, 1)
     saturated = _saturation_phase(targets, SERVER)
+    busiest = (
+        targets[SERVER]["closed"][-1] if SERVER in targets else None
+    )  # highest concurrency: biggest batches
     return {
         "server_vs_inprocess": _div(server, ceiling.get("inputs_per_s")),
         "server_vs_inprocess_fixed": _div(
@@ -59,7 +62,7 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
         "p50_c1_minus_inprocess_ms": (at_one["p50_ms"] - single["p50_ms"]) if at_one and single else None,
         "gemm_peak_fraction": _div(saturated and saturated["gflops_per_s"], gemm_peak_gflops),
         "gemm_peak_fraction_inprocess": _div(ceiling.get("gflops_per_s"), gemm_peak_gflops),
-        "padding_ratio": padding_ratio(saturated),
+        "padding_ratio": padding_ratio(busiest),
     }
 
 

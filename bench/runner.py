@@ -62,9 +62,9 @@ class BenchConfig:
     def quick_preset(cls, **overrides) -> BenchConfig:
         preset = dict(
             quick=True,
-            texts=240,
-            fixed_texts=48,
-            ceiling_batch_sizes=[8, 32],
+            texts=160,
+            fixed_texts=32,
+            ceiling_batch_sizes=[16],
             ceiling_passes=2,
             gemm_seconds_per_shape=0.1,
         )
@@ -284,4 +284,5 @@ async def run(config: BenchConfig) -> dict:
     result["seconds"] = time.perf_counter() - started
     for path in report.write(result, config.out):
         log(f"  wrote {path}")
+    log(f"done in {result['seconds']:.0f} s")
     return result

@@ -16,6 +16,7 @@ from bench.processes import ServerProcess
 from bench.server_metrics import phase_delta, scrape
 from bertserve.v1 import inference_pb2, inference_pb2_grpc
 
+WARMUP_MAX = 32  # warm-up requests before a phase: one round at its concurrency, at most this many
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20)]
 
 
@@ -73,11 +74,13 @@ class TargetRun:
                 closed = []
                 for c in w.concurrencies:
                     run = lambda c=c: closed_loop(self.call, w.mixed, c, label=f"{self.server.name} c={c}")  # noqa: E731
-                    closed.append(await self._phase(f"closed c={c}", run, w.mixed[: 2 * c], c))
+                    closed.append(await self._phase(f"closed c={c}", run, w.mixed[: min(c, WARMUP_MAX)], c))
                 best = max(closed, key=lambda s: s["inputs_per_s"])
                 c_best = best["concurrency"]
                 fixed_run = lambda: closed_loop(self.call, w.fixed, c_best, label=f"{self.server.name} fixed")  # noqa: E731
-                fixed = await self._phase(f"fixed c={c_best}", fixed_run, w.fixed[: 2 * c_best], c_best)
+                fixed = await self._phase(
+                    f"fixed c={c_best}", fixed_run, w.fixed[: min(c_best, WARMUP_MAX)], c_best
+                )
                 rate = open_rate or w.open_rate_fraction * best["requests_per_s"]
                 open_run = lambda: open_loop(self.call, w.mixed, rate, label=f"{self.server.name} open")  # noqa: E731
                 opened = await self._phase(f"open {rate:.0f} rps", open_run, [], 1)

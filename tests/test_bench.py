@@ -1,0 +1,126 @@
+"""`bertserve bench`: its parts (corpus, FLOPs, load generator) and one tiny end-to-end run.
+
+The end-to-end run drives all four targets (bertserve fp32, batching off, int8, and the naive
+transformers server) on the tiny random model with a handful of requests: it checks the machinery
+and its bookkeeping, not performance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import grpc
+import pytest
+import torch
+import transformers
+from torch.utils.flop_counter import FlopCounterMode
+
+from bench.corpus import MIXED_CORPUS, fixed_length_corpus, load_tokenizer, mixed_corpus
+from bench.flops import encoder_flops
+from bench.loadgen import Request, closed_loop, make_requests, open_loop
+from bertserve.cli import main
+from bertserve.manifest import ModelDimensions
+from export.default_model import default_checkpoint_dir
+
+TARGETS = ("server-fp32", "server-fp32-bs1", "server-int8", "naive-fp32")
+
+
+@pytest.fixture(scope="module")
+def minilm_tokenizer():
+    return load_tokenizer(default_checkpoint_dir() / "tokenizer.json", max_length=512)
+
+
+def test_shipped_corpus_spans_5_to_200_tokens_mostly_short(minilm_tokenizer):
+    corpus = mixed_corpus(minilm_tokenizer)
+    assert len(corpus.texts) == len(MIXED_CORPUS.read_text().splitlines()) >= 1000
+    assert min(corpus.tokens) >= 5 and max(corpus.tokens) <= 200
+    ordered = sorted(corpus.tokens)
+    median = ordered[len(ordered) // 2]
+    assert median < corpus.mean_tokens < 2 * median  # skewed: a long tail above a short median
+    assert sum(t > 150 for t in corpus.tokens) >= 20  # and the tail is really there
+    assert mixed_corpus(minilm_tokenizer, limit=50).texts == mixed_corpus(minilm_tokenizer, limit=50).texts
+
+
+def test_fixed_length_texts_have_exactly_that_many_tokens(minilm_tokenizer):
+    corpus = fixed_length_corpus(minilm_tokenizer, 128, 20)
+    assert [len(e.ids) for e in minilm_tokenizer.encode_batch(corpus.texts)] == [128] * 20
+    assert len(set(corpus.texts)) == 20
+
+
+@pytest.mark.parametrize("tokens", [1, 37, 128])
+def test_flops_formula_matches_torch_flop_counter(tokens):
+    config = transformers.BertConfig(
+        vocab_size=777, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=80,
+        max_position_embeddings=128, attn_implementation="eager",
+    )  # fmt: skip
+    model = transformers.BertModel(config, add_pooling_layer=False).eval()
+    ids = torch.randint(5, 777, (1, tokens))
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    dimensions = ModelDimensions(**{k: getattr(config, k) for k in ModelDimensions.model_fields})
+    assert encoder_flops(dimensions, tokens) == counter.get_total_flops()
+
+
+def test_closed_loop_sends_each_request_once_and_counts_failures():
+    seen: list[str] = []
+
+    async def call(texts):
+        await asyncio.sleep(0.001)
+        seen.extend(texts)
+        if "t7" in texts:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, None, None, "full")
+        return None
+
+    requests = make_requests([f"t{i}" for i in range(20)], [3] * 20, 2, flops_of=lambda t: 10.0 * t)
+    result = asyncio.run(closed_loop(call, requests, concurrency=4))
+    assert sorted(seen) == sorted(f"t{i}" for i in range(20))
+    assert result.errors == {"RESOURCE_EXHAUSTED": 1}
+    assert (result.inputs, result.tokens, result.flops, len(result.latencies)) == (18, 54, 540.0, 9)
+
+
+def test_open_loop_keeps_its_schedule_when_the_server_is_slow():
+    async def slow(texts):
+        await asyncio.sleep(0.2)
+
+    requests = [Request(["x"], 1, 1.0)] * 20
+    result = asyncio.run(open_loop(slow, requests, rate=200.0))
+    # closed loop at concurrency 1 would need 20 x 0.2 s; arrivals every ~5 ms overlap the slow calls
+    assert result.seconds < 1.5 and len(result.latencies) == 20
+    assert min(result.latencies) >= 0.2
+
+
+def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_checkpoint, tmp_path):
+    out = tmp_path / "bench"
+    argv = ["bench", "--model-repo", str(tiny_repo), "--model", "tiny-embed", "--checkpoint",
+            str(make_tiny_checkpoint("BertModel")), "--out", str(out), "--quick", "--threads", "1",
+            "--concurrency", "1,4", "--texts", "24", "--fixed-texts", "8"]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads((out / "bench.json").read_text())  # strict JSON: no NaN
+
+    for key in ("server_vs_inprocess", "server_vs_naive_fp32", "int8_vs_naive", "gemm_peak_fraction"):
+        assert math.isfinite(result["ratios"][key]) and result["ratios"][key] > 0, key
+    assert (
+        result["padding_ratio"] >= 1.0
+        and result["gemm_peak_fraction"] == result["ratios"]["gemm_peak_fraction"]
+    )
+    assert result["gemm"]["peak_gflops"] > 0
+    assert set(result["targets"]) == set(TARGETS)
+    for name, target in result["targets"].items():
+        assert target["exit_code"] == 0, name  # every server drained and exited cleanly on SIGTERM
+        for phase in [*target["closed"], target["fixed"], target["open"]]:
+            assert phase["errors"] == {} and phase["requests_ok"] == phase["inputs"], (name, phase["mode"])
+            assert phase["reply_tokens"] == phase["tokens"], name  # the server counts the tokens we count
+            if name != "naive-fp32":
+                assert phase["server"]["inputs"] == phase["inputs"], name  # /metrics saw exactly this phase
+                assert phase["server"]["batch_tokens_padded"] >= phase["tokens"], name
+    for phase in result["targets"]["server-fp32-bs1"]["closed"]:
+        assert phase["server"]["batch_size_mean"] == 1.0
+        assert phase["server"]["batch_tokens_padded"] == phase["tokens"]  # batch of one: no padding
+    assert [p["concurrency"] for p in result["targets"]["server-fp32"]["closed"]] == [1, 4]
+
+    table = (out / "bench.md").read_text()
+    assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table
+    for plot in ("throughput.png", "latency.png"):
+        assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
