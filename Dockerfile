@@ -16,7 +16,7 @@
 # gRPC on 50051 and Prometheus metrics on 9090 (/metrics).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+ARG CUDA_IMAGE=nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
@@ -48,8 +48,11 @@ RUN bertserve export --default --out /models --int8 --fp16
 # Runtime for NVIDIA GPUs: the CUDA runtime + cuDNN 9 base provides libcudart, libcublas(Lt), libcufft,
 # libcurand and libcudnn on the library path; onnxruntime-gpu replaces onnxruntime (both ship the module
 # `onnxruntime`, so the serving dependencies are installed explicitly, without onnxruntime).
+# The CUDA major version of the base must be the one onnxruntime-gpu was built for (1.31 on PyPI:
+# CUDA 13, so the host driver must be >= 580); the build fails below if a library is missing.
 # The host needs the NVIDIA driver and the NVIDIA container toolkit.
 FROM ${CUDA_IMAGE} AS cuda
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -70,6 +73,12 @@ RUN pip install --no-cache-dir --no-deps /wheels/bertserve-*.whl \
         "grpcio-health-checking>=1.66,<1.82" "grpcio-reflection>=1.66,<1.82" "protobuf>=5.28,<7" \
         "pydantic>=2.6" "pydantic-settings>=2.2" "prometheus-client>=0.20" \
     && rm -rf /wheels
+# Every library the CUDA provider links (libcuda.so.1 comes from the host driver at run time) and cuDNN 9
+# must resolve in this image.
+RUN provider="$(python -c 'import onnxruntime, pathlib; print(pathlib.Path(onnxruntime.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so")')" \
+    && missing="$(ldd "${provider}" | grep 'not found' | grep -v 'libcuda\.so\.1' || true)" \
+    && if [ -n "${missing}" ]; then echo "onnxruntime-gpu needs libraries this base lacks: ${missing}" >&2; exit 1; fi \
+    && ldconfig -p | grep -q 'libcudnn\.so\.9'
 COPY --from=exporter --chown=root:root /models /models
 ENV BERTSERVE_MODEL_REPO=/models \
     BERTSERVE_HOST=0.0.0.0 \
