@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import socket
@@ -19,6 +20,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "bertserve.json"
 KUSTOMIZE_DIRS = {
     "base": DEPLOY / "kubernetes" / "base",
     "gpu": DEPLOY / "kubernetes" / "overlays" / "gpu",
@@ -66,6 +68,28 @@ def one(documents: list[dict], kind: str, name: str | None = None) -> dict:
     found = [d for d in by_kind(documents, kind) if name is None or d["metadata"]["name"] == name]
     assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
     return found[0]
+
+
+def architecture_metrics() -> set[str]:
+    """Metric names listed in docs/architecture.md's Metrics section (prefix bertserve_)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    return {"bertserve_" + name for name in re.findall(r"`([a-z_]+)\{", section)}
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def panel_queries(title: str) -> list[str]:
+    (panel,) = [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"] == title]
+    return [target["expr"] for target in panel["targets"]]
+
+
+def alert_queries() -> dict[str, str]:
+    groups = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())["groups"]
+    return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"]}
 
 
 @dataclass

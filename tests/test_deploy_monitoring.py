@@ -15,10 +15,18 @@ import subprocess
 import pytest
 import yaml
 
-from tests.deploy_support import DEPLOY, KUSTOMIZE_DIRS, ROOT, system_tool
+from tests.deploy_support import (
+    DASHBOARD,
+    DEPLOY,
+    KUSTOMIZE_DIRS,
+    ROOT,
+    alert_queries,
+    architecture_metrics,
+    dashboard_queries,
+    system_tool,
+)
 
 PROMETHEUS_DIR = DEPLOY / "prometheus"
-DASHBOARD = DEPLOY / "grafana" / "dashboards" / "bertserve.json"
 COMPOSE = ROOT / "docker-compose.yaml"
 
 
@@ -30,28 +38,6 @@ def _promtool(*args: str) -> subprocess.CompletedProcess:
         timeout=60,
         cwd=PROMETHEUS_DIR,
     )
-
-
-def architecture_metrics() -> set[str]:
-    """Metric names listed in docs/architecture.md's Metrics section (prefix bertserve_)."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
-    return {"bertserve_" + name for name in re.findall(r"`([a-z_]+)\{", section)}
-
-
-def dashboard_queries() -> list[str]:
-    dashboard = json.loads(DASHBOARD.read_text())
-    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
-
-
-def panel_queries(title: str) -> list[str]:
-    (panel,) = [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"] == title]
-    return [target["expr"] for target in panel["targets"]]
-
-
-def alert_queries() -> dict[str, str]:
-    groups = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())["groups"]
-    return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"]}
 
 
 def metric_names_in(query: str) -> set[str]:

@@ -35,14 +35,17 @@ from tests.deploy_support import (
     KUSTOMIZE_DIRS,
     ROOT,
     LineReader,
+    alert_queries,
+    architecture_metrics,
+    dashboard_queries,
     free_port,
     http_get,
     one,
+    panel_queries,
     parse_dockerfile,
     render_kustomize,
     system_tool,
 )
-from tests.test_deploy_monitoring import alert_queries, architecture_metrics, dashboard_queries, panel_queries
 
 pytestmark = pytest.mark.timeout(600)
 
