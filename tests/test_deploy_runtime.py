@@ -56,9 +56,17 @@ GRAFANA_VARIABLES = {"$__rate_interval": "15s", "$instance": ".*", "$job": "bert
 ADAPTER_POD = {"namespace": "bertserve-test", "pod": "bertserve-0"}
 
 
+def _pip(venv, *args: str) -> None:
+    command = [str(venv / "bin" / "pip"), "--disable-pip-version-check", "-q", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=480)
+    if result.returncode != 0 and "Failed to establish a new connection" in result.stdout + result.stderr:
+        pytest.skip("the package index cannot be reached from here: " + result.stderr.strip()[-300:])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.fixture(scope="module")
 def runtime_venv(tmp_path_factory):
-    """A fresh venv with `pip install <project>` (no extras) from a copy of what the wheel stage copies."""
+    """A fresh venv with the bertserve wheel (no extras) built from a copy of what the wheel stage copies."""
     work = tmp_path_factory.mktemp("runtime")
     source = work / "src"
     _, stages = parse_dockerfile(ROOT / "Dockerfile")
@@ -73,15 +81,10 @@ def runtime_venv(tmp_path_factory):
                 shutil.copy2(origin, source / name)
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    install = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "--disable-pip-version-check", "-q", str(source)],
-        capture_output=True,
-        text=True,
-        timeout=480,
-    )
-    if install.returncode != 0 and "Failed to establish a new connection" in install.stdout + install.stderr:
-        pytest.skip("the package index cannot be reached from here: " + install.stderr.strip()[-300:])
-    assert install.returncode == 0, install.stdout + install.stderr
+    # As in the Dockerfile: `pip wheel --no-deps` (wheel stage), then `pip install` of the wheel (cpu stage).
+    _pip(venv, "wheel", "--no-deps", "--wheel-dir", str(work / "wheels"), str(source))
+    (wheel,) = (work / "wheels").glob("bertserve-*.whl")
+    _pip(venv, "install", str(wheel))
     return venv
 
 
