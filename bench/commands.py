@@ -52,8 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="a short run (under 3 minutes on 2 cores)")
     parser.add_argument("--threads", type=int, default=_default_threads(), help="threads for every target")
     parser.add_argument("--concurrency", type=_concurrency, help="closed-loop levels (default 1,4,16,64)")
-    parser.add_argument("--texts", type=int, help="mixed-corpus texts per phase (default 2000, quick 240)")
-    parser.add_argument("--fixed-texts", type=int, help="128-token texts per phase (default 256, quick 48)")
+    parser.add_argument("--texts", type=int, help="mixed-corpus texts per phase (default 1000, quick 160)")
+    parser.add_argument("--fixed-texts", type=int, help="128-token texts per phase (default 128, quick 32)")
     parser.add_argument("--inputs-per-request", type=int, help="texts per Embed call (default 1)")
     parser.add_argument(
         "--rate", type=float, help="open-loop requests/s (default 0.7 x server-fp32 saturation)"

@@ -43,11 +43,12 @@ class BenchConfig:
     threads: int = 2
     quick: bool = False
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
-    texts: int = 2000  # mixed-corpus texts per phase (the corpus holds 2000)
-    fixed_texts: int = 256
+    texts: int = 1000  # mixed-corpus texts per phase (the corpus holds 2000)
+    fixed_texts: int = 128
     inputs_per_request: int = 1
-    ceiling_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32, 64])
-    ceiling_passes: int = 3
+    ceiling_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32])
+    ceiling_passes: int = 2
+    single_latency_texts: int = 400  # in-process one-at-a-time latency over this many texts
     gemm_seconds_per_shape: float = 0.3
     open_rate: float | None = None  # requests/s; None: a fraction of server-fp32's saturation rate
     open_rate_fraction: float = 0.7
@@ -64,7 +65,7 @@ class BenchConfig:
             quick=True,
             texts=160,
             fixed_texts=32,
-            ceiling_batch_sizes=[16],
+            ceiling_batch_sizes=[1, 8],
             ceiling_passes=2,
             gemm_seconds_per_shape=0.1,
         )
@@ -146,7 +147,7 @@ def _ceilings(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corp
                 f"  in-process {precision} {corpus.name}: {c['inputs_per_s']:.1f} inputs/s at batch {c['best_batch_size']}"
             )
     results["fp32"]["single"] = inprocess.measure_single_latency(
-        graphs["fp32"], tokenizer, mixed, config.threads, len(mixed.texts)
+        graphs["fp32"], tokenizer, mixed, config.threads, min(len(mixed.texts), config.single_latency_texts)
     )
     log(f"  in-process fp32 one input at a time: p50 {results['fp32']['single']['p50_ms']:.2f} ms")
     return results
@@ -193,7 +194,7 @@ async def run(config: BenchConfig) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bertserve-bench-") as scratch:
-        log("[1/5] model and corpus")
+        log(f"[1/5] model and corpus (at {time.perf_counter() - started:.0f} s)")
         model = resolve_model(config.model_repo, config.model, config.checkpoint, Path(scratch), log)
         dims = model.manifest.dimensions
         tokenizer = load_tokenizer(model.tokenizer_path, model.manifest.max_length)
@@ -207,16 +208,16 @@ async def run(config: BenchConfig) -> dict:
         if model.int8_repo is None:
             notes.append("no int8 encoder and no checkpoint to export one: int8 was not measured")
 
-        log("[2/5] GEMM peak")
+        log(f"[2/5] GEMM peak (at {time.perf_counter() - started:.0f} s)")
         gemm = _gemm_peak(config, model)
         log(
             f"  fp32 GEMM peak {gemm['peak_gflops']:.1f} GFLOP/s ({gemm['peak_library']}, {gemm['peak_shape']})"
         )
 
-        log("[3/5] in-process ceilings")
+        log(f"[3/5] in-process ceilings (at {time.perf_counter() - started:.0f} s)")
         ceilings = _ceilings(config, model, tokenizer, mixed, fixed)
 
-        log("[4/5] servers")
+        log(f"[4/5] servers (at {time.perf_counter() - started:.0f} s)")
         flops_of = lambda tokens: encoder_flops(dims, tokens)  # noqa: E731
         workload = Workload(
             config.concurrency,
@@ -232,7 +233,7 @@ async def run(config: BenchConfig) -> dict:
                 open_rate or targets[name]["open"]["offered_rate_rps"]
             )  # the same offered load for all
 
-    log("[5/5] report")
+    log(f"[5/5] report (at {time.perf_counter() - started:.0f} s)")
     ratios = analysis.ratios(targets, ceilings, gemm.get("peak_gflops"))
     int8_graph = model.int8_manifest.graphs.get(ENCODER_INT8) if model.int8_manifest else None
     server = targets.get(analysis.SERVER, {})

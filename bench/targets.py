@@ -6,6 +6,7 @@ of the server's /metrics, so server-side figures cover exactly the phase's reque
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -66,6 +67,7 @@ class TargetRun:
     async def run(self, open_rate: float | None) -> dict:
         """All phases; `open_rate` None: a fraction of this target's own saturation rate."""
         w = self.workload
+        began = time.perf_counter()
         startup_s = await self.server.start(w.startup_timeout_s)
         self.log(f"  {self.server.name} ready in {startup_s:.1f} s")
         try:
@@ -88,6 +90,7 @@ class TargetRun:
         finally:
             exit_code = await self.server.stop()
         return {
+            "seconds": time.perf_counter() - began,  # this target's share of the run, start to exit
             "startup_s": startup_s,
             "rss_mb_after_load": rss_mb,
             "exit_code": exit_code,
