@@ -8,11 +8,15 @@ import os
 import sys
 from pathlib import Path
 
-import psutil
-
 
 def _default_threads() -> int:
-    return max(1, min(psutil.cpu_count(logical=False) or 1, len(os.sched_getaffinity(0))))
+    """One per physical core this process may use (ONNX Runtime's own default is one per physical core)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        import psutil
+    except ImportError:
+        return usable
+    return max(1, min(psutil.cpu_count(logical=False) or usable, usable))
 
 
 def _concurrency(value: str) -> list[int]:
@@ -69,8 +73,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.processes import BenchError
-    from bench.runner import BenchConfig, run
+    try:
+        from bench.processes import BenchError
+        from bench.runner import BenchConfig, run
+    except ImportError as error:
+        print(f"bertserve bench: {error}; the bench needs the export and dev extras "
+              "(pip install -e '.[export,dev]')", file=sys.stderr)  # fmt: skip
+        return 1
 
     overrides = {
         "concurrency": args.concurrency,

@@ -1,8 +1,8 @@
 """Baseline (a), the ceiling: ONNX Runtime in this process on the server's graph, no gRPC, ideal batches.
 
 Ideal batches: the texts are tokenized ahead of time, sorted by length and cut into batches of a fixed
-size, so padding is as small as it gets and nothing waits in a queue. The same threads as the server
-(intra-op N, inter-op 1, sequential). A pass encodes every text once; the reported rate is the best of
+size, so padding is as small as it gets and nothing waits in a queue. The same session options and
+threads as the server (intra-op N, inter-op 1). A pass encodes every text once; the reported rate is the best of
 a few passes for the best batch size tried, which is what a server at saturation can at most reach.
 """
 
@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 
 from bench.corpus import Corpus
 from bench.stats import latency_summary
+from service.runtime import session_options
 
 OUTPUT = "sentence_embedding"
 
@@ -31,10 +32,8 @@ class Batch:
 
 
 def make_session(graph: Path, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    """The server's own session options (service.runtime), so any tuning there applies here too."""
+    options = session_options(intra_op_threads=threads, inter_op_threads=1)
     return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
 
 

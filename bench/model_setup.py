@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.processes import BenchError
-from bertserve.manifest import ENCODER, ENCODER_INT8, Manifest
+from bertserve.manifest import ENCODER, ENCODER_INT8, Manifest, sha256_file
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,9 @@ def resolve_model(
     repo: Path, name: str | None, checkpoint: Path | None, scratch: Path, log: Callable[[str], None]
 ) -> ModelUnderTest:
     name, version, manifest = _pick(repo, name)
+    directory = repo / name / str(version)
+    _check_file(directory / manifest.tokenizer.file, manifest.tokenizer.sha256)
+    _check_file(directory / manifest.graphs[ENCODER].file, manifest.graphs[ENCODER].sha256)
     checkpoint = checkpoint or _default_checkpoint(manifest)
     if checkpoint is None:
         log(
@@ -92,4 +95,15 @@ def resolve_model(
         int8_repo = scratch / "int8-repository"
         export_model(checkpoint, int8_repo, name=name, version=version, int8=True, log=lambda _: None)
         int8_manifest = Manifest.read(int8_repo / name / str(version))
-    return ModelUnderTest(repo, name, version, manifest, checkpoint, int8_repo, int8_manifest)
+    model = ModelUnderTest(repo, name, version, manifest, checkpoint, int8_repo, int8_manifest)
+    if int8_manifest is not None:
+        _check_file(model.graph(ENCODER_INT8), int8_manifest.graphs[ENCODER_INT8].sha256)
+    return model
+
+
+def _check_file(path: Path, expected_sha256: str) -> None:
+    """The in-process ceiling reads graphs directly: hold them to the manifest as the server does."""
+    if not path.is_file():
+        raise BenchError(f"{path}: listed in the manifest but missing")
+    if sha256_file(path) != expected_sha256:
+        raise BenchError(f"{path}: sha256 differs from the manifest's")

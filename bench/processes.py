@@ -70,9 +70,12 @@ class ServerProcess:
         if ready in done and ready.exception() is None:
             self.startup_s = time.perf_counter() - started
             return self.startup_s
-        reason = (
-            f"exited with {self.process.returncode}" if exited in done else f"not ready in {timeout_s:.0f} s"
-        )
+        if exited in done:
+            reason = f"exited with {self.process.returncode}"
+        elif ready in done:
+            reason = f"failed its readiness check: {ready.exception()}"
+        else:
+            reason = f"not ready in {timeout_s:.0f} s"
         await self.stop()
         raise BenchError(f"{self.name} {reason}; its log ({self.log_path}) ends:\n{self.log_tail()}")
 

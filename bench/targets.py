@@ -18,6 +18,7 @@ from bench.server_metrics import phase_delta, scrape
 from bertserve.v1 import inference_pb2, inference_pb2_grpc
 
 WARMUP_MAX = 32  # warm-up requests before a phase: one round at its concurrency, at most this many
+REQUEST_TIMEOUT_S = 300.0  # a hung server fails its requests (DEADLINE_EXCEEDED), never the bench
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20)]
 
 
@@ -34,7 +35,8 @@ def embed_call(channel: grpc.aio.Channel, model: str) -> Call:
     stub = inference_pb2_grpc.InferenceStub(channel)
 
     async def call(texts: list[str]) -> inference_pb2.EmbedResponse:
-        return await stub.Embed(inference_pb2.EmbedRequest(inputs=texts, model=model, truncate=True))
+        request = inference_pb2.EmbedRequest(inputs=texts, model=model, truncate=True)
+        return await stub.Embed(request, timeout=REQUEST_TIMEOUT_S)
 
     return call
 
