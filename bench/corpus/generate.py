@@ -164,9 +164,13 @@ CONDITIONS = [
 ]
 
 
+def _a(phrase: str) -> str:
+    return f"{'an' if phrase[0] in 'aeiou' else 'a'} {phrase}"
+
+
 def _query(rng: random.Random) -> list[str]:
     forms = [
-        lambda: f"how to {rng.choice(VERBS)} a {rng.choice(NOUNS)}",
+        lambda: f"how to {rng.choice(VERBS)} {_a(rng.choice(NOUNS))}",
         lambda: f"{rng.choice(ADJECTIVES)} {rng.choice(NOUNS)} near {rng.choice(PLACES)}",
         lambda: f"best {rng.choice(NOUNS)} for {rng.choice(PURPOSES)}",
         lambda: f"{rng.choice(NOUNS)} vs {rng.choice(NOUNS)} {rng.choice(ASPECTS)}",
@@ -185,7 +189,7 @@ def _chat(rng: random.Random) -> list[str]:
         lambda: f"I tried to {verb} the {noun} twice and it still fails with the same error.",
         lambda: f"Is there a way to {verb} it without losing my data?",
         lambda: f"Thanks, that worked, but now the {rng.choice(ASPECTS)} seems worse than before.",
-        lambda: f"I ordered a {rng.choice(ADJECTIVES)} {noun} {rng.choice(TIMES)} and it has not arrived.",
+        lambda: f"I ordered {_a(rng.choice(ADJECTIVES))} {noun} {rng.choice(TIMES)} and it has not arrived.",
         lambda: f"Could someone from support call me back about my {rng.choice(NOUNS)}?",
     ]
     return [rng.choice(forms)() for _ in range(rng.randint(1, 3))]
