@@ -93,6 +93,14 @@ class ServerProcess:
                     return
             raise BenchError(f"{self.name}: the health stream ended before SERVING")
 
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU time of the server process and its children so far."""
+        if self.process is None or self.process.returncode is not None:
+            return None
+        process = psutil.Process(self.process.pid)
+        times = process.cpu_times()
+        return times.user + times.system + times.children_user + times.children_system
+
     def rss_mb(self) -> float | None:
         if self.process is None or self.process.returncode is not None:
             return None

@@ -29,7 +29,9 @@ def _phase_row(name: str, label: str, phase: dict) -> list[str]:
         name, label, _num(phase["inputs_per_s"]), _num(phase["tokens_per_s"], 0), _num(phase["p50_ms"]),
         _num(phase["p90_ms"]), _num(phase["p99_ms"]), _num(server.get("batch_size_mean")),
         _num(padding_ratio(phase) if server else None, 2), _num(server.get("queue_ms_mean")),
-        _num(server.get("inference_ms_mean")), str(sum(phase["errors"].values())),
+        _num(server.get("inference_ms_mean")),
+        f"{_num(phase.get('server_cpu_cores'), 2)} / {_num(phase.get('client_cpu_cores'), 2)}",
+        str(sum(phase["errors"].values())),
     ]  # fmt: skip
 
 
@@ -51,7 +53,7 @@ def markdown(result: dict) -> str:
         "",
     ]
     header = ["target", "phase", "inputs/s", "tokens/s", "p50 ms", "p90 ms", "p99 ms", "mean batch", "padding",
-              "queue ms", "infer ms/batch", "errors"]  # fmt: skip
+              "queue ms", "infer ms/batch", "CPU server / client", "errors"]  # fmt: skip
     rows = [
         _phase_row(n, f"c={p['concurrency']}", p) for n, t in result["targets"].items() for p in t["closed"]
     ]

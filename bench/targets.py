@@ -49,6 +49,10 @@ def _line(name: str, label: str, s: dict) -> str:
     )
 
 
+def _elapsed(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
+
+
 class TargetRun:
     def __init__(self, server: ServerProcess, model: str, workload: Workload, log: Callable[[str], None]):
         self.server, self.model, self.workload, self.log = server, model, workload, log
@@ -59,9 +63,15 @@ class TargetRun:
         if warmup:
             await closed_loop(self.call, warmup, concurrency, label=f"{label} warm-up")
         before = await scrape(self.server.metrics_url)
+        server_cpu, client_cpu = self.server.cpu_seconds(), time.process_time()
         result: PhaseResult = await run()
+        server_cpu = _elapsed(server_cpu, self.server.cpu_seconds())
+        client_cpu = time.process_time() - client_cpu
         after = await scrape(self.server.metrics_url)
         summary = result.summary()
+        # CPU cores kept busy (2.0 = two cores) by the server and by this load generator, during the phase
+        summary["server_cpu_cores"] = server_cpu / result.seconds if server_cpu is not None else None
+        summary["client_cpu_cores"] = client_cpu / result.seconds
         summary["server"] = phase_delta(before, after, result.seconds)
         self.log(_line(self.server.name, label, summary))
         return summary
