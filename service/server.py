@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from bertserve.v1 import inference_pb2, inference_pb2_grpc
 from service.batcher import Batcher, BatchLimits, WorkItem
 from service.errors import StartupError
+from service.kserve import servicer as kserve
 from service.metrics import Metrics
 from service.model_registry import ModelRegistry
 from service.repository import discover
@@ -133,11 +134,13 @@ class InferenceServer:
         self._server = grpc.aio.server(options=size_options)
         servicer = InferenceServicer(registry, s, self.metrics, self.lifecycle, self._cpu)
         inference_pb2_grpc.add_InferenceServicer_to_server(servicer, self._server)
+        kserve_service = kserve.add_to_server(servicer, self.health, self._server)  # KServe v2 protocol
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         reflection.enable_server_reflection(
             (
                 SERVICE_NAME,
+                kserve_service,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),

@@ -1,0 +1,244 @@
+"""The KServe v2 / Open Inference Protocol servicer (`inference.GRPCInferenceService`), served on the same
+port as bertserve.v1.Inference.
+
+ModelInfer takes the texts of a BYTES tensor "text" and runs them through the bertserve.v1 servicer's own
+inference path (validation, tokenization, the model's batcher, the tasks), so both protocols share
+batches, limits, metrics and error mapping. Outputs by task:
+
+    embed     "embedding"     FP32  [n, dimension]  (request parameter "normalize": bool)
+    classify  "labels"        BYTES [n, k]          best first (request parameters "top_k": int64,
+              "label_scores"  FP32  [n, k]          "raw_scores": bool)
+
+fill_mask has no tensor form here (its masks per input vary in number): use bertserve.v1 FillMask.
+Every task takes the request parameter "truncate" (bool). A request that names no outputs gets all of
+its model's outputs. Outputs come back in raw_output_contents when the request used raw_input_contents,
+else in typed contents.
+
+The probes (ServerLive, ServerReady, ModelReady) always answer, draining included (ready is false then);
+the other RPCs go through `rpc_status.rpc`, which refuses them while draining and maps domain errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2
+from grpc_health.v1._async import HealthServicer
+
+from bertserve import __version__
+from service.errors import InvalidInput, ModelNotFound
+from service.kserve import open_inference_pb2 as pb
+from service.kserve import open_inference_pb2_grpc
+from service.kserve.tensors import TEXT_INPUT, OutputTensor, parameter, read_texts, write_outputs
+from service.rpc_status import rpc
+from service.served_model import ServedModel
+from service.servicer import InferenceServicer
+from service.tasks import Task, TaskOptions
+from service.tasks.classify import ranked
+from service.validation import check_top_k
+
+# inference.GRPCInferenceService
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+SERVER_NAME = "bertserve"
+PLATFORM = "onnxruntime_onnx"
+EXTENSIONS = ["model_repository", "parameters"]  # model_repository: the index only (no load/unload)
+OUTPUTS_OF_TASK = {Task.EMBED: ("embedding",), Task.CLASSIFY: ("labels", "label_scores")}
+
+
+def probe(name: str):
+    """Counts and times a probe RPC like `rpc` does, without refusing it while draining."""
+
+    def wrap(method):
+        @functools.wraps(method)
+        async def handler(self, request, context):
+            started, code = time.perf_counter(), grpc.StatusCode.OK
+            try:
+                return await method(self, request, context)
+            except BaseException:
+                code = grpc.StatusCode.INTERNAL
+                raise
+            finally:
+                self.metrics.requests.labels(name, code.name).inc()
+                self.metrics.request_duration.labels(name).observe(time.perf_counter() - started)
+
+        return handler
+
+    return wrap
+
+
+def tensor_metadata(model: ServedModel) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+    meta = pb.ModelMetadataResponse.TensorMetadata
+    outputs = []
+    if spec := model.manifest.tasks.embed:
+        outputs.append(meta(name="embedding", datatype="FP32", shape=[-1, spec.dimension]))
+    if model.manifest.tasks.classify:
+        outputs.append(meta(name="labels", datatype="BYTES", shape=[-1, -1]))
+        outputs.append(meta(name="label_scores", datatype="FP32", shape=[-1, -1]))
+    return outputs
+
+
+def model_outputs(model: ServedModel) -> dict[str, Task]:
+    return {name: task for task in model.tasks if task in OUTPUTS_OF_TASK for name in OUTPUTS_OF_TASK[task]}
+
+
+class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, inference: InferenceServicer, health: HealthServicer):
+        self.inference = inference
+        self.registry = inference.registry
+        self.settings = inference.settings
+        self.metrics = inference.metrics
+        self.lifecycle = inference.lifecycle
+        self.health = health
+
+    async def _server_ready(self, context) -> bool:
+        answer = await self.health.Check(health_pb2.HealthCheckRequest(service=""), context)
+        return answer.status == health_pb2.HealthCheckResponse.SERVING
+
+    def _model(self, name: str, version: str) -> ServedModel:
+        if not name:
+            raise InvalidInput(f"model_name: required (loaded: {', '.join(self.registry.by_name)})")
+        model = self.registry.resolve(name, None)
+        if version and version != str(model.version):
+            raise ModelNotFound(
+                f"model {model.name}: version {version[:32]!r} is not loaded ({model.version} is)"
+            )
+        return model
+
+    @probe("ServerLive")
+    async def ServerLive(self, request, context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    @probe("ServerReady")
+    async def ServerReady(self, request, context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=await self._server_ready(context))
+
+    @probe("ModelReady")
+    async def ModelReady(self, request: pb.ModelReadyRequest, context) -> pb.ModelReadyResponse:
+        model = self.registry.by_name.get(request.name)
+        known = model is not None and request.version in ("", str(model.version))
+        return pb.ModelReadyResponse(ready=known and await self._server_ready(context))
+
+    @rpc("ServerMetadata")
+    async def ServerMetadata(self, request, context) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=EXTENSIONS)
+
+    @rpc("ModelMetadata")
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context) -> pb.ModelMetadataResponse:
+        model = self._model(request.name, request.version)
+        manifest = model.manifest
+        properties = {
+            "tasks": ",".join(t.value for t in model.tasks),
+            "max_length": str(manifest.max_length),
+            "precision": model.precision,
+            "provider": model.provider,
+        }
+        if manifest.tasks.embed:
+            properties["normalize_default"] = str(manifest.tasks.embed.normalize).lower()
+            properties["pooling"] = manifest.tasks.embed.pooling
+        if classify := manifest.tasks.classify:
+            properties["labels"] = ",".join(classify.id2label[i] for i in sorted(classify.id2label))
+        return pb.ModelMetadataResponse(
+            name=model.name,
+            versions=[str(model.version)],
+            platform=PLATFORM,
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(name=TEXT_INPUT, datatype="BYTES", shape=[-1])],
+            outputs=tensor_metadata(model),
+            properties=properties,
+        )
+
+    @rpc("RepositoryIndex")
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context
+    ) -> pb.RepositoryIndexResponse:
+        ready = await self._server_ready(context)
+        state = "READY" if ready else "UNAVAILABLE"
+        models = [
+            pb.RepositoryIndexResponse.ModelIndex(name=m.name, version=str(m.version), state=state)
+            for m in self.registry.ordered
+            if ready or not request.ready
+        ]
+        return pb.RepositoryIndexResponse(models=models)
+
+    def _requested(self, model: ServedModel, request: pb.ModelInferRequest) -> list[str]:
+        available = model_outputs(model)
+        if not request.outputs:
+            return list(available)
+        names = [output.name for output in request.outputs]
+        for i, name in enumerate(names):
+            if name not in available:
+                raise InvalidInput(
+                    f"outputs[{i}].name: model {model.name} has no output {name[:64]!r} "
+                    f"(outputs: {', '.join(available) or 'none'})"
+                )
+        if len(set(names)) != len(names):
+            raise InvalidInput(f"outputs: an output is requested twice ({names})")
+        return names
+
+    def _options(self, model: ServedModel, task: Task, request: pb.ModelInferRequest) -> TaskOptions:
+        if task is Task.EMBED:
+            normalize = parameter(request, "normalize", bool, model.manifest.tasks.embed.normalize)
+            return TaskOptions(Task.EMBED, normalize=normalize)
+        labels = len(model.manifest.tasks.classify.id2label)
+        top_k = parameter(request, "top_k", int, 0)
+        if top_k:
+            check_top_k(top_k, labels, "parameters['top_k']", "number of labels")
+        return TaskOptions(
+            Task.CLASSIFY, top_k=top_k, raw_scores=parameter(request, "raw_scores", bool, False)
+        )
+
+    @rpc("ModelInfer")
+    async def ModelInfer(self, request: pb.ModelInferRequest, context) -> pb.ModelInferResponse:
+        model = self._model(request.model_name, request.model_version)
+        texts = read_texts(request, self.settings.max_inputs_per_request)
+        truncate = parameter(request, "truncate", bool, False)
+        names = self._requested(model, request)
+        available = model_outputs(model)
+        tasks = list(dict.fromkeys(available[name] for name in names))
+        options = [self._options(model, task, request) for task in tasks]
+        # Every task's inputs are submitted at once, so they can share a batch (one encoder run).
+        outcomes = await asyncio.gather(
+            *(self.inference._infer(model, texts, truncate, option, context) for option in options),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        tensors: dict[str, OutputTensor] = {}
+        for task, option, outcome in zip(tasks, options, outcomes, strict=True):
+            if task is Task.EMBED:
+                tensors["embedding"] = OutputTensor("embedding", "FP32", _stack(outcome.values))
+            else:
+                spec = model.manifest.tasks.classify
+                best = [ranked(scores, option.top_k) for scores in outcome.values]
+                labels = [[spec.id2label.get(i, str(i)).encode() for i, _ in row] for row in best]
+                tensors["labels"] = OutputTensor("labels", "BYTES", _object_array(labels))
+                scores = [[score for _, score in row] for row in best]
+                tensors["label_scores"] = OutputTensor("label_scores", "FP32", _stack(scores))
+        response = pb.ModelInferResponse(
+            model_name=model.name, model_version=str(model.version), id=request.id
+        )
+        write_outputs(response, [tensors[name] for name in names], raw=bool(request.raw_input_contents))
+        return response
+
+
+def _stack(rows) -> np.ndarray:
+    return np.asarray(rows, dtype=np.float32)  # (n, width)
+
+
+def _object_array(rows: list[list[bytes]]) -> np.ndarray:
+    out = np.empty((len(rows), len(rows[0]) if rows else 0), dtype=object)  # (n, k)
+    for i, row in enumerate(rows):
+        out[i, :] = row
+    return out
+
+
+def add_to_server(inference: InferenceServicer, health: HealthServicer, server: grpc.aio.Server) -> str:
+    """Registers the servicer next to `inference` on `server`; returns the service's full name."""
+    open_inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+        OpenInferenceServicer(inference, health), server
+    )
+    return SERVICE_NAME

@@ -1,0 +1,127 @@
+"""Open Inference Protocol tensors <-> Python values: the BYTES text input, request parameters, and the
+FP32/BYTES outputs. Pure functions; a bad request raises `InvalidInput` naming the field."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.errors import InvalidInput
+from service.kserve import open_inference_pb2 as pb
+
+TEXT_INPUT = "text"
+LENGTH_PREFIX = struct.Struct("<I")  # BYTES elements in raw contents: uint32 little-endian length, then bytes
+
+
+def decode_bytes_elements(raw: bytes, field: str) -> list[bytes]:
+    """Splits raw BYTES contents (length-prefixed elements, as Triton encodes them) into elements."""
+    elements, offset = [], 0
+    view = memoryview(raw)
+    while offset < len(raw):
+        if offset + LENGTH_PREFIX.size > len(raw):
+            raise InvalidInput(
+                f"{field}: {len(raw) - offset} bytes left at byte {offset}, too few for a 4-byte length prefix"
+            )
+        (length,) = LENGTH_PREFIX.unpack_from(view, offset)
+        offset += LENGTH_PREFIX.size
+        if offset + length > len(raw):
+            raise InvalidInput(
+                f"{field}: element {len(elements)} declares {length} bytes at byte {offset}, "
+                f"but only {len(raw) - offset} remain"
+            )
+        elements.append(bytes(view[offset : offset + length]))
+        offset += length
+    return elements
+
+
+def encode_bytes_elements(elements: Sequence[bytes]) -> bytes:
+    return b"".join(LENGTH_PREFIX.pack(len(e)) + e for e in elements)
+
+
+def _element_count(shape: Sequence[int], field: str) -> int:
+    if len(shape) == 1 or (len(shape) == 2 and shape[1] == 1):
+        if shape[0] < 1:
+            raise InvalidInput(f"{field}.shape: needs at least one element (got {list(shape)})")
+        return int(shape[0])
+    raise InvalidInput(f"{field}.shape: must be [n] or [n, 1] (got {list(shape)})")
+
+
+def read_texts(request: pb.ModelInferRequest, max_inputs: int) -> list[str]:
+    """The texts of the request's single BYTES input tensor "text", from typed or raw contents."""
+    names = [tensor.name for tensor in request.inputs]
+    if names != [TEXT_INPUT]:
+        raise InvalidInput(f"inputs: expected exactly one input tensor {TEXT_INPUT!r} (BYTES), got {names}")
+    tensor = request.inputs[0]
+    field = f"inputs[{TEXT_INPUT!r}]"
+    if tensor.datatype != "BYTES":
+        raise InvalidInput(f"{field}.datatype: must be BYTES (UTF-8 text), got {tensor.datatype!r}")
+    count = _element_count(tensor.shape, field)
+    if count > max_inputs:
+        raise InvalidInput(f"{field}.shape: {count} inputs is more than max_inputs_per_request {max_inputs}")
+    if request.raw_input_contents:
+        if tensor.HasField("contents"):
+            raise InvalidInput(f"{field}.contents: must be empty when raw_input_contents is used")
+        if len(request.raw_input_contents) != 1:
+            raise InvalidInput(
+                f"raw_input_contents: {len(request.raw_input_contents)} entries for 1 input tensor"
+            )
+        elements = decode_bytes_elements(request.raw_input_contents[0], "raw_input_contents[0]")
+    else:
+        elements = list(tensor.contents.bytes_contents)
+    if len(elements) != count:
+        raise InvalidInput(f"{field}: shape {list(tensor.shape)} needs {count} elements, got {len(elements)}")
+    texts = []
+    for i, element in enumerate(elements):
+        try:
+            texts.append(element.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"{field}[{i}]: not valid UTF-8 at byte {exc.start}") from None
+    return texts
+
+
+_PARAMETER_KIND = {bool: "bool_param", int: "int64_param"}
+
+
+def parameter(request: pb.ModelInferRequest, name: str, kind: type, default):
+    """The request parameter `name` (bool or int), or `default` when absent."""
+    if name not in request.parameters:
+        return default
+    value = request.parameters[name]
+    expected = _PARAMETER_KIND[kind]
+    if value.WhichOneof("parameter_choice") != expected:
+        raise InvalidInput(
+            f"parameters[{name!r}]: must be a {expected} (got {value.WhichOneof('parameter_choice')})"
+        )
+    return getattr(value, expected)
+
+
+@dataclass
+class OutputTensor:
+    name: str
+    datatype: str  # "FP32" or "BYTES"
+    values: np.ndarray  # (n, ...) float32, or an object array of bytes
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self.values.shape)
+
+
+def write_outputs(response: pb.ModelInferResponse, outputs: list[OutputTensor], raw: bool) -> None:
+    """Appends the tensors to `response`, in raw_output_contents when `raw`, else in typed contents."""
+    for output in outputs:
+        tensor = response.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+        if output.datatype == "FP32":
+            flat = np.ascontiguousarray(output.values, dtype="<f4").ravel()
+            if raw:
+                response.raw_output_contents.append(flat.tobytes())
+            else:
+                tensor.contents.fp32_contents.extend(flat.tolist())
+        else:
+            flat = list(output.values.ravel())
+            if raw:
+                response.raw_output_contents.append(encode_bytes_elements(flat))
+            else:
+                tensor.contents.bytes_contents.extend(flat)
