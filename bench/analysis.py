@@ -7,6 +7,7 @@ nothing is filled in.
 from __future__ import annotations
 
 SERVER, SERVER_BS1, SERVER_INT8, NAIVE = "server-fp32", "server-fp32-bs1", "server-int8", "naive-fp32"
+TARGETS = (SERVER, SERVER_BS1, SERVER_INT8, NAIVE)  # in measuring order
 
 
 def _div(a: float | None, b: float | None) -> float | None:

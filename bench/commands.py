@@ -26,6 +26,23 @@ def _concurrency(value: str) -> list[int]:
     return levels
 
 
+def _positive(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError("expected a number above 0")
+    return number
+
+
+def _targets(value: str) -> list[str]:
+    from bench.analysis import TARGETS
+
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = sorted(set(names) - set(TARGETS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown target(s) {unknown}; choose from {','.join(TARGETS)}")
+    return names
+
+
 def _setting(value: str) -> tuple[str, str]:
     key, sep, setting = value.partition("=")
     if not sep or not key:
@@ -60,10 +77,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--fixed-texts", type=int, help="128-token texts per phase (default 128, quick 32)")
     parser.add_argument("--inputs-per-request", type=int, help="texts per Embed call (default 1)")
     parser.add_argument(
-        "--rate", type=float, help="open-loop requests/s (default 0.7 x server-fp32 saturation)"
+        "--rate", type=_positive, help="open-loop requests/s (default 0.7 x server-fp32 saturation)"
     )
     parser.add_argument(
-        "--targets", help="comma-separated subset of server-fp32,server-fp32-bs1,server-int8,naive-fp32"
+        "--targets",
+        type=_targets,
+        help="comma-separated subset of server-fp32,server-fp32-bs1,server-int8,naive-fp32",
     )
     parser.add_argument(
         "--server-setting", type=_setting, action="append", default=[], metavar="NAME=VALUE",
@@ -87,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         "fixed_texts": args.fixed_texts,
         "inputs_per_request": args.inputs_per_request,
         "open_rate": args.rate,
-        "targets": args.targets.split(",") if args.targets else None,
+        "targets": args.targets,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     common = dict(model_repo=args.model_repo, out=args.out, model=args.model, checkpoint=args.checkpoint,
