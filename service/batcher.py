@@ -202,23 +202,38 @@ class Batcher:
 
     async def _run(self) -> None:
         while True:
-            self._take_incoming()
-            self._drop_dead()
-            if not self._pending:
-                if self._closing:
+            try:
+                if await self._step():
                     return
-                await self._wait_for_wakeup(None)
-                continue
-            if not self._closing and not self._batch_full():
-                remaining = self._pending[0].enqueued_at + self.limits.max_queue_delay_s - time.monotonic()
-                if remaining > 0:
-                    await self._wait_for_wakeup(remaining)
-                    continue
-            chosen = cut_batch(self._pending, self.limits.max_batch_size, self.limits.max_batch_tokens)
-            taken = set(chosen)
-            batch = [self._pending[i] for i in chosen]
-            self._pending = [item for i, item in enumerate(self._pending) if i not in taken]
-            await self._execute(batch)
+            except Exception:  # a bug here must not leave callers waiting forever
+                log.exception("model %s: batcher error; failing the queued inputs", self.name)
+                self._take_incoming()
+                for item in self._pending:
+                    if not item.future.done():
+                        item.future.set_exception(InferenceFailed(f"model {self.name}: batcher error"))
+                self._unqueue(self._pending)
+                self._pending = []
+
+    async def _step(self) -> bool:
+        """One turn of the owner: wait, or cut and run one batch. True when closed and empty."""
+        self._take_incoming()
+        self._drop_dead()
+        if not self._pending:
+            if self._closing:
+                return True
+            await self._wait_for_wakeup(None)
+            return False
+        if not self._closing and not self._batch_full():
+            remaining = self._pending[0].enqueued_at + self.limits.max_queue_delay_s - time.monotonic()
+            if remaining > 0:
+                await self._wait_for_wakeup(remaining)
+                return False
+        chosen = cut_batch(self._pending, self.limits.max_batch_size, self.limits.max_batch_tokens)
+        taken = set(chosen)
+        batch = [self._pending[i] for i in chosen]
+        self._pending = [item for i, item in enumerate(self._pending) if i not in taken]
+        await self._execute(batch)
+        return False
 
     async def _wait_for_wakeup(self, timeout: float | None) -> None:
         self._wakeup.clear()

@@ -1,0 +1,219 @@
+"""The dynamic batcher on its own, with a fake model: batching rules, order, admission, drops, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from service.batcher import Batcher, BatchLimits, BatchObserver, WorkItem, cut_batch
+from service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
+from service.tasks import Task, TaskOptions
+
+EMBED = TaskOptions(Task.EMBED)
+
+
+def item(length: int, tag: int = 0, deadline: float | None = None, future=None) -> WorkItem:
+    ids = np.full(length, tag, dtype=np.int64)
+    return WorkItem(ids, np.zeros(length, dtype=np.int64), EMBED, future=future, deadline=deadline)
+
+
+class Tally(BatchObserver):
+    def __init__(self):
+        self.batches: list[int] = []
+        self.dropped_counts: dict[str, int] = {}
+
+    def dropped(self, reason, count):
+        self.dropped_counts[reason] = self.dropped_counts.get(reason, 0) + count
+
+    def batch_done(self, stats):
+        self.batches.append(stats.size)
+
+
+def echo_tags(batch):
+    """The fake model: each input's result is its tag (first id); the padded shape is checked."""
+    longest = max(i.length for i in batch)
+    assert all(i.length <= longest for i in batch)
+    return [int(i.ids[0]) for i in batch]
+
+
+def limits(**kw):
+    base = dict(max_batch_size=8, max_batch_tokens=10_000, max_queue_delay_s=0.005, max_queue_inputs=1000)
+    base.update(kw)
+    return BatchLimits(**base)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_cut_batch_takes_oldest_and_groups_lengths():
+    pending = [item(n) for n in (50, 10, 11, 49, 12, 48, 51)]
+    chosen = cut_batch(pending, max_size=4, max_tokens=10_000)
+    assert 0 in chosen
+    assert sorted(pending[i].length for i in chosen) == [48, 49, 50, 51]
+
+
+def test_cut_batch_respects_token_budget_and_size():
+    pending = [item(n) for n in (30, 30, 30, 30, 30)]
+    assert len(cut_batch(pending, max_size=8, max_tokens=95)) == 3  # 30 x 3 = 90 <= 95 < 120
+    assert len(cut_batch(pending, max_size=2, max_tokens=10_000)) == 2
+    assert cut_batch([item(500), item(5)], max_size=8, max_tokens=100) == [0]  # alone when over budget
+
+
+def test_results_come_back_in_order_across_batches():
+    async def main():
+        observer = Tally()
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher("m", echo_tags, limits(max_batch_size=4), pool, observer)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            lengths = [7, 3, 20, 5, 9, 3, 11, 2, 15, 4]
+            items = [item(n, tag=k, future=loop.create_future()) for k, n in enumerate(lengths)]
+            batcher.submit(items)
+            results = await asyncio.gather(*(i.future for i in items))
+            await batcher.close()
+        assert [r.value for r in results] == list(range(len(lengths)))
+        assert sum(observer.batches) == len(lengths) and max(observer.batches) == 4
+        assert len({r.batch_id for r in results}) >= 3
+
+    run(main())
+
+
+def test_concurrent_calls_share_batches():
+    async def main():
+        observer = Tally()
+        gate = threading.Event()
+
+        def slow(batch):
+            gate.wait(5)
+            return echo_tags(batch)
+
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher("m", slow, limits(max_batch_size=16), pool, observer)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            calls = [[item(5 + k % 3, tag=k, future=loop.create_future())] for k in range(20)]
+            for call in calls:
+                batcher.submit(call)
+                await asyncio.sleep(0)  # let the owner run between callers, as real calls would
+            gate.set()
+            results = await asyncio.gather(*(c[0].future for c in calls))
+            await batcher.close()
+        assert [r.value for r in results] == list(range(20))
+        assert max(observer.batches) > 1
+
+    run(main())
+
+
+def test_full_queue_refuses_at_once():
+    async def main():
+        gate = threading.Event()
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(
+                "m", lambda b: (gate.wait(5), echo_tags(b))[1], limits(max_queue_inputs=3), pool
+            )
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            first = [item(4, future=loop.create_future()) for _ in range(3)]
+            batcher.submit(first)
+            started = time.perf_counter()
+            with pytest.raises(Overloaded, match="max_queue_inputs 3"):
+                batcher.submit([item(4, future=loop.create_future())])
+            assert time.perf_counter() - started < 0.05
+            gate.set()
+            await asyncio.gather(*(i.future for i in first))
+            batcher.submit([item(4, future=loop.create_future())])  # room again
+            await batcher.close()
+            with pytest.raises(ShuttingDown):
+                batcher.submit([item(4, future=loop.create_future())])
+
+    run(main())
+
+
+def test_cancelled_and_expired_inputs_never_reach_the_model():
+    async def main():
+        observer = Tally()
+        seen: list[int] = []
+        gate = threading.Event()
+
+        def model(batch):
+            gate.wait(5)
+            seen.extend(int(i.ids[0]) for i in batch)
+            return echo_tags(batch)
+
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher("m", model, limits(max_batch_size=1, max_queue_delay_s=0), pool, observer)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            blocker = item(3, tag=1, future=loop.create_future())
+            batcher.submit([blocker])
+            await asyncio.sleep(0.05)  # the blocker is computing, behind the gate
+            cancelled = item(3, tag=2, future=loop.create_future())
+            expired = item(3, tag=3, future=loop.create_future(), deadline=time.monotonic() + 0.01)
+            kept = item(3, tag=4, future=loop.create_future())
+            batcher.submit([cancelled])
+            batcher.submit([expired])
+            batcher.submit([kept])
+            cancelled.future.cancel()
+            await asyncio.sleep(0.05)  # the deadline passes while queued
+            gate.set()
+            assert (await kept.future).value == 4
+            with pytest.raises(DeadlineTooShort):
+                await expired.future
+            await batcher.close()
+        assert seen == [1, 4]
+        assert observer.dropped_counts == {"cancelled": 1, "deadline": 1}
+
+    run(main())
+
+
+def test_a_failing_batch_fails_only_its_calls():
+    async def main():
+        def model(batch):
+            if any(i.ids[0] == 666 for i in batch):
+                raise RuntimeError("kaput")
+            return echo_tags(batch)
+
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher("m", model, limits(max_batch_size=1), pool)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            bad, good = (
+                item(3, tag=666, future=loop.create_future()),
+                item(3, tag=7, future=loop.create_future()),
+            )
+            batcher.submit([bad])
+            batcher.submit([good])
+            with pytest.raises(InferenceFailed, match="kaput"):
+                await bad.future
+            assert (await good.future).value == 7
+            await batcher.close()
+
+    run(main())
+
+
+def test_waits_at_most_the_queue_delay_for_company():
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher("m", echo_tags, limits(max_queue_delay_s=0.2), pool)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            lone = item(3, future=loop.create_future())
+            started = time.perf_counter()
+            batcher.submit([lone])
+            result = await lone.future
+            waited = time.perf_counter() - started
+            assert 0.15 < waited < 1.0 and result.queue_s >= 0.15
+            full = [item(3, tag=k, future=loop.create_future()) for k in range(8)]  # max_batch_size 8
+            started = time.perf_counter()
+            batcher.submit(full)
+            await asyncio.gather(*(i.future for i in full))
+            assert time.perf_counter() - started < 0.15  # a full batch does not wait
+            await batcher.close()
+
+    run(main())
