@@ -74,7 +74,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, default=_default_threads(), help="threads for every target")
     parser.add_argument("--concurrency", type=_concurrency, help="closed-loop levels (default 1,4,16,64)")
     parser.add_argument("--texts", type=int, help="mixed-corpus texts per phase (default 1000, quick 160)")
-    parser.add_argument("--fixed-texts", type=int, help="128-token texts per phase (default 128, quick 32)")
+    parser.add_argument(
+        "--fixed-length", type=int, default=128, help="tokens per text in the fixed-length phase"
+    )
+    parser.add_argument(
+        "--fixed-texts", type=int, help="fixed-length texts per phase (default 128, quick 32)"
+    )
     parser.add_argument("--inputs-per-request", type=int, help="texts per Embed call (default 1)")
     parser.add_argument(
         "--rate", type=_positive, help="open-loop requests/s (default 0.7 x server-fp32 saturation)"
@@ -104,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         "concurrency": args.concurrency,
         "texts": args.texts,
         "fixed_texts": args.fixed_texts,
+        "fixed_length": args.fixed_length,
         "inputs_per_request": args.inputs_per_request,
         "open_rate": args.rate,
         "targets": args.targets,

@@ -73,12 +73,16 @@ def markdown(result: dict) -> str:
         )
         rows.append(_phase_row(name, f"open {target['open']['offered_rate_rps']:.0f} req/s", target["open"]))
     lines += _table(header, rows) + ["", "## Servers", ""]
+    peak = result["gemm"].get("peak_gflops")
     rows = [
-        [n, _num(t["saturation"]["inputs_per_s"]), str(t["saturation"]["concurrency"]), _num(t["startup_s"], 2),
-         _num(t["rss_mb_after_load"], 0)]
+        [n, _num(t["saturation"]["inputs_per_s"]), str(t["saturation"]["concurrency"]),
+         f"{_num(t['saturation']['gflops_per_s'])} ({_num(peak and 100 * t['saturation']['gflops_per_s'] / peak, 0)}% of peak)",
+         _num(t["startup_s"], 2), _num(t["rss_mb_after_load"], 0)]
         for n, t in result["targets"].items()
     ]  # fmt: skip
-    lines += _table(["target", "saturation inputs/s", "at concurrency", "ready after s", "RSS MB"], rows)
+    lines += _table(
+        ["target", "saturation inputs/s", "at concurrency", "GFLOP/s", "ready after s", "RSS MB"], rows
+    )
     lines += ["", "## Ceilings (in-process ONNX Runtime, ideal batches, no gRPC) and the GEMM peak", ""]
     rows = []
     for precision, by_corpus in result["inprocess"].items():
@@ -95,6 +99,13 @@ def markdown(result: dict) -> str:
             f"One input at a time in-process (tokenization included): p50 {single['p50_ms']:.2f} ms.",
         ]
     gemm = result["gemm"]
+    for precision, p in result.get("profile", {}).items():
+        top = ", ".join(f"{op} {share:.0%}" for op, share in list(p["share_by_op"].items())[:6])
+        outside = p["outside_operators_share"]
+        lines += [
+            "",
+            f"Profile, {precision} at batch {p['batch_size']}: {top}; outside operators {_num(outside and 100 * outside)}% ({p['trace']}).",
+        ]
     lines += ["", f"fp32 GEMM peak: {_num(gemm.get('peak_gflops'))} GFLOP/s ({gemm.get('peak_library')}, {gemm.get('peak_shape')}).",
               "", "## Ratios and goals", ""]  # fmt: skip
     rows = [

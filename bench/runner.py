@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from bench import analysis, inprocess, report
+from bench import analysis, inprocess, profile, report
 from bench.corpus import Corpus, fixed_length_corpus, load_tokenizer, mixed_corpus
 from bench.flops import corpus_flops, encoder_flops
 from bench.gemm import thread_environment
@@ -31,7 +31,7 @@ from bench.processes import BenchError, bertserve_process, naive_process
 from bench.targets import TargetRun, Workload
 from bertserve.manifest import ENCODER, ENCODER_INT8
 
-FIXED_LENGTH = 128
+PROFILE_TEXTS = 200  # texts in the profiled pass
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class BenchConfig:
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
     texts: int = 1000  # mixed-corpus texts per phase (the corpus holds 2000)
     fixed_texts: int = 128
+    fixed_length: int = 128  # tokens, [CLS] and [SEP] included; capped at the model's max_length
     inputs_per_request: int = 1
     ceiling_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32])
     ceiling_passes: int = 2
@@ -153,6 +154,23 @@ def _ceilings(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corp
     return results
 
 
+def _profiles(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, ceilings: dict) -> dict:
+    """ORT's per-operator profile of each graph at its best ceiling batch size, on the mixed corpus."""
+    sample = Corpus(mixed.name, mixed.texts[:PROFILE_TEXTS], mixed.tokens[:PROFILE_TEXTS])
+    graphs = {"fp32": model.graph(ENCODER)} | ({"int8": model.graph(ENCODER_INT8)} if model.int8_repo else {})
+    results = {}
+    for precision, graph in graphs.items():
+        batch_size = ceilings[precision]["mixed"]["best_batch_size"]
+        results[precision] = profile.op_profile(
+            graph, tokenizer, sample, config.threads, batch_size, config.out / "profiles"
+        )
+        top = ", ".join(
+            f"{op} {share:.0%}" for op, share in list(results[precision]["share_by_op"].items())[:4]
+        )
+        log(f"  profile {precision} at batch {batch_size}: {top}")
+    return results
+
+
 def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
     """Target name -> the server process to measure, in measuring order (server-fp32 first)."""
     servers = {}
@@ -200,7 +218,7 @@ async def run(config: BenchConfig) -> dict:
         tokenizer = load_tokenizer(model.tokenizer_path, model.manifest.max_length)
         mixed = mixed_corpus(tokenizer, limit=config.texts)
         fixed = fixed_length_corpus(
-            tokenizer, min(FIXED_LENGTH, model.manifest.max_length), config.fixed_texts
+            tokenizer, min(config.fixed_length, model.manifest.max_length), config.fixed_texts
         )
         log(f"  {model.spec}; mixed {mixed.summary()}; {fixed.name} x {len(fixed.texts)}")
         if model.checkpoint is None:
@@ -216,6 +234,7 @@ async def run(config: BenchConfig) -> dict:
 
         log(f"[3/5] in-process ceilings (at {time.perf_counter() - started:.0f} s)")
         ceilings = _ceilings(config, model, tokenizer, mixed, fixed)
+        profiles = _profiles(config, model, tokenizer, mixed, ceilings)
 
         log(f"[4/5] servers (at {time.perf_counter() - started:.0f} s)")
         flops_of = lambda tokens: encoder_flops(dims, tokens)  # noqa: E731
@@ -264,6 +283,7 @@ async def run(config: BenchConfig) -> dict:
             "concurrency": config.concurrency,
             "texts": config.texts,
             "fixed_texts": config.fixed_texts,
+            "fixed_length": config.fixed_length,
             "inputs_per_request": config.inputs_per_request,
             "ceiling_batch_sizes": config.ceiling_batch_sizes,
             "server_settings": config.server_settings,
@@ -275,6 +295,7 @@ async def run(config: BenchConfig) -> dict:
         },  # fmt: skip
         "gemm": gemm,
         "inprocess": ceilings,
+        "profile": profiles,
         "targets": targets,
         "ratios": ratios,
         "padding_ratio": ratios["padding_ratio"],

@@ -108,7 +108,8 @@ class TargetRun:
             "exit_code": exit_code,
             "closed": closed,
             "saturation": {
-                k: best[k] for k in ("concurrency", "inputs_per_s", "tokens_per_s", "p50_ms", "p99_ms")
+                k: best[k]
+                for k in ("concurrency", "inputs_per_s", "tokens_per_s", "gflops_per_s", "p50_ms", "p99_ms")
             },
             "fixed": fixed,
             "open": opened,

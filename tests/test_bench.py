@@ -119,6 +119,11 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
         assert phase["server"]["batch_size_mean"] == 1.0
         assert phase["server"]["batch_tokens_padded"] == phase["tokens"]  # batch of one: no padding
     assert [p["concurrency"] for p in result["targets"]["server-fp32"]["closed"]] == [1, 4]
+    for precision in ("fp32", "int8"):
+        profile = result["profile"][precision]
+        assert math.isclose(sum(profile["share_by_op"].values()), 1.0, rel_tol=1e-6)
+        assert (out / profile["trace"]).is_file()
+    assert "MatMul" in result["profile"]["fp32"]["share_by_op"]
 
     table = (out / "bench.md").read_text()
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table
