@@ -41,6 +41,7 @@ class PhaseResult:
     latencies: list[float] = field(default_factory=list)  # of successful requests, seconds
     queue_ms: list[float] = field(default_factory=list)  # server-reported, from each reply's metadata
     inference_ms: list[float] = field(default_factory=list)
+    tokenize_ms: list[float] = field(default_factory=list)
     reply_tokens: int = 0  # the server's own count of real tokens (metadata.total_tokens), to cross-check
     inputs: int = 0
     tokens: int = 0
@@ -65,6 +66,7 @@ class PhaseResult:
             **latency_summary(self.latencies),
             "reply_queue_ms_mean": _mean(self.queue_ms),
             "reply_inference_ms_mean": _mean(self.inference_ms),
+            "reply_tokenize_ms_mean": _mean(self.tokenize_ms),
             "reply_tokens": self.reply_tokens,
         }
 
@@ -114,6 +116,7 @@ async def _send(call: Call, request: Request, started: float, result: PhaseResul
     if metadata is not None:
         result.queue_ms.append(metadata.queue_time_ms)
         result.inference_ms.append(metadata.inference_time_ms)
+        result.tokenize_ms.append(metadata.tokenize_time_ms)
         result.reply_tokens += metadata.total_tokens
     result.inputs += len(request.texts)
     result.tokens += request.tokens
