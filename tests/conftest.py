@@ -69,3 +69,15 @@ def tiny_repo(tmp_path_factory, make_tiny_checkpoint) -> Path:
             log=lambda _: None,
         )
     return repo
+
+
+# --- serving side (added by the server's engineer) --------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_repo):
+    """An in-process server (tests/helpers/server.py) on `tiny_repo`, shared by the session; read-only use."""
+    from tests.helpers.server import ServerThread
+
+    with ServerThread(model_repo=tiny_repo, max_queue_delay_ms=5) as server:
+        yield server

@@ -1,0 +1,165 @@
+"""Running a bertserve server for tests: in this process (a thread with its own event loop) or as a
+`bertserve serve` subprocess. Both bind 127.0.0.1 with port 0 (and a picked metrics port)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.server import InferenceServer
+from service.settings import load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_LINE = re.compile(r"serving bertserve\.v1\.Inference on [\d.]+:(\d+), metrics on http://[\d.]+:(\d+)/")
+
+
+class ServerThread:
+    """An InferenceServer on an event loop in a background thread.
+
+    `call(coro_fn)` runs a coroutine function on the server's loop (e.g. `server.drain`) and returns its
+    result; `start()` returns once the server reports SERVING (or raises its startup error).
+    """
+
+    def __init__(self, **settings):
+        settings.setdefault("host", "127.0.0.1")
+        settings.setdefault("port", 0)
+        settings.setdefault("metrics_port", 0)
+        self.settings = load_settings(**settings)
+        self.server = InferenceServer(self.settings)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.metrics_port}/metrics"
+
+    def call(self, coroutine_function, *args, timeout: float = 120):
+        return asyncio.run_coroutine_threadsafe(coroutine_function(*args), self.loop).result(timeout)
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        try:
+            self.call(self.server.start)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            try:
+                self.call(self.server.stop, timeout=30)
+            finally:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self._thread.join(30)
+        self.loop.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics, parsed with prometheus_client's parser: {(name, sorted labels): value}."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def metric(samples: dict, name: str, **labels) -> float:
+    """Sum of the samples called `name` whose labels include `labels`."""
+    return sum(
+        value
+        for (sample_name, sample_labels), value in samples.items()
+        if sample_name == name and set(labels.items()) <= set(sample_labels)
+    )
+
+
+class ServerProcess:
+    """`python -m bertserve.cli serve ARGS` (what the `bertserve serve` console script runs)."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.args = ["serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", *args]
+        self.env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line)
+            if match := READY_LINE.search(line):
+                self.port, self.metrics_port = int(match[1]), int(match[2])
+                self._ready.set()
+        self._ready.set()  # the process ended
+
+    def start(self, timeout: float = 90) -> ServerProcess:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bertserve.cli", *self.args],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._ready.wait(timeout) or self.port is None:
+            self.kill()
+            raise RuntimeError("server did not start:\n" + "".join(self.lines))
+        return self
+
+    def run_to_exit(self, timeout: float = 90) -> int:
+        """For servers expected to refuse to start: waits for the exit code."""
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bertserve.cli", *self.args],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _, err = self.process.communicate(timeout=timeout)
+        self.lines = err.splitlines(keepends=True)
+        return self.process.returncode
+
+    def terminate(self, timeout: float = 60) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
