@@ -268,10 +268,14 @@ def test_bad_requests_get_the_right_status_and_the_server_stays_healthy(server, 
     ].shape
 
 
-def test_draining_server_is_live_not_ready_and_refuses_inference(tiny_repo, client):
-    draining = start(tiny_repo, models=["tiny-embed"])
+def test_full_queue_then_draining_server(tiny_repo, client):
+    """RESOURCE_EXHAUSTED when a call does not fit the queue; while draining: live, not ready, and
+    ModelInfer refused with UNAVAILABLE."""
+    draining = start(tiny_repo, models=["tiny-embed"], max_queue_inputs=2)
     try:
         assert client(triton.probes, draining.address, ["tiny-embed"])["ready"] is True
+        overloaded = client(triton.infer, draining.address, "tiny-embed", texts_tensor(TEXTS))
+        assert overloaded[0] == "RESOURCE_EXHAUSTED" and "max_queue_inputs 2" in overloaded[1]
 
         async def begin_drain():  # what InferenceServer.drain does first, before it waits and stops
             draining.server.lifecycle.accepting = False
