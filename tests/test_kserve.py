@@ -137,6 +137,13 @@ def test_probes_and_metadata(server, client):
     assert embed["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": ["-1", "48"]}]
     classifier = client(triton.metadata, server.address, "tiny-classifier")
     assert [o["name"] for o in classifier["outputs"]] == ["embedding", "labels", "label_scores"]
+    mlm = client(triton.metadata, server.address, "tiny-mlm")
+    assert [o["name"] for o in mlm["outputs"]] == [
+        "embedding",
+        "mask_tokens",
+        "mask_scores",
+        "mask_sequences",
+    ]
     assert client(triton.metadata, server.address, "no-such-model")[0] == "NOT_FOUND"
 
     index = client(triton.repository_index, server.address)
@@ -200,6 +207,37 @@ def test_classifier_outputs_equal_bertserve_v1(server, client, stub):
     ):
         assert [label.decode() for label in labels] == [s.label for s in answer.labels]
         assert np.allclose(scores, [s.score for s in answer.labels], atol=1e-6)
+
+
+def test_fill_mask_outputs_equal_bertserve_v1(server, client, stub):
+    masked = ["the cat sat on the [MASK]", "paris is the [MASK] of a dog"]
+    outputs = ["mask_tokens", "mask_scores", "mask_sequences"]
+    result = client(
+        triton.infer,
+        server.address,
+        "tiny-mlm",
+        texts_tensor(masked),
+        outputs=outputs,
+        parameters={"top_k": 3},
+    )
+    _, inference = stub
+    expected = inference.FillMask(v1.FillMaskRequest(inputs=masked, model="tiny-mlm", top_k=3))
+    got = result["outputs"]
+    assert got["mask_tokens"].shape == got["mask_sequences"].shape == got["mask_scores"].shape == (2, 3)
+    for tokens, scores, sequences, answer in zip(
+        got["mask_tokens"], got["mask_scores"], got["mask_sequences"], expected.results, strict=True
+    ):
+        (mask,) = answer.masks
+        assert [t.decode() for t in tokens] == [c.token for c in mask.candidates]
+        assert [s.decode() for s in sequences] == [c.sequence for c in mask.candidates]
+        assert np.allclose(scores, [c.score for c in mask.candidates], atol=1e-6)
+
+    two_masks = client(
+        triton.infer, server.address, "tiny-mlm", texts_tensor(["[MASK] cat [MASK]"]), outputs=outputs
+    )
+    assert two_masks[0] == "INVALID_ARGUMENT" and "exactly one" in two_masks[1]
+    default = client(triton.infer, server.address, "tiny-mlm", texts_tensor(TEXTS))  # no mask needed
+    assert list(default["outputs"]) == ["embedding"]
 
 
 def test_typed_contents_request_gets_typed_outputs(server, stub):

@@ -5,14 +5,17 @@ ModelInfer takes the texts of a BYTES tensor "text" and runs them through the be
 inference path (validation, tokenization, the model's batcher, the tasks), so both protocols share
 batches, limits, metrics and error mapping. Outputs by task:
 
-    embed     "embedding"     FP32  [n, dimension]  (request parameter "normalize": bool)
-    classify  "labels"        BYTES [n, k]          best first (request parameters "top_k": int64,
-              "label_scores"  FP32  [n, k]          "raw_scores": bool)
+    embed     "embedding"       FP32  [n, dimension]  (request parameter "normalize": bool)
+    classify  "labels"          BYTES [n, k]          best first (request parameters "top_k": int64,
+              "label_scores"    FP32  [n, k]          default all labels; "raw_scores": bool)
+    fill_mask "mask_tokens"     BYTES [n, k]          best first, exactly one mask token per input
+              "mask_scores"     FP32  [n, k]          (request parameter "top_k", default 5)
+              "mask_sequences"  BYTES [n, k]          the input with the mask filled by each candidate
 
-fill_mask has no tensor form here (its masks per input vary in number): use bertserve.v1 FillMask.
 Every task takes the request parameter "truncate" (bool). A request that names no outputs gets all of
-its model's outputs. Outputs come back in raw_output_contents when the request used raw_input_contents,
-else in typed contents.
+its model's embed and classify outputs (fill_mask outputs only when named: they need a mask token in
+every input). Outputs come back in raw_output_contents when the request used raw_input_contents, else
+in typed contents.
 
 The probes (ServerLive, ServerReady, ModelReady) always answer, draining included (ready is false then);
 the other RPCs go through `rpc_status.rpc`, which refuses them while draining and maps domain errors.
@@ -36,7 +39,7 @@ from service.kserve import open_inference_pb2_grpc
 from service.kserve.tensors import TEXT_INPUT, OutputTensor, parameter, read_texts, write_outputs
 from service.rpc_status import rpc
 from service.served_model import ServedModel
-from service.servicer import InferenceServicer
+from service.servicer import DEFAULT_FILL_MASK_TOP_K, CallOutcome, InferenceServicer
 from service.tasks import Task, TaskOptions
 from service.tasks.classify import ranked
 from service.validation import check_top_k
@@ -46,7 +49,12 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 SERVER_NAME = "bertserve"
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ["model_repository", "parameters"]  # model_repository: the index only (no load/unload)
-OUTPUTS_OF_TASK = {Task.EMBED: ("embedding",), Task.CLASSIFY: ("labels", "label_scores")}
+OUTPUTS_OF_TASK = {
+    Task.EMBED: ("embedding",),
+    Task.CLASSIFY: ("labels", "label_scores"),
+    Task.FILL_MASK: ("mask_tokens", "mask_scores", "mask_sequences"),
+}
+DEFAULT_TASKS = (Task.EMBED, Task.CLASSIFY)  # a request that names no outputs gets these tasks' outputs
 
 
 def probe(name: str):
@@ -78,6 +86,10 @@ def tensor_metadata(model: ServedModel) -> list[pb.ModelMetadataResponse.TensorM
     if model.manifest.tasks.classify:
         outputs.append(meta(name="labels", datatype="BYTES", shape=[-1, -1]))
         outputs.append(meta(name="label_scores", datatype="FP32", shape=[-1, -1]))
+    if model.manifest.tasks.fill_mask:
+        outputs.append(meta(name="mask_tokens", datatype="BYTES", shape=[-1, -1]))
+        outputs.append(meta(name="mask_scores", datatype="FP32", shape=[-1, -1]))
+        outputs.append(meta(name="mask_sequences", datatype="BYTES", shape=[-1, -1]))
     return outputs
 
 
@@ -141,6 +153,8 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
             properties["pooling"] = manifest.tasks.embed.pooling
         if classify := manifest.tasks.classify:
             properties["labels"] = ",".join(classify.id2label[i] for i in sorted(classify.id2label))
+        if fill_mask := manifest.tasks.fill_mask:
+            properties["mask_token"] = fill_mask.mask_token
         return pb.ModelMetadataResponse(
             name=model.name,
             versions=[str(model.version)],
@@ -166,7 +180,7 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
     def _requested(self, model: ServedModel, request: pb.ModelInferRequest) -> list[str]:
         available = model_outputs(model)
         if not request.outputs:
-            return list(available)
+            return [name for name, task in available.items() if task in DEFAULT_TASKS]
         names = [output.name for output in request.outputs]
         for i, name in enumerate(names):
             if name not in available:
@@ -182,6 +196,10 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
         if task is Task.EMBED:
             normalize = parameter(request, "normalize", bool, model.manifest.tasks.embed.normalize)
             return TaskOptions(Task.EMBED, normalize=normalize)
+        if task is Task.FILL_MASK:
+            top_k = parameter(request, "top_k", int, DEFAULT_FILL_MASK_TOP_K)
+            check_top_k(top_k, model.tokenizer.vocab_size, "parameters['top_k']", "vocabulary size")
+            return TaskOptions(Task.FILL_MASK, top_k=top_k)
         labels = len(model.manifest.tasks.classify.id2label)
         top_k = parameter(request, "top_k", int, 0)
         if top_k:
@@ -211,18 +229,47 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
         for task, option, outcome in zip(tasks, options, outcomes, strict=True):
             if task is Task.EMBED:
                 tensors["embedding"] = OutputTensor("embedding", "FP32", _stack(outcome.values))
+            elif task is Task.CLASSIFY:
+                tensors.update(_classify_tensors(model, option, outcome))
             else:
-                spec = model.manifest.tasks.classify
-                best = [ranked(scores, option.top_k) for scores in outcome.values]
-                labels = [[spec.id2label.get(i, str(i)).encode() for i, _ in row] for row in best]
-                tensors["labels"] = OutputTensor("labels", "BYTES", _object_array(labels))
-                scores = [[score for _, score in row] for row in best]
-                tensors["label_scores"] = OutputTensor("label_scores", "FP32", _stack(scores))
+                tensors.update(await self._fill_mask_tensors(model, outcome, "mask_sequences" in names))
         response = pb.ModelInferResponse(
             model_name=model.name, model_version=str(model.version), id=request.id
         )
         write_outputs(response, [tensors[name] for name in names], raw=bool(request.raw_input_contents))
         return response
+
+    async def _fill_mask_tensors(self, model: ServedModel, outcome: CallOutcome, sequences: bool) -> dict:
+        for i, masks in enumerate(outcome.values):
+            if len(masks) != 1:
+                raise InvalidInput(
+                    f"inputs[{TEXT_INPUT!r}][{i}]: {len(masks)} {model.manifest.tasks.fill_mask.mask_token} "
+                    "tokens; this protocol takes exactly one per input (bertserve.v1 FillMask takes more)"
+                )
+        tops = [masks[0] for masks in outcome.values]
+        tokens = [[model.tokenizer.id_to_token(int(i)).encode() for i in top.token_ids] for top in tops]
+        tensors = {
+            "mask_tokens": OutputTensor("mask_tokens", "BYTES", _object_array(tokens)),
+            "mask_scores": OutputTensor("mask_scores", "FP32", _stack([top.scores for top in tops])),
+        }
+        if sequences:
+            filled = await self.inference._off_loop(
+                model.filled_sequences, [e.ids for e in outcome.encoded], outcome.values
+            )
+            texts = [[text.encode() for text in per_input[0]] for per_input in filled]
+            tensors["mask_sequences"] = OutputTensor("mask_sequences", "BYTES", _object_array(texts))
+        return tensors
+
+
+def _classify_tensors(model: ServedModel, option: TaskOptions, outcome: CallOutcome) -> dict:
+    spec = model.manifest.tasks.classify
+    best = [ranked(scores, option.top_k) for scores in outcome.values]
+    labels = [[spec.id2label.get(i, str(i)).encode() for i, _ in row] for row in best]
+    scores = [[score for _, score in row] for row in best]
+    return {
+        "labels": OutputTensor("labels", "BYTES", _object_array(labels)),
+        "label_scores": OutputTensor("label_scores", "FP32", _stack(scores)),
+    }
 
 
 def _stack(rows) -> np.ndarray:
