@@ -16,12 +16,16 @@ import numpy as np
 import pytest
 import torch
 from google.protobuf import descriptor_pb2
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bertserve import protogen
 from bertserve.v1 import inference_pb2 as v1
 from bertserve.v1 import inference_pb2_grpc as v1_grpc
+from service.errors import InvalidInput
 from service.kserve import open_inference_pb2 as pb
 from service.kserve import open_inference_pb2_grpc as pb_grpc
+from service.kserve.tensors import decode_bytes_elements, encode_bytes_elements
 from service.server import InferenceServer
 from service.settings import Settings
 from tests.helpers import triton_client as triton
@@ -61,8 +65,8 @@ class ServerThread:
         return self.server.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def start(repo, **settings) -> ServerThread:
-    return ServerThread(Settings(model_repo=repo, host="127.0.0.1", port=0, metrics_port=-1, **settings))
+def start(repo, **overrides) -> ServerThread:
+    return ServerThread(Settings(model_repo=repo, host="127.0.0.1", port=0, metrics_port=-1, **overrides))
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +94,17 @@ def texts_tensor(texts: list[str]) -> np.ndarray:
 
 def raw_bytes(elements: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(e)) + e for e in elements)
+
+
+@given(st.lists(st.binary(max_size=300), max_size=20))
+@settings(max_examples=50, deadline=None)
+def test_bytes_elements_round_trip(elements):
+    encoded = encode_bytes_elements(elements)
+    assert encoded == raw_bytes(elements)  # Triton's layout: uint32 little-endian length, then the bytes
+    assert decode_bytes_elements(encoded, "raw") == elements
+    if elements and elements[-1]:
+        with pytest.raises(InvalidInput, match="remain"):
+            decode_bytes_elements(encoded[:-1], "raw")
 
 
 def test_generated_code_is_fresh():
@@ -282,6 +297,10 @@ def test_bad_requests_get_the_right_status_and_the_server_stays_healthy(server, 
         triton.infer, server.address, "tiny-embed", texts_tensor(TEXTS), parameters={"normalize": "yes"}
     )
     assert bad_parameter[0] == "INVALID_ARGUMENT" and "normalize" in bad_parameter[1]
+    class_count = client(
+        triton.infer, server.address, "tiny-embed", texts_tensor(TEXTS), outputs=["embedding"], class_count=2
+    )
+    assert class_count[0] == "INVALID_ARGUMENT" and "classification" in class_count[1]
 
     kserve, _ = stub
     tensor = pb.ModelInferRequest.InferInputTensor(name="text", datatype="BYTES", shape=[2])
@@ -298,7 +317,7 @@ def test_bad_requests_get_the_right_status_and_the_server_stays_healthy(server, 
     )
 
     counted = server.metric("bertserve_requests_total", rpc="ModelInfer", code="INVALID_ARGUMENT")
-    assert counted - failed_before == 7
+    assert counted - failed_before == 8
     state = client(triton.probes, server.address, ["tiny-embed"])
     assert state == {"live": True, "ready": True, "models": {"tiny-embed": True}}
     assert client(triton.infer, server.address, "tiny-embed", texts_tensor(TEXTS))["outputs"][

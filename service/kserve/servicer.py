@@ -66,7 +66,10 @@ def probe(name: str):
             started, code = time.perf_counter(), grpc.StatusCode.OK
             try:
                 return await method(self, request, context)
-            except BaseException:
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception:
                 code = grpc.StatusCode.INTERNAL
                 raise
             finally:
@@ -190,6 +193,12 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
                 )
         if len(set(names)) != len(names):
             raise InvalidInput(f"outputs: an output is requested twice ({names})")
+        for i, output in enumerate(request.outputs):
+            if "classification" in output.parameters:  # what tritonclient sends for class_count
+                raise InvalidInput(
+                    f"outputs[{i}].parameters['classification']: the classification extension is not "
+                    "supported; request the labels and label_scores outputs (parameter top_k) instead"
+                )
         return names
 
     def _options(self, model: ServedModel, task: Task, request: pb.ModelInferRequest) -> TaskOptions:

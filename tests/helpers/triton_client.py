@@ -71,13 +71,16 @@ def infer(
     outputs: list[str] | None = None,
     parameters: dict | None = None,
     request_id: str = "",
+    class_count: int = 0,
 ):
     """{"outputs": {name: array}, "model_version", "id"} or (status, message)."""
     import tritonclient.grpc as triton
 
     tensor = triton.InferInput(input_name, list(values.shape), datatype)
     tensor.set_data_from_numpy(values)
-    requested = [triton.InferRequestedOutput(name) for name in outputs] if outputs else None
+    requested = (
+        [triton.InferRequestedOutput(name, class_count=class_count) for name in outputs] if outputs else None
+    )
     try:
         result = _client(address).infer(
             model, [tensor], outputs=requested, parameters=parameters, request_id=request_id
