@@ -255,11 +255,14 @@ class Batcher:
         now = time.monotonic()
         live, cancelled, expired = [], [], []
         for item in self._pending:
-            if item.future.done():  # the caller went away (its awaiting task was cancelled)
-                cancelled.append(item)
-            elif item.deadline is not None and item.deadline <= now:
+            if item.deadline is not None and item.deadline <= now:  # gRPC may also have cancelled it
                 expired.append(item)
-                item.future.set_exception(DeadlineTooShort("the deadline passed while the input was queued"))
+                if not item.future.done():
+                    item.future.set_exception(
+                        DeadlineTooShort("the deadline passed while the input was queued")
+                    )
+            elif item.future.done():  # the caller went away (its awaiting task was cancelled)
+                cancelled.append(item)
             else:
                 live.append(item)
         if cancelled or expired:

@@ -83,8 +83,10 @@ def rpc(name: str) -> Callable[[Handler], Handler]:
                 return await method(self, request, context)
             except errors.ServiceError as exc:
                 code, message = status_of(exc), str(exc)
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
+            except asyncio.CancelledError:  # the client cancelled, or its deadline passed
+                remaining = context.time_remaining()
+                expired = remaining is not None and remaining <= 0
+                code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
                 raise
             except Exception as exc:
                 log.exception("%s failed", name)
