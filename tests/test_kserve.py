@@ -316,8 +316,14 @@ def test_bad_requests_get_the_right_status_and_the_server_stays_healthy(server, 
         _code(kserve.ModelMetadata, pb.ModelMetadataRequest(name="tiny-embed", version="7"))[0] == "NOT_FOUND"
     )
 
+    too_long = texts_tensor(["the cat sat on the mat " * 20])  # 120 words, tiny max_length is 72 tokens
+    refused = client(triton.infer, server.address, "tiny-embed", too_long)
+    assert refused[0] == "INVALID_ARGUMENT" and "max_length 72" in refused[1]
+    cut = client(triton.infer, server.address, "tiny-embed", too_long, parameters={"truncate": True})
+    assert cut["outputs"]["embedding"].shape == (1, 48)
+
     counted = server.metric("bertserve_requests_total", rpc="ModelInfer", code="INVALID_ARGUMENT")
-    assert counted - failed_before == 8
+    assert counted - failed_before == 9
     state = client(triton.probes, server.address, ["tiny-embed"])
     assert state == {"live": True, "ready": True, "models": {"tiny-embed": True}}
     assert client(triton.infer, server.address, "tiny-embed", texts_tensor(TEXTS))["outputs"][
