@@ -37,6 +37,8 @@ class PhaseResult:
     mode: str  # "closed" or "open"
     concurrency: int | None = None
     offered_rate: float | None = None  # requests/s, open loop only
+    requests_planned: int = 0
+    stopped_early: bool = False  # the phase hit its time limit before sending every planned request
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)  # of successful requests, seconds
     queue_ms: list[float] = field(default_factory=list)  # server-reported, from each reply's metadata
@@ -55,6 +57,8 @@ class PhaseResult:
             "concurrency": self.concurrency,
             "offered_rate_rps": self.offered_rate,
             "seconds": self.seconds,
+            "requests_planned": self.requests_planned,
+            "stopped_early": self.stopped_early,
             "requests_ok": requests,
             "errors": dict(self.errors),
             "inputs": self.inputs,
@@ -123,28 +127,41 @@ async def _send(call: Call, request: Request, started: float, result: PhaseResul
     result.flops += request.flops
 
 
-async def closed_loop(call: Call, requests: list[Request], concurrency: int, label: str = "") -> PhaseResult:
-    """`concurrency` callers, each sending its next request as soon as its last one is answered."""
-    result = PhaseResult("closed", concurrency=concurrency)
+async def closed_loop(
+    call: Call, requests: list[Request], concurrency: int, label: str = "", time_limit_s: float | None = None
+) -> PhaseResult:
+    """`concurrency` callers, each sending its next request as soon as its last one is answered; none is
+    sent after `time_limit_s` (the rest of the list is skipped and the result says so)."""
+    result = PhaseResult("closed", concurrency=concurrency, requests_planned=len(requests))
     pending = iter(requests)
     progress = _Progress(label or f"closed c={concurrency}", len(requests))
+    start = time.perf_counter()
+    deadline = start + time_limit_s if time_limit_s else float("inf")
 
     async def caller() -> None:
         for request in pending:  # shared iterator: each request is sent exactly once
+            if time.perf_counter() > deadline:
+                result.stopped_early = True
+                return
             await _send(call, request, time.perf_counter(), result)
             progress.tick()
 
-    start = time.perf_counter()
     await asyncio.gather(*(caller() for _ in range(concurrency)))
     result.seconds = time.perf_counter() - start
     return result
 
 
 async def open_loop(
-    call: Call, requests: list[Request], rate: float, seed: int = 0, label: str = ""
+    call: Call,
+    requests: list[Request],
+    rate: float,
+    seed: int = 0,
+    label: str = "",
+    time_limit_s: float | None = None,
 ) -> PhaseResult:
-    """Requests sent at Poisson arrival times of mean `rate` per second, whether or not earlier ones are done."""
-    result = PhaseResult("open", offered_rate=rate)
+    """Requests sent at Poisson arrival times of mean `rate` per second, whether or not earlier ones are
+    done; arrivals stop after `time_limit_s` (those sent are still awaited)."""
+    result = PhaseResult("open", offered_rate=rate, requests_planned=len(requests))
     rng = random.Random(seed)
     progress = _Progress(label or f"open {rate:.1f} req/s", len(requests))
 
@@ -155,8 +172,12 @@ async def open_loop(
     start = time.perf_counter()
     scheduled = start
     tasks = []
+    deadline = start + time_limit_s if time_limit_s else float("inf")
     for request in requests:
         scheduled += rng.expovariate(rate)
+        if scheduled > deadline:
+            result.stopped_early = True
+            break
         delay = scheduled - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)  # waiting for the next arrival time of the schedule

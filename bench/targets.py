@@ -7,7 +7,7 @@ of the server's /metrics, so server-side figures cover exactly the phase's reque
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
 import grpc
@@ -28,6 +28,7 @@ class Workload:
     mixed: list[Request]
     fixed: list[Request]
     open_rate_fraction: float  # open-loop rate as a fraction of the target's saturation rate
+    phase_time_limit_s: float | None = None  # no request is sent after this long into a phase
     startup_timeout_s: float = 180.0
 
 
@@ -43,6 +44,10 @@ def embed_call(channel: grpc.aio.Channel, model: str) -> Call:
 
 def _line(name: str, label: str, s: dict) -> str:
     errors = f", errors {s['errors']}" if s["errors"] else ""
+    if s["stopped_early"]:
+        errors += (
+            f" (time limit: {s['requests_ok'] + sum(s['errors'].values())} of {s['requests_planned']} sent)"
+        )
     return (
         f"  {name:<16} {label:<14} {s['inputs_per_s']:8.1f} inputs/s {s['tokens_per_s']:9.0f} tokens/s"
         f"  p50 {s['p50_ms']:7.1f} ms  p99 {s['p99_ms']:7.1f} ms{errors}"
@@ -58,13 +63,16 @@ class TargetRun:
         self.server, self.model, self.workload, self.log = server, model, workload, log
         self.call: Call | None = None
 
-    async def _phase(self, label: str, run, warmup: list[Request], concurrency: int) -> dict:
+    async def _phase(
+        self, label: str, phase: Coroutine[None, None, PhaseResult], warmup: list[Request], concurrency: int
+    ) -> dict:
+        """Warms up, then awaits `phase` (not started until now) between two scrapes of /metrics."""
         assert self.call is not None
         if warmup:
             await closed_loop(self.call, warmup, concurrency, label=f"{label} warm-up")
         before = await scrape(self.server.metrics_url)
         server_cpu, client_cpu = self.server.cpu_seconds(), time.process_time()
-        result: PhaseResult = await run()
+        result = await phase
         server_cpu = _elapsed(server_cpu, self.server.cpu_seconds())
         client_cpu = time.process_time() - client_cpu
         after = await scrape(self.server.metrics_url)
@@ -86,18 +94,21 @@ class TargetRun:
             async with grpc.aio.insecure_channel(self.server.address, options=CHANNEL_OPTIONS) as channel:
                 self.call = embed_call(channel, self.model)
                 closed = []
+                limit = w.phase_time_limit_s
                 for c in w.concurrencies:
-                    run = lambda c=c: closed_loop(self.call, w.mixed, c, label=f"{self.server.name} c={c}")  # noqa: E731
-                    closed.append(await self._phase(f"closed c={c}", run, w.mixed[: min(c, WARMUP_MAX)], c))
+                    phase = closed_loop(self.call, w.mixed, c, f"{self.server.name} c={c}", limit)
+                    closed.append(await self._phase(f"closed c={c}", phase, w.mixed[: min(c, WARMUP_MAX)], c))
                 best = max(closed, key=lambda s: s["inputs_per_s"])
                 c_best = best["concurrency"]
-                fixed_run = lambda: closed_loop(self.call, w.fixed, c_best, label=f"{self.server.name} fixed")  # noqa: E731
+                phase = closed_loop(self.call, w.fixed, c_best, f"{self.server.name} fixed", limit)
                 fixed = await self._phase(
-                    f"fixed c={c_best}", fixed_run, w.fixed[: min(c_best, WARMUP_MAX)], c_best
+                    f"fixed c={c_best}", phase, w.fixed[: min(c_best, WARMUP_MAX)], c_best
                 )
                 rate = open_rate or w.open_rate_fraction * best["requests_per_s"]
-                open_run = lambda: open_loop(self.call, w.mixed, rate, label=f"{self.server.name} open")  # noqa: E731
-                opened = await self._phase(f"open {rate:.0f} rps", open_run, [], 1)
+                phase = open_loop(
+                    self.call, w.mixed, rate, label=f"{self.server.name} open", time_limit_s=limit
+                )
+                opened = await self._phase(f"open {rate:.0f} rps", phase, [], 1)
             rss_mb = self.server.rss_mb()
         finally:
             exit_code = await self.server.stop()

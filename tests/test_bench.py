@@ -129,3 +129,15 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table
     for plot in ("throughput.png", "latency.png"):
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_phase_stops_sending_at_its_time_limit():
+    async def slow(texts):
+        await asyncio.sleep(0.05)
+
+    requests = [Request(["x"], 1, 1.0)] * 200
+    closed = asyncio.run(closed_loop(slow, requests, concurrency=2, time_limit_s=0.3))
+    assert closed.stopped_early and 4 <= len(closed.latencies) < 40 and closed.seconds < 1.0
+    opened = asyncio.run(open_loop(slow, requests, rate=100.0, time_limit_s=0.3))
+    assert opened.stopped_early and 5 <= len(opened.latencies) < 100 and opened.seconds < 1.0
+    assert closed.summary()["requests_planned"] == 200
