@@ -1,0 +1,66 @@
+"""Inputs whose deadline passes while queued, or whose caller cancels, never reach the model and are
+counted; a full queue answers RESOURCE_EXHAUSTED at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from bertserve.v1 import inference_pb2 as pb
+from service.client import Client
+from tests.helpers.server import ServerThread, metric, scrape
+
+
+@pytest.fixture
+def gated_server(tiny_repo):
+    with ServerThread(model_repo=tiny_repo, models=["tiny-embed"], max_queue_inputs=4) as server:
+        model = server.server.models[0]
+        state = {"computing": threading.Event(), "release": threading.Event(), "seen": []}
+        real_compute = model.compute
+
+        def gated(batch):
+            state["computing"].set()
+            assert state["release"].wait(30)
+            state["seen"].extend(len(item.ids) for item in batch)
+            return real_compute(batch)
+
+        model.batcher._compute = gated
+        yield server, state
+        state["release"].set()
+
+
+def test_expired_and_cancelled_inputs_skip_the_model(gated_server):
+    server, state = gated_server
+    before = scrape(server.metrics_url)
+    with Client(server.address) as client:
+        busy = client.stub.Embed.future(pb.EmbedRequest(inputs=["a"]), timeout=30)  # 3 tokens
+        assert state["computing"].wait(30)
+        expiring = client.stub.Embed.future(pb.EmbedRequest(inputs=["a cat"]), timeout=0.3)  # 4 tokens
+        cancelled = client.stub.Embed.future(pb.EmbedRequest(inputs=["a cat sat"]), timeout=30)  # 5 tokens
+        with pytest.raises(grpc.RpcError) as full:  # 1 computing + 2 queued; 3 more exceed 4
+            client.embed(["x", "y", "z"], timeout=5)
+        assert full.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_queue_inputs 4" in full.value.details()
+        with pytest.raises(grpc.RpcError) as expired:
+            expiring.result()
+        assert expired.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        cancelled.cancel()
+        deadline = time.monotonic() + 10  # wait until the server has seen the cancellation
+        while metric(scrape(server.metrics_url), "bertserve_requests_total", code="CANCELLED") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        state["release"].set()
+        assert len(busy.result().embeddings) == 1
+        assert len(client.embed(["a cat sat on"]).embeddings) == 1  # the server carries on
+    assert state["seen"] == [3, 6]  # only the busy call and the last one reached the model
+    after = scrape(server.metrics_url)
+
+    def moved(name, **labels):
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert moved("bertserve_dropped_total", model="tiny-embed", reason="deadline") == 1
+    assert moved("bertserve_dropped_total", model="tiny-embed", reason="cancelled") == 1
+    assert moved("bertserve_requests_total", rpc="Embed", code="RESOURCE_EXHAUSTED") == 1
