@@ -106,7 +106,7 @@ def _machine(threads: int) -> dict:
         "cpu": cpu, "logical_cores": psutil.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
         "memory_gib": psutil.virtual_memory().total / 2**30, "platform": platform.platform(),
         "python": platform.python_version(), "threads": threads, "versions": versions,
-        "load_average_at_start": os.getloadavg(),
+        "load_average_at_start": os.getloadavg(),  # 1, 5, 15 minutes, before the bench starts anything
     }  # fmt: skip
 
 
@@ -213,6 +213,15 @@ async def run(config: BenchConfig) -> dict:
     started = time.perf_counter()
     config.out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
+    machine = _machine(config.threads)
+    busy = machine["load_average_at_start"][0]
+    if busy > 0.5 * machine["logical_cores"]:
+        notes.append(
+            f"the machine was busy before the bench started (1-minute load average {busy:.1f} on "
+            f"{machine['logical_cores']} cores): other processes compete with every target, and multi-threaded "
+            "PyTorch (the naive baseline) and the GEMM peak suffer most; figures of this run are not comparable"
+        )
+        log(f"warning: {notes[-1]}")
     with tempfile.TemporaryDirectory(prefix="bertserve-bench-") as scratch:
         log(f"[1/5] model and corpus (at {time.perf_counter() - started:.0f} s)")
         model = resolve_model(config.model_repo, config.model, config.checkpoint, Path(scratch), log)
@@ -276,7 +285,7 @@ async def run(config: BenchConfig) -> dict:
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "quick": config.quick,
         "seconds": None,
-        "machine": _machine(config.threads),
+        "machine": machine | {"load_average_at_end": os.getloadavg()},
         "model": {
             "name": model.name,
             "version": model.version,
