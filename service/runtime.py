@@ -27,6 +27,9 @@ def session_options(intra_op_threads: int, inter_op_threads: int) -> ort.Session
     options.inter_op_num_threads = inter_op_threads
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # ORT's worker threads otherwise spin between runs, taking the cores that the event loop, gRPC and
+    # tokenization need: measured here (2 cores, 16 callers, MiniLM) +40-65% throughput without spinning.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3  # errors only; the server logs what matters itself
     return options
 
