@@ -11,8 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
+
+from bench.processes import BenchError, child_pythonpath
+from bertserve.manifest import ModelDimensions
 
 
 def _sustained_gflops(matmul, make, m: int, k: int, n: int, seconds: float) -> float:
@@ -80,6 +84,17 @@ def main() -> None:
     args = parser.parse_args()
     json.dump(measure(args.threads, args.hidden, args.intermediate, args.seconds_per_shape), sys.stdout)
     sys.stdout.write("\n")
+
+
+def measure_in_subprocess(threads: int, dimensions: ModelDimensions, seconds_per_shape: float) -> dict:
+    """Runs this module in a child process with its BLAS/OpenMP pools pinned to `threads`."""
+    argv = [sys.executable, "-m", "bench.gemm", "--threads", str(threads), "--hidden", str(dimensions.hidden_size),
+            "--intermediate", str(dimensions.intermediate_size), "--seconds-per-shape", str(seconds_per_shape)]  # fmt: skip
+    env = thread_environment(threads) | child_pythonpath()
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise BenchError(f"GEMM measurement failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout)
 
 
 def thread_environment(threads: int) -> dict[str, str]:

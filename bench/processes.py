@@ -32,6 +32,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def child_pythonpath() -> dict[str, str]:
+    """PYTHONPATH that lets child processes import bench and bertserve from a source checkout too."""
+    root = str(Path(__file__).resolve().parents[1])
+    return {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+
+
 @dataclass
 class ServerProcess:
     name: str

@@ -6,28 +6,21 @@ peak and the ceilings first, then one server at a time), and every target gets t
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
-import psutil
-
-from bench import analysis, inprocess, profile, report
+from bench import analysis, gemm, inprocess, profile, report
 from bench.corpus import Corpus, fixed_length_corpus, load_tokenizer, mixed_corpus
 from bench.flops import corpus_flops, encoder_flops
-from bench.gemm import thread_environment
 from bench.loadgen import make_requests
+from bench.machine import describe_machine
 from bench.model_setup import ModelUnderTest, resolve_model
-from bench.processes import BenchError, bertserve_process, naive_process
+from bench.processes import bertserve_process, child_pythonpath, naive_process
 from bench.targets import TargetRun, Workload
 from bertserve.manifest import ENCODER, ENCODER_INT8
 
@@ -77,59 +70,6 @@ class BenchConfig:
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def _machine(threads: int) -> dict:
-    cpu = platform.processor()
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    versions = {}
-    for package in (
-        "onnxruntime",
-        "onnxruntime-gpu",
-        "torch",
-        "transformers",
-        "tokenizers",
-        "grpcio",
-        "numpy",
-        "bertserve",
-    ):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    return {
-        "cpu": cpu, "logical_cores": psutil.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
-        "memory_gib": psutil.virtual_memory().total / 2**30, "platform": platform.platform(),
-        "python": platform.python_version(), "threads": threads, "versions": versions,
-        "load_average_at_start": os.getloadavg(),  # 1, 5, 15 minutes, before the bench starts anything
-    }  # fmt: skip
-
-
-def _gemm_peak(config: BenchConfig, model: ModelUnderTest) -> dict:
-    d = model.manifest.dimensions
-    argv = [sys.executable, "-m", "bench.gemm", "--threads", str(config.threads), "--hidden", str(d.hidden_size),
-            "--intermediate", str(d.intermediate_size), "--seconds-per-shape", str(config.gemm_seconds_per_shape)]  # fmt: skip
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        env=thread_environment(config.threads) | _child_path(),
-        check=False,
-    )
-    if done.returncode != 0:
-        raise BenchError(f"GEMM measurement failed: {done.stderr.strip().splitlines()[-1:]}")
-    return json.loads(done.stdout)
-
-
-def _child_path() -> dict[str, str]:
-    """PYTHONPATH that lets child processes import bench and bertserve from a source checkout too."""
-    root = str(Path(__file__).resolve().parents[1])
-    return {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
 
 
 def _ceilings(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, fixed: Corpus) -> dict:
@@ -205,7 +145,7 @@ def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
             model.checkpoint, config.threads, embed.pooling, embed.normalize, model.manifest.max_length, logs
         )
     for server in servers.values():
-        server.env.update(_child_path())
+        server.env.update(child_pythonpath())
     return servers
 
 
@@ -213,7 +153,7 @@ async def run(config: BenchConfig) -> dict:
     started = time.perf_counter()
     config.out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
-    machine = _machine(config.threads)
+    machine = describe_machine(config.threads)
     busy = machine["load_average_at_start"][0]
     if busy > 0.5 * machine["logical_cores"]:
         notes.append(
@@ -238,9 +178,9 @@ async def run(config: BenchConfig) -> dict:
             notes.append("no int8 encoder and no checkpoint to export one: int8 was not measured")
 
         log(f"[2/5] GEMM peak (at {time.perf_counter() - started:.0f} s)")
-        gemm = _gemm_peak(config, model)
+        gemm_peak = gemm.measure_in_subprocess(config.threads, dims, config.gemm_seconds_per_shape)
         log(
-            f"  fp32 GEMM peak {gemm['peak_gflops']:.1f} GFLOP/s ({gemm['peak_library']}, {gemm['peak_shape']})"
+            f"  fp32 GEMM peak {gemm_peak['peak_gflops']:.1f} GFLOP/s ({gemm_peak['peak_library']}, {gemm_peak['peak_shape']})"
         )
 
         log(f"[3/5] in-process ceilings (at {time.perf_counter() - started:.0f} s)")
@@ -272,7 +212,7 @@ async def run(config: BenchConfig) -> dict:
                 "part of the corpus (a shuffled prefix, so the same mix of lengths)"
             )
     log(f"[5/5] report (at {time.perf_counter() - started:.0f} s)")
-    ratios = analysis.ratios(targets, ceilings, gemm.get("peak_gflops"))
+    ratios = analysis.ratios(targets, ceilings, gemm_peak.get("peak_gflops"))
     int8_graph = model.int8_manifest.graphs.get(ENCODER_INT8) if model.int8_manifest else None
     server = targets.get(analysis.SERVER, {})
     measured = ratios | {
@@ -313,7 +253,7 @@ async def run(config: BenchConfig) -> dict:
             "per_input_mean_gflop_mixed": corpus_flops(dims, mixed.tokens) / len(mixed.tokens) / 1e9,
             "per_input_gflop_fixed": encoder_flops(dims, fixed.tokens[0]) / 1e9,
         },  # fmt: skip
-        "gemm": gemm,
+        "gemm": gemm_peak,
         "inprocess": ceilings,
         "profile": profiles,
         "targets": targets,
