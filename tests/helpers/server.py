@@ -94,8 +94,15 @@ def metric(samples: dict, name: str, **labels) -> float:
     )
 
 
+def bertserve_command() -> list[str]:
+    """The `bertserve` console script next to this interpreter (what `make serve` runs), else
+    `python -m bertserve.cli` (the same entry point) when the package is not installed."""
+    script = Path(sys.executable).parent / "bertserve"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "bertserve.cli"]
+
+
 class ServerProcess:
-    """`python -m bertserve.cli serve ARGS` (what the `bertserve serve` console script runs)."""
+    """`bertserve serve ARGS` as a subprocess."""
 
     def __init__(self, *args: str, env: dict | None = None):
         self.args = ["serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", *args]
@@ -124,7 +131,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 90) -> ServerProcess:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bertserve.cli", *self.args],
+            [*bertserve_command(), *self.args],
             cwd=ROOT,
             env=self.env,
             stdout=subprocess.DEVNULL,
@@ -140,7 +147,7 @@ class ServerProcess:
     def run_to_exit(self, timeout: float = 90) -> int:
         """For servers expected to refuse to start: waits for the exit code."""
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bertserve.cli", *self.args],
+            [*bertserve_command(), *self.args],
             cwd=ROOT,
             env=self.env,
             stdout=subprocess.DEVNULL,
