@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from bertserve.v1 import inference_pb2, inference_pb2_grpc
+from bertserve.v1 import inference_pb2
 from service.batcher import Batcher, BatchLimits, WorkItem
 from service.errors import StartupError
 from service.kserve import servicer as kserve
@@ -24,6 +24,7 @@ from service.rpc_status import Lifecycle
 from service.runtime import GraphSession
 from service.served_model import ServedModel
 from service.servicer import InferenceServicer
+from service.servicer import add_to_server as add_inference_servicer
 from service.settings import Settings
 from service.tasks import Task, TaskOptions
 from service.tasks.fill_mask import mask_positions
@@ -133,7 +134,7 @@ class InferenceServer:
         ]
         self._server = grpc.aio.server(options=size_options)
         servicer = InferenceServicer(registry, s, self.metrics, self.lifecycle, self._cpu)
-        inference_pb2_grpc.add_InferenceServicer_to_server(servicer, self._server)
+        add_inference_servicer(servicer, self._server)
         kserve_service = kserve.add_to_server(servicer, self.health, self._server)  # KServe v2 protocol
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -16,7 +16,7 @@ from google import protobuf
 
 from bertserve import __version__
 from bertserve.v1 import inference_pb2 as pb
-from bertserve.v1 import inference_pb2_grpc
+from bertserve.v1 import inference_pb2_grpc  # the servicer base class
 from service.batcher import ItemResult, WorkItem
 from service.errors import InvalidInput
 from service.metrics import Metrics
@@ -31,6 +31,7 @@ from service.tokenization import EncodedInput
 from service.validation import check_texts, check_top_k
 
 DEFAULT_FILL_MASK_TOP_K = 5
+SERVICE_FULL_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name  # bertserve.v1.Inference
 
 
 @dataclass
@@ -128,7 +129,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             )
         return positions
 
-    @rpc("Embed")
+    @rpc("Embed", pb.EmbedRequest)
     async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
         model = self.registry.resolve(request.model, Task.EMBED)
         spec = model.manifest.tasks.embed
@@ -142,7 +143,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             metadata=outcome.metadata,
         )
 
-    @rpc("FillMask")
+    @rpc("FillMask", pb.FillMaskRequest)
     async def FillMask(self, request: pb.FillMaskRequest, context) -> pb.FillMaskResponse:
         model = self.registry.resolve(request.model, Task.FILL_MASK)
         top_k = DEFAULT_FILL_MASK_TOP_K
@@ -173,7 +174,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             results.append(pb.FillMaskResult(masks=predictions))
         return pb.FillMaskResponse(results=results, metadata=outcome.metadata)
 
-    @rpc("Classify")
+    @rpc("Classify", pb.ClassifyRequest)
     async def Classify(self, request: pb.ClassifyRequest, context) -> pb.ClassifyResponse:
         model = self.registry.resolve(request.model, Task.CLASSIFY)
         spec = model.manifest.tasks.classify
@@ -194,7 +195,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         ]
         return pb.ClassifyResponse(results=results, metadata=outcome.metadata)
 
-    @rpc("Tokenize")
+    @rpc("Tokenize", pb.TokenizeRequest)
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         model = self.registry.resolve(request.model, None)
         encoded, tokenize_s = await self._tokenize(model, request.inputs, request.truncate)
@@ -211,7 +212,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         ]
         return pb.TokenizeResponse(results=results, metadata=_metadata(model, encoded, tokenize_s, []))
 
-    @rpc("Info")
+    @rpc("Info", pb.InfoRequest)
     async def Info(self, request: pb.InfoRequest, context) -> pb.InfoResponse:
         s = self.settings
         models = []
@@ -256,3 +257,26 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             "protobuf": protobuf.__version__,
         }
         return pb.InfoResponse(server_version=__version__, models=models, limits=limits, versions=versions)
+
+
+RESPONSE_TYPES = {
+    "Embed": pb.EmbedResponse,
+    "FillMask": pb.FillMaskResponse,
+    "Classify": pb.ClassifyResponse,
+    "Tokenize": pb.TokenizeResponse,
+    "Info": pb.InfoResponse,
+}
+
+
+def add_to_server(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """Registers the servicer with requests passed as bytes: `rpc` parses them, so that an undecodable
+    request gets INVALID_ARGUMENT (the generated registration would answer UNKNOWN)."""
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name),
+            request_deserializer=None,
+            response_serializer=response_type.SerializeToString,
+        )
+        for name, response_type in RESPONSE_TYPES.items()
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_FULL_NAME, handlers),))

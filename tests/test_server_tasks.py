@@ -152,3 +152,12 @@ def test_default_models_and_errors(client):
         assert failure.value.code() is code, failure.value.details()
         assert needle in failure.value.details()
     assert client.health() == "SERVING"
+
+
+def test_undecodable_request_is_invalid_argument(tiny_server):
+    with grpc.insecure_channel(tiny_server.address) as channel:
+        raw = channel.unary_unary("/bertserve.v1.Inference/Embed", request_serializer=None)
+        with pytest.raises(grpc.RpcError) as failure:
+            raw(b"\x0a\x02\xff\xfe", timeout=10)  # inputs[0] is not UTF-8
+    assert failure.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "bertserve.v1.EmbedRequest" in failure.value.details()
