@@ -37,6 +37,7 @@ class BatchLimits:
     max_batch_tokens: int
     max_queue_delay_s: float
     max_queue_inputs: int
+    max_padding_ratio: float = float("inf")  # padded tokens / real tokens a batch may reach
 
 
 @dataclass(eq=False)
@@ -81,26 +82,34 @@ class BatchObserver:
     def batch_done(self, stats: BatchStats) -> None: ...
 
 
-def cut_batch(pending: Sequence[WorkItem], max_size: int, max_tokens: int) -> list[int]:
+def cut_batch(
+    pending: Sequence[WorkItem], max_size: int, max_tokens: int, max_padding_ratio: float = float("inf")
+) -> list[int]:
     """Indices into `pending` (arrival order) of the next batch.
 
     The oldest input (index 0) is always taken. Then, in length order, the batch grows towards its
     shorter or longer neighbour, whichever adds less padding, while padded length x count stays within
-    `max_tokens` and the count within `max_size`. A single input longer than the budget goes alone.
+    `max_tokens`, padded tokens within `max_padding_ratio` x real tokens, and the count within
+    `max_size`. A single input longer than the budget goes alone.
     """
     order = sorted(range(len(pending)), key=lambda i: (pending[i].length, i))
     lo = hi = order.index(0)
-    longest = pending[0].length
+    longest = real = pending[0].length
     count = 1
+
+    def fits(new_longest: int, new_real: int) -> bool:
+        padded = new_longest * (count + 1)
+        return padded <= max_tokens and padded <= max_padding_ratio * new_real
+
     while count < max_size:
         best: tuple[int, int, str] | None = None  # (added padding, arrival index, side)
         if lo > 0:
             shorter = pending[order[lo - 1]]
-            if longest * (count + 1) <= max_tokens:
+            if fits(longest, real + shorter.length):
                 best = (longest - shorter.length, order[lo - 1], "lo")
         if hi + 1 < len(order):
             longer = pending[order[hi + 1]]
-            if longer.length * (count + 1) <= max_tokens:
+            if fits(longer.length, real + longer.length):
                 candidate = ((longer.length - longest) * count, order[hi + 1], "hi")
                 if best is None or candidate[:2] < best[:2]:
                     best = candidate
@@ -111,6 +120,7 @@ def cut_batch(pending: Sequence[WorkItem], max_size: int, max_tokens: int) -> li
         else:
             hi += 1
             longest = pending[order[hi]].length
+        real += pending[best[1]].length
         count += 1
     return sorted(order[lo : hi + 1])
 
@@ -228,7 +238,10 @@ class Batcher:
             if remaining > 0:
                 await self._wait_for_wakeup(remaining)
                 return False
-        chosen = cut_batch(self._pending, self.limits.max_batch_size, self.limits.max_batch_tokens)
+        limits = self.limits
+        chosen = cut_batch(
+            self._pending, limits.max_batch_size, limits.max_batch_tokens, limits.max_padding_ratio
+        )
         taken = set(chosen)
         batch = [self._pending[i] for i in chosen]
         self._pending = [item for i, item in enumerate(self._pending) if i not in taken]

@@ -105,7 +105,11 @@ class InferenceServer:
         self.models = await loop.run_in_executor(self._cpu, load_models, s)
         registry = ModelRegistry(self.models)
         limits = BatchLimits(
-            s.max_batch_size, s.max_batch_tokens, s.max_queue_delay_ms / 1000, s.max_queue_inputs
+            s.max_batch_size,
+            s.max_batch_tokens,
+            s.max_queue_delay_ms / 1000,
+            s.max_queue_inputs,
+            s.max_padding_ratio,
         )
         for model in self.models:
             executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bertserve-{model.name}")

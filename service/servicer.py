@@ -249,6 +249,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             max_queue_inputs=s.max_queue_inputs,
             max_queue_delay_ms=s.max_queue_delay_ms,
             max_masks_per_input=s.max_masks_per_input,
+            max_padding_ratio=s.max_padding_ratio,
         )
         versions = {
             "onnxruntime": onnxruntime.__version__,

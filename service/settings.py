@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     inter_op_threads: int = Field(1, ge=0, le=64)
     max_batch_size: int = Field(32, ge=1, le=4096)
     max_batch_tokens: int = Field(16384, ge=2, le=4_194_304)  # padded length x inputs
+    # A batch stops growing before its padded tokens exceed this multiple of its real tokens. On CPU,
+    # compute grows with padded tokens: with 16 callers of mixed lengths (MiniLM, 2 cores) 1.1 gave about
+    # 3x the throughput of no limit. Raise it on GPUs, where bigger batches matter more than padding.
+    max_padding_ratio: float = Field(1.1, ge=1.0, le=1000)
     max_queue_delay_ms: float = Field(2.0, ge=0, le=10_000)
     max_queue_inputs: int = Field(1024, ge=1, le=1_000_000)
     max_inputs_per_request: int = Field(256, ge=1, le=100_000)

@@ -65,6 +65,15 @@ def test_cut_batch_respects_token_budget_and_size():
     assert cut_batch([item(500), item(5)], max_size=8, max_tokens=100) == [0]  # alone when over budget
 
 
+def test_cut_batch_keeps_padding_within_the_ratio():
+    pending = [item(n) for n in (10, 40, 11, 38, 10)]
+    first = cut_batch(pending, max_size=8, max_tokens=10_000, max_padding_ratio=1.2)
+    assert first == [0, 2, 4]  # 10, 11, 10: padded 33 <= 1.2 x 31; a 38 or 40 would not fit
+    rest = [pending[i] for i in (1, 3)]
+    assert cut_batch(rest, max_size=8, max_tokens=10_000, max_padding_ratio=1.2) == [0, 1]
+    assert len(cut_batch(pending, max_size=8, max_tokens=10_000)) == 5  # no ratio: everything
+
+
 def test_results_come_back_in_order_across_batches():
     async def main():
         observer = Tally()

@@ -217,7 +217,7 @@ class ModelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., dimension: _Optional[int] = ..., max_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., pooling: _Optional[str] = ..., normalize_default: _Optional[bool] = ..., mask_token: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., problem_type: _Optional[str] = ...) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_inputs_per_request", "max_input_chars", "max_message_bytes", "max_batch_size", "max_batch_tokens", "max_queue_inputs", "max_queue_delay_ms", "max_masks_per_input")
+    __slots__ = ("max_inputs_per_request", "max_input_chars", "max_message_bytes", "max_batch_size", "max_batch_tokens", "max_queue_inputs", "max_queue_delay_ms", "max_masks_per_input", "max_padding_ratio")
     MAX_INPUTS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_CHARS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +226,7 @@ class Limits(_message.Message):
     MAX_QUEUE_INPUTS_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_MASKS_PER_INPUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_PADDING_RATIO_FIELD_NUMBER: _ClassVar[int]
     max_inputs_per_request: int
     max_input_chars: int
     max_message_bytes: int
@@ -234,7 +235,8 @@ class Limits(_message.Message):
     max_queue_inputs: int
     max_queue_delay_ms: float
     max_masks_per_input: int
-    def __init__(self, max_inputs_per_request: _Optional[int] = ..., max_input_chars: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_queue_inputs: _Optional[int] = ..., max_queue_delay_ms: _Optional[float] = ..., max_masks_per_input: _Optional[int] = ...) -> None: ...
+    max_padding_ratio: float
+    def __init__(self, max_inputs_per_request: _Optional[int] = ..., max_input_chars: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_queue_inputs: _Optional[int] = ..., max_queue_delay_ms: _Optional[float] = ..., max_masks_per_input: _Optional[int] = ..., max_padding_ratio: _Optional[float] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
     __slots__ = ("server_version", "models", "limits", "versions")
