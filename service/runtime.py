@@ -65,8 +65,13 @@ class GraphSession:
         self.io_binding = self.provider == CUDA if io_binding is None else io_binding
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        where = "/".join(Path(path).parts[-3:])  # NAME/VERSION/file.onnx
         log.info(
-            "%s: %s (asked %s; io_binding=%s)", Path(path).name, self.provider, provider, self.io_binding
+            "%s: session on %s (provider setting %s, io_binding %s)",
+            where,
+            self.providers,
+            provider,
+            self.io_binding,
         )
 
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
