@@ -226,3 +226,35 @@ def test_waits_at_most_the_queue_delay_for_company():
             await batcher.close()
 
     run(main())
+
+
+def test_deadline_too_short_for_the_queue_is_refused_early():
+    async def main():
+        gate = threading.Event()
+
+        def slow(batch):
+            gate.wait(5)
+            time.sleep(0.05)  # the fake model's compute time
+            return echo_tags(batch)
+
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher("m", slow, limits(max_batch_size=1, max_queue_delay_s=0), pool)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            gate.set()
+            first = item(10, future=loop.create_future())
+            batcher.submit([first])
+            await first.future  # now the batcher knows about 5 ms per token
+            gate.clear()
+            queued = [item(10, tag=k, future=loop.create_future()) for k in range(5)]
+            for one in queued:
+                batcher.submit([one])
+            assert batcher.estimated_wait_s(10) > 0.2
+            with pytest.raises(DeadlineTooShort, match="queue ahead needs"):
+                batcher.submit([item(10, future=loop.create_future(), deadline=time.monotonic() + 0.05)])
+            batcher.submit([item(10, future=loop.create_future(), deadline=time.monotonic() + 30)])
+            gate.set()
+            await asyncio.gather(*(one.future for one in queued))
+            await batcher.close()
+
+    run(main())
