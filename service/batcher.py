@@ -31,6 +31,9 @@ from service.tasks import TaskOptions
 log = logging.getLogger(__name__)
 
 
+EARLY_REFUSAL_SHARE = 0.5  # of the estimated queue wait that must fit before the deadline
+
+
 @dataclass(frozen=True)
 class BatchLimits:
     max_batch_size: int
@@ -174,7 +177,12 @@ class Batcher:
         tokens = sum(item.length for item in items)
         deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
         wait = self.estimated_wait_s(tokens)
-        if deadline is not None and wait is not None and time.monotonic() + wait > deadline:
+        # Refused only when even a fraction of the estimate would miss the deadline: the estimate is rough.
+        if (
+            deadline is not None
+            and wait is not None
+            and time.monotonic() + EARLY_REFUSAL_SHARE * wait > deadline
+        ):
             raise DeadlineTooShort(
                 f"model {self.name}: the deadline is {max(0.0, deadline - time.monotonic()):.3f}s away, "
                 f"the queue ahead needs about {wait:.3f}s"
