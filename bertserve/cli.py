@@ -17,6 +17,7 @@ from bertserve import __version__
 # module -> subcommands it registers (listed here so `bertserve --help` needs no heavy import).
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "export.commands": ("export",),
+    "export.heads.commands": ("train-heads", "assemble-heads"),
     "service.commands": ("serve", "embed", "fill-mask", "classify", "tokenize", "info"),
     "bench.commands": ("bench",),
 }
