@@ -88,10 +88,10 @@ def test_sigterm_under_load_loses_no_accepted_call(default_repo):
         )
         text = "a sentence long enough to keep the model busy for a little while " * 4
         calls = [
-            stub_call.future(pb.EmbedRequest(inputs=[f"{k} {text}"] * 4), timeout=120) for k in range(24)
+            stub_call.future(pb.EmbedRequest(inputs=[f"{k} {text}"] * 4), timeout=120) for k in range(48)
         ]
         deadline = time.monotonic() + 30
-        while metric(scrape(server.metrics_url), "bertserve_inputs_total") < 96:  # every call accepted
+        while metric(scrape(server.metrics_url), "bertserve_inputs_total") < 192:  # every call accepted
             assert time.monotonic() < deadline, "the calls were not all accepted"
             time.sleep(0.02)
         assert not all(c.done() for c in calls), "the load finished before the signal; make it heavier"
