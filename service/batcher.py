@@ -309,6 +309,11 @@ class Batcher:
         loop = asyncio.get_running_loop()
         try:
             values = await loop.run_in_executor(self._executor, self._compute, batch)
+        except asyncio.CancelledError:  # abort(): the grace period is over
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(ShuttingDown(f"model {self.name}: the server stopped"))
+            raise
         except Exception as exc:
             log.exception("model %s: batch %d of %d inputs failed", self.name, batch_id, len(batch))
             for item in batch:

@@ -258,3 +258,24 @@ def test_deadline_too_short_for_the_queue_is_refused_early():
             await batcher.close()
 
     run(main())
+
+
+def test_abort_fails_computing_and_queued_inputs():
+    async def main():
+        gate = threading.Event()
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher("m", lambda b: (gate.wait(5), echo_tags(b))[1], limits(max_batch_size=1), pool)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            computing, queued = (item(3, future=loop.create_future()) for _ in range(2))
+            batcher.submit([computing])
+            batcher.submit([queued])
+            await asyncio.sleep(0.05)  # the first is inside the model
+            await batcher.abort()
+            gate.set()
+            for one in (computing, queued):
+                with pytest.raises(ShuttingDown):
+                    await one.future
+            assert batcher.depth == 0
+
+    run(main())
