@@ -14,6 +14,14 @@ from service.client import Client
 from tests.helpers.server import ServerThread, metric, scrape
 
 
+def wait_for(condition, timeout: float = 10) -> None:
+    """Until the server shows the state the next step needs (the calls travel asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the server never reached the expected state"
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def gated_server(tiny_repo):
     with ServerThread(model_repo=tiny_repo, models=["tiny-embed"], max_queue_inputs=4) as server:
@@ -38,8 +46,9 @@ def test_expired_and_cancelled_inputs_skip_the_model(gated_server):
     with Client(server.address) as client:
         busy = client.stub.Embed.future(pb.EmbedRequest(inputs=["a"]), timeout=30)  # 3 tokens
         assert state["computing"].wait(30)
-        expiring = client.stub.Embed.future(pb.EmbedRequest(inputs=["a cat"]), timeout=0.3)  # 4 tokens
+        expiring = client.stub.Embed.future(pb.EmbedRequest(inputs=["a cat"]), timeout=1.0)  # 4 tokens
         cancelled = client.stub.Embed.future(pb.EmbedRequest(inputs=["a cat sat"]), timeout=30)  # 5 tokens
+        wait_for(lambda: metric(scrape(server.metrics_url), "bertserve_queue_depth", model="tiny-embed") == 2)
         with pytest.raises(grpc.RpcError) as full:  # 1 computing + 2 queued; 3 more exceed 4
             client.embed(["x", "y", "z"], timeout=5)
         assert full.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -48,10 +57,9 @@ def test_expired_and_cancelled_inputs_skip_the_model(gated_server):
             expiring.result()
         assert expired.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
         cancelled.cancel()
-        deadline = time.monotonic() + 10  # wait until the server has seen the cancellation
-        while metric(scrape(server.metrics_url), "bertserve_requests_total", code="CANCELLED") < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for(
+            lambda: metric(scrape(server.metrics_url), "bertserve_requests_total", code="CANCELLED") == 1
+        )
         state["release"].set()
         assert len(busy.result().embeddings) == 1
         assert len(client.embed(["a cat sat on"]).embeddings) == 1  # the server carries on
