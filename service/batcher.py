@@ -31,6 +31,9 @@ from service.tasks import TaskOptions
 log = logging.getLogger(__name__)
 
 
+# gRPC may end a call a few milliseconds before its deadline as the server computes it; a call ended
+# this close to its deadline is counted as expired rather than cancelled.
+DEADLINE_SLACK_S = 0.05
 EARLY_REFUSAL_SHARE = 0.5  # of the estimated queue wait that must fit before the deadline
 
 
@@ -276,14 +279,12 @@ class Batcher:
         now = time.monotonic()
         live, cancelled, expired = [], [], []
         for item in self._pending:
-            if item.deadline is not None and item.deadline <= now:  # gRPC may also have cancelled it
+            if item.future.done():  # the caller went away: it cancelled, or gRPC ended it at its deadline
+                near_deadline = item.deadline is not None and item.deadline <= now + DEADLINE_SLACK_S
+                (expired if near_deadline else cancelled).append(item)
+            elif item.deadline is not None and item.deadline <= now:
                 expired.append(item)
-                if not item.future.done():
-                    item.future.set_exception(
-                        DeadlineTooShort("the deadline passed while the input was queued")
-                    )
-            elif item.future.done():  # the caller went away (its awaiting task was cancelled)
-                cancelled.append(item)
+                item.future.set_exception(DeadlineTooShort("the deadline passed while the input was queued"))
             else:
                 live.append(item)
         if cancelled or expired:

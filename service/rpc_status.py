@@ -12,6 +12,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from service import errors
+from service.batcher import DEADLINE_SLACK_S
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def rpc(name: str, request_type: type[Message] | None = None) -> Callable[[Handl
                 code, message = status_of(exc), str(exc)
             except asyncio.CancelledError:  # the client cancelled, or its deadline passed
                 remaining = context.time_remaining()
-                expired = remaining is not None and remaining <= 0
+                expired = remaining is not None and remaining <= DEADLINE_SLACK_S
                 code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
                 raise
             except Exception as exc:
