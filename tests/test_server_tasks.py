@@ -161,3 +161,17 @@ def test_undecodable_request_is_invalid_argument(tiny_server):
             raw(b"\x0a\x02\xff\xfe", timeout=10)  # inputs[0] is not UTF-8
     assert failure.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "bertserve.v1.EmbedRequest" in failure.value.details()
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_reduced_precision_encoders_serve_close_embeddings(tiny_repo, tiny_server, precision):
+    from tests.helpers.server import ServerThread
+
+    with Client(tiny_server.address, timeout=30) as fp32_client:
+        reference = np.array([e.values for e in fp32_client.embed(SENTENCES, model="tiny-embed").embeddings])
+    server = ServerThread(model_repo=tiny_repo, models=["tiny-embed"], precision=precision)
+    with server, Client(server.address, timeout=30) as client:
+        assert client.info().models[0].precision == precision
+        got = np.array([e.values for e in client.embed(SENTENCES).embeddings])
+    cosine = (got * reference).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() > 0.98
