@@ -256,3 +256,43 @@ class InfoResponse(_message.Message):
     limits: Limits
     versions: _containers.ScalarMap[str, str]
     def __init__(self, server_version: _Optional[str] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class AttentionRequest(_message.Message):
+    __slots__ = ("input", "model", "layers", "heads", "truncate")
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    HEADS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    input: str
+    model: str
+    layers: _containers.RepeatedScalarFieldContainer[int]
+    heads: _containers.RepeatedScalarFieldContainer[int]
+    truncate: bool
+    def __init__(self, input: _Optional[str] = ..., model: _Optional[str] = ..., layers: _Optional[_Iterable[int]] = ..., heads: _Optional[_Iterable[int]] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class AttentionMap(_message.Message):
+    __slots__ = ("layer", "head", "probabilities")
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
+    layer: int
+    head: int
+    probabilities: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, layer: _Optional[int] = ..., head: _Optional[int] = ..., probabilities: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class AttentionResponse(_message.Message):
+    __slots__ = ("tokens", "sequence_length", "num_layers", "num_heads", "maps", "metadata")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_HEADS_FIELD_NUMBER: _ClassVar[int]
+    MAPS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[Token]
+    sequence_length: int
+    num_layers: int
+    num_heads: int
+    maps: _containers.RepeatedCompositeFieldContainer[AttentionMap]
+    metadata: ResponseMetadata
+    def __init__(self, tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., sequence_length: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., maps: _Optional[_Iterable[_Union[AttentionMap, _Mapping]]] = ..., metadata: _Optional[_Union[ResponseMetadata, _Mapping]] = ...) -> None: ...

@@ -59,6 +59,11 @@ class InferenceStub:
                 request_serializer=bertserve_dot_v1_dot_inference__pb2.InfoRequest.SerializeToString,
                 response_deserializer=bertserve_dot_v1_dot_inference__pb2.InfoResponse.FromString,
                 _registered_method=True)
+        self.Attention = channel.unary_unary(
+                '/bertserve.v1.Inference/Attention',
+                request_serializer=bertserve_dot_v1_dot_inference__pb2.AttentionRequest.SerializeToString,
+                response_deserializer=bertserve_dot_v1_dot_inference__pb2.AttentionResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -99,6 +104,14 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Attention(self, request, context):
+        """For one input, the attention probabilities of the chosen layers and heads (needs the model's
+        encoder_attentions graph, exported with `bertserve export --attentions`; FAILED_PRECONDITION otherwise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +139,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=bertserve_dot_v1_dot_inference__pb2.InfoRequest.FromString,
                     response_serializer=bertserve_dot_v1_dot_inference__pb2.InfoResponse.SerializeToString,
+            ),
+            'Attention': grpc.unary_unary_rpc_method_handler(
+                    servicer.Attention,
+                    request_deserializer=bertserve_dot_v1_dot_inference__pb2.AttentionRequest.FromString,
+                    response_serializer=bertserve_dot_v1_dot_inference__pb2.AttentionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +281,33 @@ class Inference:
             '/bertserve.v1.Inference/Info',
             bertserve_dot_v1_dot_inference__pb2.InfoRequest.SerializeToString,
             bertserve_dot_v1_dot_inference__pb2.InfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bertserve.v1.Inference/Attention',
+            bertserve_dot_v1_dot_inference__pb2.AttentionRequest.SerializeToString,
+            bertserve_dot_v1_dot_inference__pb2.AttentionResponse.FromString,
             options,
             channel_credentials,
             insecure,
