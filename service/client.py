@@ -105,6 +105,23 @@ class Client:
         request = pb.TokenizeRequest(inputs=list(inputs), model=model, truncate=truncate)
         return self.stub.Tokenize(request, timeout=self._timeout(timeout))
 
+    def attention(
+        self,
+        text: str,
+        *,
+        model: str = "",
+        layers: Sequence[int] = (),
+        heads: Sequence[int] = (),
+        truncate: bool = False,
+        timeout: float | None = None,
+    ) -> pb.AttentionResponse:
+        """Attention probabilities of one input; empty `layers`/`heads`: all of them. Each map's
+        `probabilities` is row-major (sequence_length x sequence_length), see `attention_matrix`."""
+        request = pb.AttentionRequest(
+            input=text, model=model, layers=list(layers), heads=list(heads), truncate=truncate
+        )
+        return self.stub.Attention(request, timeout=self._timeout(timeout))
+
     def info(self, *, timeout: float | None = None) -> pb.InfoResponse:
         return self.stub.Info(pb.InfoRequest(), timeout=self._timeout(timeout))
 
@@ -124,3 +141,13 @@ class Client:
         except grpc.RpcError as exc:
             raise TimeoutError(f"not SERVING within {timeout}s: {exc.code().name}") from None
         raise TimeoutError(f"not SERVING within {timeout}s")
+
+
+def attention_matrix(response: pb.AttentionResponse, layer: int, head: int) -> list[list[float]]:
+    """One map of an Attention response as rows (query token) of columns (key token)."""
+    n = response.sequence_length
+    for item in response.maps:
+        if item.layer == layer and item.head == head:
+            values = list(item.probabilities)
+            return [values[row * n : (row + 1) * n] for row in range(n)]
+    raise KeyError(f"the response holds no map for layer {layer} head {head}")

@@ -16,6 +16,8 @@ class ModelRegistry:
         for model in self.ordered:
             for task in model.tasks:
                 self.defaults.setdefault(task, model)
+        # Attention: the first model (in order) whose repository holds the encoder_attentions graph.
+        self.attention_default = next((m for m in self.ordered if m.attention is not None), None)
 
     def resolve(self, name: str, task: Task | None) -> ServedModel:
         """The named model, or the default for `task` (None: any model, e.g. for Tokenize)."""
@@ -35,9 +37,25 @@ class ModelRegistry:
             raise TaskUnavailable(f"model: no loaded model has a {task.value} task")
         return model
 
+    def resolve_attention(self, name: str) -> ServedModel:
+        """The named model, or the default for Attention; it must have the encoder_attentions graph."""
+        model = self.resolve(name, None) if name else self.attention_default
+        if model is None:
+            raise TaskUnavailable(
+                "model: no loaded model has an encoder_attentions graph (export one with --attentions)"
+            )
+        if model.attention is None:
+            raise TaskUnavailable(
+                f"model {model.name}: has no encoder_attentions graph, which Attention needs "
+                "(export it with `bertserve export --attentions`)"
+            )
+        return model
+
     def default_rpcs(self, model: ServedModel) -> list[str]:
         rpc = {Task.EMBED: "Embed", Task.FILL_MASK: "FillMask", Task.CLASSIFY: "Classify"}
         names = [rpc[t] for t, m in self.defaults.items() if m is model]
         if model is self.ordered[0]:
             names.append("Tokenize")
+        if model is self.attention_default:
+            names.append("Attention")
         return names

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from bertserve.manifest import ENCODER_BY_PRECISION, MANIFEST_FILE, Manifest, sha256_file
+from bertserve.manifest import ENCODER_ATTENTIONS, ENCODER_BY_PRECISION, MANIFEST_FILE, Manifest, sha256_file
 from service.errors import StartupError
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,8 @@ def needed_graphs(manifest: Manifest, precision: str) -> tuple[str, list[str]]:
         keys.append(manifest.tasks.fill_mask.graph)
     if manifest.tasks.classify is not None:
         keys.append(manifest.tasks.classify.graph)
+    if ENCODER_ATTENTIONS in manifest.graphs:  # served by the Attention RPC
+        keys.append(ENCODER_ATTENTIONS)
     for key in keys:
         if key not in manifest.graphs:
             raise StartupError(f"model {manifest.name}: a task needs graph {key!r}, which the manifest lacks")

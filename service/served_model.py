@@ -8,10 +8,12 @@ need them, and returns one result per input.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Executor
 
 import numpy as np
 
-from bertserve.manifest import Manifest
+from bertserve.manifest import ENCODER_ATTENTIONS, Manifest
+from service.attention import AttentionGraph
 from service.batcher import Batcher, WorkItem
 from service.repository import ModelFiles
 from service.runtime import GraphSession
@@ -45,7 +47,14 @@ class ServedModel:
         self.classifier_head = (
             session_factory(str(files.graph_path(tasks.classify.graph))) if tasks.classify else None
         )
+        # Attention maps, when the repository holds the graph (see service/attention.py).
+        self.attention = (
+            AttentionGraph(session_factory(str(files.graph_path(ENCODER_ATTENTIONS))), self.name)
+            if ENCODER_ATTENTIONS in self.manifest.graphs
+            else None
+        )
         self.batcher: Batcher | None = None  # set by the server
+        self.executor: Executor | None = None  # the worker thread the batcher computes on; set by the server
         self.tasks = [t for t in Task if getattr(tasks, t.value) is not None]
         spec = self.manifest.tokenizer
         self._pad_id = spec.pad_token_id

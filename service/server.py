@@ -68,6 +68,8 @@ def _warm_up(model: ServedModel) -> None:
             WorkItem(ids, encoded.type_ids, TaskOptions(task), future=None, mask_positions=positions)
         )
     model.compute(items)
+    if model.attention is not None:
+        model.attention.run(encoded.ids, encoded.type_ids, [0], [0])
 
 
 class InferenceServer:
@@ -116,6 +118,7 @@ class InferenceServer:
             self._model_threads.append(executor)
             observer = self.metrics.observer(model.name, model.files.encoder_key)
             model.batcher = Batcher(model.name, model.compute, limits, executor, observer)
+            model.executor = executor
             self.metrics.model_info.labels(
                 model.name,
                 str(model.version),

@@ -15,8 +15,10 @@ import tokenizers
 from google import protobuf
 
 from bertserve import __version__
+from bertserve.manifest import ENCODER_ATTENTIONS
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc  # the servicer base class
+from service.attention import attention_response, check_response_size, select_indices
 from service.batcher import ItemResult, WorkItem
 from service.errors import InvalidInput
 from service.metrics import Metrics
@@ -212,6 +214,28 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         ]
         return pb.TokenizeResponse(results=results, metadata=_metadata(model, encoded, tokenize_s, []))
 
+    @rpc("Attention", pb.AttentionRequest)
+    async def Attention(self, request: pb.AttentionRequest, context) -> pb.AttentionResponse:
+        model = self.registry.resolve_attention(request.model)
+        dims = model.manifest.dimensions
+        layers = select_indices(request.layers, dims.num_hidden_layers, "layers", model.name)
+        heads = select_indices(request.heads, dims.num_attention_heads, "heads", model.name)
+        try:
+            encoded, tokenize_s = await self._tokenize(model, [request.input], request.truncate)
+        except InvalidInput as exc:  # the checks speak of inputs[0]; this request has one `input`
+            raise InvalidInput(str(exc).replace("inputs[0]", "input", 1)) from None
+        (e,) = encoded
+        check_response_size(len(layers) * len(heads), e.length, self.settings.max_message_bytes)
+        self.metrics.inputs.labels(model.name, "attention").inc()
+        loop = asyncio.get_running_loop()
+        # On the model's worker thread, outside the batcher (see service/attention.py); a cancelled call
+        # that has not started yet never runs.
+        result = await loop.run_in_executor(
+            model.executor, model.attention.compute, e.ids, e.type_ids, layers, heads, time.monotonic()
+        )
+        self.metrics.inference_duration.labels(model.name, ENCODER_ATTENTIONS).observe(result.inference_s)
+        return attention_response(model, e, layers, heads, result, tokenize_s)
+
     @rpc("Info", pb.InfoRequest)
     async def Info(self, request: pb.InfoRequest, context) -> pb.InfoResponse:
         s = self.settings
@@ -223,7 +247,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 pb.ModelInfo(
                     name=model.name,
                     version=model.version,
-                    tasks=[t.value for t in model.tasks],
+                    tasks=[t.value for t in model.tasks] + (["attention"] if model.attention else []),
                     default_for=self.registry.default_rpcs(model),
                     dimension=tasks.embed.dimension if tasks.embed else manifest.dimensions.hidden_size,
                     max_length=manifest.max_length,
@@ -266,6 +290,7 @@ RESPONSE_TYPES = {
     "Classify": pb.ClassifyResponse,
     "Tokenize": pb.TokenizeResponse,
     "Info": pb.InfoResponse,
+    "Attention": pb.AttentionResponse,
 }
 
 
