@@ -37,7 +37,7 @@ from service.errors import InvalidInput, ModelNotFound
 from service.kserve import open_inference_pb2 as pb
 from service.kserve import open_inference_pb2_grpc
 from service.kserve.tensors import TEXT_INPUT, OutputTensor, parameter, read_texts, write_outputs
-from service.rpc_status import rpc
+from service.rpc_status import parse_request, rpc
 from service.served_model import ServedModel
 from service.servicer import DEFAULT_FILL_MASK_TOP_K, CallOutcome, InferenceServicer
 from service.tasks import Task, TaskOptions
@@ -57,15 +57,20 @@ OUTPUTS_OF_TASK = {
 DEFAULT_TASKS = (Task.EMBED, Task.CLASSIFY)  # a request that names no outputs gets these tasks' outputs
 
 
-def probe(name: str):
-    """Counts and times a probe RPC like `rpc` does, without refusing it while draining."""
+def probe(name: str, request_type: type):
+    """Counts and times a probe RPC like `rpc` does, without refusing it while draining. The request
+    arrives as bytes (see `add_to_server`): an undecodable one is INVALID_ARGUMENT, not UNKNOWN."""
 
     def wrap(method):
         @functools.wraps(method)
         async def handler(self, request, context):
-            started, code = time.perf_counter(), grpc.StatusCode.OK
+            started, code, message = time.perf_counter(), grpc.StatusCode.OK, ""
             try:
+                if isinstance(request, bytes):
+                    request = parse_request(request_type, request)
                 return await method(self, request, context)
+            except InvalidInput as exc:
+                code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
                 raise
@@ -75,6 +80,7 @@ def probe(name: str):
             finally:
                 self.metrics.requests.labels(name, code.name).inc()
                 self.metrics.request_duration.labels(name).observe(time.perf_counter() - started)
+            await context.abort(code, message)
 
         return handler
 
@@ -123,25 +129,25 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
             )
         return model
 
-    @probe("ServerLive")
+    @probe("ServerLive", pb.ServerLiveRequest)
     async def ServerLive(self, request, context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
-    @probe("ServerReady")
+    @probe("ServerReady", pb.ServerReadyRequest)
     async def ServerReady(self, request, context) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=await self._server_ready(context))
 
-    @probe("ModelReady")
+    @probe("ModelReady", pb.ModelReadyRequest)
     async def ModelReady(self, request: pb.ModelReadyRequest, context) -> pb.ModelReadyResponse:
         model = self.registry.by_name.get(request.name)
         known = model is not None and request.version in ("", str(model.version))
         return pb.ModelReadyResponse(ready=known and await self._server_ready(context))
 
-    @rpc("ServerMetadata")
+    @rpc("ServerMetadata", pb.ServerMetadataRequest)
     async def ServerMetadata(self, request, context) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=EXTENSIONS)
 
-    @rpc("ModelMetadata")
+    @rpc("ModelMetadata", pb.ModelMetadataRequest)
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context) -> pb.ModelMetadataResponse:
         model = self._model(request.name, request.version)
         manifest = model.manifest
@@ -167,7 +173,7 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
             properties=properties,
         )
 
-    @rpc("RepositoryIndex")
+    @rpc("RepositoryIndex", pb.RepositoryIndexRequest)
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context
     ) -> pb.RepositoryIndexResponse:
@@ -217,7 +223,7 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
             Task.CLASSIFY, top_k=top_k, raw_scores=parameter(request, "raw_scores", bool, False)
         )
 
-    @rpc("ModelInfer")
+    @rpc("ModelInfer", pb.ModelInferRequest)
     async def ModelInfer(self, request: pb.ModelInferRequest, context) -> pb.ModelInferResponse:
         model = self._model(request.model_name, request.model_version)
         texts = read_texts(request, self.settings.max_inputs_per_request)
@@ -293,8 +299,18 @@ def _object_array(rows: list[list[bytes]]) -> np.ndarray:
 
 
 def add_to_server(inference: InferenceServicer, health: HealthServicer, server: grpc.aio.Server) -> str:
-    """Registers the servicer next to `inference` on `server`; returns the service's full name."""
-    open_inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        OpenInferenceServicer(inference, health), server
-    )
+    """Registers the servicer next to `inference` on `server`; returns the service's full name.
+
+    Requests are passed on as bytes and parsed by `probe`/`rpc`, so that an undecodable request gets
+    INVALID_ARGUMENT (the generated registration would answer UNKNOWN)."""
+    servicer = OpenInferenceServicer(inference, health)
+    handlers = {
+        method.name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=None,
+            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+        )
+        for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     return SERVICE_NAME
