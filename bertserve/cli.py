@@ -18,7 +18,7 @@ from bertserve import __version__
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "export.commands": ("export",),
     "export.heads.commands": ("train-heads", "assemble-heads"),
-    "service.commands": ("serve", "embed", "fill-mask", "classify", "tokenize", "info"),
+    "service.commands": ("serve", "embed", "fill-mask", "classify", "tokenize", "info", "attention"),
     "bench.commands": ("bench",),
 }
 

@@ -1,5 +1,6 @@
 """Subcommands of the serving side: `bertserve serve` and the client commands
-`bertserve embed|fill-mask|classify|tokenize|info --address HOST:PORT [--json] TEXT...`."""
+`bertserve embed|fill-mask|classify|tokenize|info --address HOST:PORT [--json] TEXT...`
+and `bertserve attention TEXT --layer L --head H --out PNG` (service/attention_plot.py)."""
 
 from __future__ import annotations
 
@@ -154,3 +155,8 @@ def register(subparsers) -> None:
         if command in ("fill-mask", "classify"):
             parser.add_argument("--top-k", dest="top_k", type=int, default=None)
         parser.set_defaults(run=_run_client)
+
+    # `bertserve attention`: draws one head's map (matplotlib, client side)
+    from service import attention_plot
+
+    attention_plot.register(subparsers)
