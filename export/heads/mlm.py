@@ -22,7 +22,7 @@ MASK_RATE = 0.15
 
 @dataclass(frozen=True)
 class MlmTraining:
-    epochs: int = 2
+    epochs: int = 4
     batch_size: int = 512
     learning_rate: float = 5e-3
     weight_decay: float = 0.01
