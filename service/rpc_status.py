@@ -115,3 +115,17 @@ def rpc(name: str, request_type: type[Message] | None = None) -> Callable[[Handl
         return handler
 
     return wrap
+
+
+def parsing(request_type: type[Message], method: Handler) -> Handler:
+    """`method(request, context)` fed from bytes, for services that `rpc` does not wrap (grpc.health.v1):
+    an undecodable request is INVALID_ARGUMENT there too, not UNKNOWN."""
+
+    async def handler(request: bytes, context: grpc.aio.ServicerContext):
+        try:
+            message = parse_request(request_type, request)
+        except errors.InvalidInput as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return await method(message, context)
+
+    return handler

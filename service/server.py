@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
@@ -20,7 +20,7 @@ from service.kserve import servicer as kserve
 from service.metrics import Metrics
 from service.model_registry import ModelRegistry
 from service.repository import discover
-from service.rpc_status import Lifecycle
+from service.rpc_status import Lifecycle, parsing
 from service.runtime import GraphSession
 from service.served_model import ServedModel
 from service.servicer import InferenceServicer
@@ -70,6 +70,23 @@ def _warm_up(model: ServedModel) -> None:
     model.compute(items)
     if model.attention is not None:
         model.attention.run(encoded.ids, encoded.type_ids, [0], [0])
+
+
+def add_health_servicer(health: HealthServicer, server: grpc.aio.Server) -> None:
+    """grpc.health.v1 with requests parsed by `rpc_status.parsing`: junk bytes get INVALID_ARGUMENT (the
+    generated registration would answer UNKNOWN)."""
+    service = health_pb2.DESCRIPTOR.services_by_name["Health"]
+    reply = health_pb2.HealthCheckResponse.SerializeToString
+    handlers = {}
+    for method in service.methods:
+        register = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        behaviour = parsing(getattr(health_pb2, method.input_type.name), getattr(health, method.name))
+        handlers[method.name] = register(behaviour, response_serializer=reply)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
 class InferenceServer:
@@ -143,7 +160,7 @@ class InferenceServer:
         servicer = InferenceServicer(registry, s, self.metrics, self.lifecycle, self._cpu)
         add_inference_servicer(servicer, self._server)
         kserve_service = kserve.add_to_server(servicer, self.health, self._server)  # KServe v2 protocol
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        add_health_servicer(self.health, self._server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         reflection.enable_server_reflection(
             (

@@ -33,6 +33,7 @@ LONG_TEXT = "the cat sat on the mat " * 20  # 120 words: more than 72 tokens, fe
 
 V1 = "/bertserve.v1.Inference/"
 KSERVE = "/inference.GRPCInferenceService/"
+HEALTH = "/grpc.health.v1.Health/"
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -360,6 +361,14 @@ def _cases() -> list[Case]:
             INVALID,
             ("inference.ServerLiveRequest",),
         ),
+        # --- grpc.health.v1
+        Case(
+            "health/not protobuf",
+            HEALTH + "Check",
+            b"\x0a\xff",
+            INVALID,
+            ("grpc.health.v1.HealthCheckRequest",),
+        ),
     ]
 
 
@@ -403,6 +412,14 @@ def test_bad_input_is_refused_with_the_field_and_the_limit(channel, case):
     assert code is case.code, details
     for needle in case.needles:
         assert needle in details, (needle, details)
+
+
+def test_health_watch_with_an_undecodable_request(channel):
+    stream = channel.unary_stream(HEALTH + "Watch")(b"\x0a\xff", timeout=10)
+    with pytest.raises(grpc.RpcError) as failure:
+        next(stream)
+    assert failure.value.code() is INVALID
+    assert "grpc.health.v1.HealthCheckRequest" in failure.value.details()
 
 
 def test_truncation_on_cuts_and_the_metadata_says_so(server):

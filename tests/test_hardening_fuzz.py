@@ -1,5 +1,5 @@
 """Fuzz: hypothesis-generated requests for every RPC of bertserve.v1.Inference and inference.GRPCInferenceService
-(KServe v2) against a live server. Three kinds: messages built from each request type's descriptor (random
+(KServe v2), and grpc.health.v1 Check, against a live server. Three kinds: messages built from each request type's descriptor (random
 unicode and control characters, names the server knows mixed with random ones, integers at and beyond
 their limits, nested tensors and parameters), random bytes sent as the serialized request, and valid
 requests with bytes flipped, cut or inserted. Every answer must be OK or a refusal the caller can act on:
@@ -16,6 +16,7 @@ import grpc
 import pytest
 from google.protobuf import descriptor, message_factory
 from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -239,6 +240,8 @@ def _methods() -> list[tuple[str, descriptor.Descriptor]]:
     kserve = kpb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     served = [(f"/{v1.full_name}/{name}", v1.methods_by_name[name].input_type) for name in RESPONSE_TYPES]
     served += [(f"/{kserve.full_name}/{m.name}", m.input_type) for m in kserve.methods]
+    health = health_pb2.DESCRIPTOR.services_by_name["Health"]  # Check only: Watch streams until cancelled
+    served.append((f"/{health.full_name}/Check", health.methods_by_name["Check"].input_type))
     return served
 
 
