@@ -32,9 +32,9 @@ OVERLOAD_FACTOR = 4
 OVERLOAD_SECONDS = 8
 SOAK_SECONDS = 60
 SOAK_SHARE = 0.7
-# The load generator runs on the same 2 cores as the server: measured, the server's throughput under the
-# generator's 4x load is about 93% of its capacity, so the latency bound gets this margin.
-SHARED_CPU_MARGIN = 1.5
+MAX_BATCH_SIZE = 32  # the server's default
+# The client's view adds tokenization, transport and its own scheduling on the same 2 shared cores.
+CLIENT_MARGIN = 1.25
 SENTENCE = "the quick brown fox jumps over the lazy dog while a small cat watches from the warm window"
 WORDS = SENTENCE.split()
 long_run = pytest.mark.skipif(
@@ -79,7 +79,7 @@ def server(default_repo):
 
 @pytest.fixture(scope="module")
 def capacity(server):
-    """Closed loop, 16 callers x 4 inputs (full batches): calls/s, server batch time, one lone call's time."""
+    """Closed loop, 16 callers x 4 inputs (full batches): calls/s, RSS peak, one lone call's time."""
 
     async def measure(call):
         lone = []
@@ -94,11 +94,9 @@ def capacity(server):
 
     lone, result, rss_peak = run_load(server.address, measure)
     assert set(result.codes()) == {"OK"}
-    batch_ms = [o.reply.metadata.inference_time_ms for o in result.outcomes]
     return {
         "calls_per_s": result.rate("OK"),
         "inputs_per_s": result.rate("OK") * INPUTS_PER_CALL,
-        "batch_p99_s": percentile(batch_ms, 99) / 1000,
         "lone_call_s": statistics.median(lone),
         "rss_peak": rss_peak,
     }
@@ -130,8 +128,15 @@ def overload(server, capacity, seconds: float) -> dict:
     assert metric(samples, "bertserve_queue_depth", model="all-minilm-l6-v2") == 0
 
     accepted, refused = result.latencies("OK"), result.latencies("RESOURCE_EXHAUSTED")
-    # A call admitted to a full queue waits for the queue ahead and the batch computing, then its own batch.
-    bound_s = SHARED_CPU_MARGIN * (MAX_QUEUE_INPUTS / capacity["inputs_per_s"] + 2 * capacity["batch_p99_s"])
+    # The bound the queue limit implies: a call admitted to a full queue waits for the batch computing and
+    # at most max_queue_inputs / max_batch_size full batches ahead, then runs in its own batch. The batch
+    # time is the server's own (each reply's metadata: inference time per batch), measured during the overload.
+    batch_s = [
+        o.reply.metadata.inference_time_ms / o.reply.metadata.batches / 1000
+        for o in result.outcomes
+        if o.reply
+    ]
+    bound_s = (MAX_QUEUE_INPUTS / MAX_BATCH_SIZE + 2) * percentile(batch_s, 99)
     figures = {
         "seconds": round(result.seconds, 1),
         "capacity_calls_per_s": round(capacity["calls_per_s"], 1),
@@ -143,6 +148,8 @@ def overload(server, capacity, seconds: float) -> dict:
         "accepted_p50_s": round(percentile(accepted, 50), 3),
         "accepted_p99_s": round(percentile(accepted, 99), 3),
         "accepted_max_s": round(max(accepted), 3),
+        "batch_p50_s": round(percentile(batch_s, 50), 3),
+        "batch_p99_s": round(percentile(batch_s, 99), 3),
         "accepted_bound_s": round(bound_s, 3),
         "rss_capacity_peak_mib": round(capacity["rss_peak"] / 2**20, 1),
         "rss_overload_peak_mib": round(max(rss.between(0)) / 2**20, 1),
@@ -151,9 +158,10 @@ def overload(server, capacity, seconds: float) -> dict:
     }
     report(f"overload {seconds:g}s", figures)
     assert refused_here > 0 and len(accepted) > 0
-    assert percentile(refused, 99) <= 0.1  # refused at once, not after queueing
+    # Refused at once: never after waiting in the queue, as the accepted calls do.
+    assert percentile(refused, 50) <= 0.025 and percentile(refused, 99) <= 0.2 * percentile(accepted, 50)
     assert result.rate("OK") >= 0.7 * capacity["calls_per_s"]  # throughput holds under overload
-    assert max(accepted) <= bound_s
+    assert percentile(accepted, 99) <= CLIENT_MARGIN * bound_s
     # Flat memory: the overload's peak stays within 10% of the peak under full batches at capacity.
     assert max(rss.between(0)) <= 1.10 * capacity["rss_peak"]
     # Recovered at once: a call right after the load is as fast as a lone call before it.
@@ -210,5 +218,6 @@ def test_overload_at_4x_capacity_for_30_seconds(server, capacity):
 
 @pytest.mark.slow
 @long_run
+@pytest.mark.timeout(int(os.environ.get("BERTSERVE_SOAK_SECONDS", "600")) + 600)
 def test_soak_at_70_percent_of_capacity_long(server, capacity):
     soak(server, capacity, float(os.environ["BERTSERVE_SOAK_SECONDS"]))
