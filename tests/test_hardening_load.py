@@ -43,7 +43,9 @@ long_run = pytest.mark.skipif(
 
 
 def text(k: int) -> str:
-    return f"{k} " + " ".join(WORDS[(k + i) % len(WORDS)] for i in range(36))  # 39 tokens with [CLS]/[SEP]
+    """37 words, each one token: every input is 39 tokens with [CLS]/[SEP], so batches are never cut short
+    by the padding limit and hold max_batch_size inputs under load."""
+    return " ".join(WORDS[(k + i) % len(WORDS)] for i in range(37))
 
 
 def embed_call(stub: inference_pb2_grpc.InferenceStub):
