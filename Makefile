@@ -55,8 +55,10 @@ lint: setup
 bench: setup export-default
 	$(BIN)/bertserve bench --model-repo $(REPO) --out bench-results
 
+# The long variants (tests/test_hardening_load.py): a 30 s overload at 4x capacity and a 10-minute soak at
+# 70% of capacity; -s prints the measured figures. `make test` runs the short ones (8 s, 60 s).
 soak: setup
-	BERTSERVE_SOAK_SECONDS=600 $(BIN)/python -m pytest -q -m slow tests
+	BERTSERVE_SOAK_SECONDS=600 $(BIN)/python -m pytest -q -s -m slow tests
 
 clean:
 	rm -rf $(VENV) $(REPO) bench-results .pytest_cache
