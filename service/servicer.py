@@ -30,7 +30,7 @@ from service.tasks import Task, TaskOptions
 from service.tasks.classify import ranked
 from service.tasks.fill_mask import mask_positions
 from service.tokenization import EncodedInput
-from service.validation import check_texts, check_top_k
+from service.validation import check_fill_mask_response_size, check_texts, check_top_k
 
 DEFAULT_FILL_MASK_TOP_K = 5
 SERVICE_FULL_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name  # bertserve.v1.Inference
@@ -92,6 +92,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             if options.task is Task.FILL_MASK
             else None
         )
+        if masks is not None:
+            sizes = [len(m) for m in masks]
+            check_fill_mask_response_size(inputs, sizes, options.top_k, self.settings.max_message_bytes)
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
         loop = asyncio.get_running_loop()

@@ -37,3 +37,23 @@ def check_top_k(value: int, limit: int, field: str, limit_name: str) -> int:
     if value > limit:
         raise InvalidInput(f"{field}: {value} is more than the {limit_name} {limit}")
     return value
+
+
+CANDIDATE_BYTES = 32  # a fill-mask candidate's token, id, score and framing, besides its filled-in text
+
+
+def check_fill_mask_response_size(
+    texts: Sequence[str], masks_per_input: Sequence[int], top_k: int, max_message_bytes: int
+) -> None:
+    """Refuses, before any compute, a fill-mask call whose answer (the input's text filled in once per
+    candidate) would not fit in a gRPC message: without it, top_k up to the vocabulary times many masks
+    and inputs makes the server decode millions of sequences for a reply it cannot send."""
+    size = sum(
+        masks * top_k * (len(text.encode("utf-8")) + CANDIDATE_BYTES)
+        for text, masks in zip(texts, masks_per_input, strict=True)
+    )
+    if size > max_message_bytes:
+        raise InvalidInput(
+            f"top_k: {top_k} candidates for each of {sum(masks_per_input)} masks need about {size} bytes, "
+            f"more than max_message_bytes {max_message_bytes}; lower top_k or send fewer masks"
+        )

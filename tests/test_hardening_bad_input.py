@@ -180,6 +180,13 @@ def _cases() -> list[Case]:
             ("inputs[0]", "[MASK]", "after truncation"),
         ),
         Case(
+            "fill_mask/response over the size limit",
+            V1 + "FillMask",
+            F(inputs=["the [MASK] sat on the [MASK]"] * MAX_INPUTS, top_k=TINY_VOCAB - 1),
+            INVALID,
+            ("top_k", f"max_message_bytes {MAX_MESSAGE_BYTES}"),
+        ),
+        Case(
             "fill_mask/model without the head",
             V1 + "FillMask",
             F(inputs=["a [MASK]"], model="tiny-embed"),
@@ -339,6 +346,18 @@ def _cases() -> list[Case]:
             infer([b"a [MASK]"], model="tiny-mlm", outputs=["mask_scores"], top_k=0),
             INVALID,
             ("parameters['top_k']", "at least 1"),
+        ),
+        Case(
+            "kserve/fill-mask response over the size limit",
+            KSERVE + "ModelInfer",
+            infer(
+                [b"a [MASK] cat"] * MAX_INPUTS,
+                model="tiny-mlm",
+                outputs=["mask_sequences"],
+                top_k=TINY_VOCAB - 1,
+            ),
+            INVALID,
+            ("top_k", f"max_message_bytes {MAX_MESSAGE_BYTES}"),
         ),
         Case(
             "kserve/not protobuf",
