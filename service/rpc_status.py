@@ -72,10 +72,21 @@ def parse_request(request_type: type[Message], data: bytes) -> Message:
         ) from None
 
 
+def check_response_size(response: Message, limit: int) -> None:
+    size = response.ByteSize()
+    if size > limit:
+        raise errors.InvalidInput(
+            f"response: {size} bytes is more than max_message_bytes {limit}; ask for less in one call "
+            "(fewer or shorter inputs, a smaller top_k)"
+        )
+
+
 def rpc(name: str, request_type: type[Message] | None = None) -> Callable[[Handler], Handler]:
     """Wraps a servicer method: refuses calls while draining, maps errors, counts and times calls.
 
-    The servicer must have `metrics` (service.metrics.Metrics) and `lifecycle` (Lifecycle) attributes.
+    The servicer must have `metrics` (service.metrics.Metrics), `lifecycle` (Lifecycle) and `settings`
+    attributes. A response larger than max_message_bytes is refused here, so the caller learns why and the
+    call is counted as failed (gRPC would drop it on sending, after the metrics said OK).
     With `request_type`, a request that arrives as bytes (see `servicer.add_to_server`) is parsed here,
     so an undecodable message (bad wire format, invalid UTF-8) is INVALID_ARGUMENT, not UNKNOWN.
     """
@@ -95,7 +106,9 @@ def rpc(name: str, request_type: type[Message] | None = None) -> Callable[[Handl
             try:
                 if request_type is not None and isinstance(request, bytes):
                     request = parse_request(request_type, request)
-                return await method(self, request, context)
+                response = await method(self, request, context)
+                check_response_size(response, self.settings.max_message_bytes)
+                return response
             except errors.ServiceError as exc:
                 code, message = status_of(exc), str(exc)
             except asyncio.CancelledError:  # the client cancelled, or its deadline passed

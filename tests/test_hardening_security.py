@@ -37,6 +37,13 @@ def test_the_message_size_limit_is_a_setting(tiny_repo):
             client.embed(texts_of_bytes(LIMIT + 20_000), truncate=True)
         assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert f"vs. {LIMIT})" in refused.value.details()
+        # A small request whose reply would pass the limit (256 inputs x 72 tokens) is refused by the
+        # server itself, naming the limit, and counted as failed (gRPC alone would fail it on sending).
+        with pytest.raises(grpc.RpcError) as too_big:
+            client.tokenize(["paris capital " * 40] * 256, truncate=True)  # 320 KB of tokens
+        assert too_big.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "response: " in too_big.value.details()
+        assert f"max_message_bytes {LIMIT}" in too_big.value.details()
         assert client.health() == "SERVING"
 
 
