@@ -74,16 +74,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self.lifecycle = lifecycle
         self._cpu = cpu_executor  # tokenization and decoding, off the event loop
 
-    async def _off_loop(self, fn, *args):
+    async def off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._cpu, fn, *args)
 
     async def _tokenize(self, model: ServedModel, inputs, truncate: bool) -> tuple[list[EncodedInput], float]:
         texts = check_texts(inputs, self.settings.max_inputs_per_request, self.settings.max_input_chars)
         started = time.perf_counter()
-        encoded = await self._off_loop(model.tokenizer.encode, texts, truncate)
+        encoded = await self.off_loop(model.tokenizer.encode, texts, truncate)
         return encoded, time.perf_counter() - started
 
-    async def _infer(
+    async def infer(
         self, model: ServedModel, inputs, truncate: bool, options: TaskOptions, context
     ) -> CallOutcome:
         encoded, tokenize_s = await self._tokenize(model, inputs, truncate)
@@ -139,7 +139,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         model = self.registry.resolve(request.model, Task.EMBED)
         spec = model.manifest.tasks.embed
         normalize = request.normalize if request.HasField("normalize") else spec.normalize
-        outcome = await self._infer(
+        outcome = await self.infer(
             model, request.inputs, request.truncate, TaskOptions(Task.EMBED, normalize), context
         )
         return pb.EmbedResponse(
@@ -155,8 +155,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         if request.HasField("top_k"):
             top_k = check_top_k(request.top_k, model.tokenizer.vocab_size, "top_k", "vocabulary size")
         options = TaskOptions(Task.FILL_MASK, top_k=top_k)
-        outcome = await self._infer(model, request.inputs, request.truncate, options, context)
-        sequences = await self._off_loop(
+        outcome = await self.infer(model, request.inputs, request.truncate, options, context)
+        sequences = await self.off_loop(
             model.filled_sequences, [e.ids for e in outcome.encoded], outcome.values
         )
         results = []
@@ -188,7 +188,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         if request.HasField("top_k"):
             top_k = check_top_k(request.top_k, labels, "top_k", "number of labels")
         options = TaskOptions(Task.CLASSIFY, top_k=top_k, raw_scores=request.raw_scores)
-        outcome = await self._infer(model, request.inputs, request.truncate, options, context)
+        outcome = await self.infer(model, request.inputs, request.truncate, options, context)
         results = [
             pb.Classification(
                 labels=[

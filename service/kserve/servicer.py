@@ -234,7 +234,7 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
         options = [self._options(model, task, request) for task in tasks]
         # Every task's inputs are submitted at once, so they can share a batch (one encoder run).
         outcomes = await asyncio.gather(
-            *(self.inference._infer(model, texts, truncate, option, context) for option in options),
+            *(self.inference.infer(model, texts, truncate, option, context) for option in options),
             return_exceptions=True,
         )
         for outcome in outcomes:
@@ -268,7 +268,7 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
             "mask_scores": OutputTensor("mask_scores", "FP32", _stack([top.scores for top in tops])),
         }
         if sequences:
-            filled = await self.inference._off_loop(
+            filled = await self.inference.off_loop(
                 model.filled_sequences, [e.ids for e in outcome.encoded], outcome.values
             )
             texts = [[text.encode() for text in per_input[0]] for per_input in filled]
