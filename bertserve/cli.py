@@ -31,7 +31,9 @@ def _module_for(command: str) -> str | None:
 
 
 def build_parser(only_module: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bertserve", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="bertserve", description="Export BERT checkpoints to ONNX and serve them over gRPC."
+    )
     parser.add_argument("--version", action="version", version=f"bertserve {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module, commands in COMMAND_MODULES.items():
