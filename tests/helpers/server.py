@@ -129,8 +129,8 @@ class ServerProcess:
                 self._ready.set()
         self._ready.set()  # the process ended
 
-    def start(self, timeout: float = 90) -> ServerProcess:
-        self.process = subprocess.Popen(
+    def _spawn(self) -> subprocess.Popen:
+        return subprocess.Popen(
             [*bertserve_command(), *self.args],
             cwd=ROOT,
             env=self.env,
@@ -138,6 +138,9 @@ class ServerProcess:
             stderr=subprocess.PIPE,
             text=True,
         )
+
+    def start(self, timeout: float = 90) -> ServerProcess:
+        self.process = self._spawn()
         threading.Thread(target=self._read, daemon=True).start()
         if not self._ready.wait(timeout) or self.port is None:
             self.kill()
@@ -146,14 +149,7 @@ class ServerProcess:
 
     def run_to_exit(self, timeout: float = 90) -> int:
         """For servers expected to refuse to start: waits for the exit code."""
-        self.process = subprocess.Popen(
-            [*bertserve_command(), *self.args],
-            cwd=ROOT,
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        self.process = self._spawn()
         _, err = self.process.communicate(timeout=timeout)
         self.lines = err.splitlines(keepends=True)
         return self.process.returncode
