@@ -27,6 +27,7 @@ COPY pyproject.toml README.md ./
 COPY bertserve ./bertserve
 COPY service ./service
 COPY export ./export
+COPY bench ./bench
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # ---------------------------------------------------------------------------------------------------

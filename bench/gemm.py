@@ -1,6 +1,6 @@
 """The machine's fp32 matrix-multiply peak at the encoder's shapes, with a given number of threads.
 
-Run as a subprocess (`python -m bench.gemm --threads N --hidden H --intermediate I`) so the BLAS
+Run as a subprocess (`python -m bertserve.bench.gemm --threads N --hidden H --intermediate I`) so the BLAS
 thread pools it starts never share the process with ONNX Runtime; prints one JSON object. The peak is
 the best sustained GFLOP/s over the libraries available (torch, numpy) and the shapes an encoder multiplies:
 (B*T, H) x (H, H), (B*T, H) x (H, I) and (B*T, I) x (I, H) for a few B*T.
@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from bench.processes import BenchError, child_pythonpath
+from bertserve.bench.processes import BenchError, child_pythonpath
 from bertserve.manifest import ModelDimensions
 
 
@@ -88,7 +88,7 @@ def main() -> None:
 
 def measure_in_subprocess(threads: int, dimensions: ModelDimensions, seconds_per_shape: float) -> dict:
     """Runs this module in a child process with its BLAS/OpenMP pools pinned to `threads`."""
-    argv = [sys.executable, "-m", "bench.gemm", "--threads", str(threads), "--hidden", str(dimensions.hidden_size),
+    argv = [sys.executable, "-m", "bertserve.bench.gemm", "--threads", str(threads), "--hidden", str(dimensions.hidden_size),
             "--intermediate", str(dimensions.intermediate_size), "--seconds-per-shape", str(seconds_per_shape)]  # fmt: skip
     env = thread_environment(threads) | child_pythonpath()
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)

@@ -16,9 +16,9 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from bench.corpus import Corpus
-from bench.stats import latency_summary
-from service.runtime import session_options
+from bertserve.bench.corpus import Corpus
+from bertserve.bench.stats import latency_summary
+from bertserve.service.runtime import session_options
 
 OUTPUT = "sentence_embedding"
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from bench.stats import latency_summary
+from bertserve.bench.stats import latency_summary
 
 Call = Callable[[list[str]], Awaitable[object]]
 

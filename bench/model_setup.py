@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.processes import BenchError
+from bertserve.bench.processes import BenchError
 from bertserve.manifest import ENCODER, ENCODER_INT8, Manifest, sha256_file
 
 
@@ -66,7 +66,7 @@ def _pick(repo: Path, name: str | None) -> tuple[str, int, Manifest]:
 
 
 def _default_checkpoint(manifest: Manifest) -> Path | None:
-    from export.default_model import DEFAULT_SOURCE, default_checkpoint_dir
+    from bertserve.export.default_model import DEFAULT_SOURCE, default_checkpoint_dir
 
     return default_checkpoint_dir() if manifest.export.source == DEFAULT_SOURCE else None
 
@@ -87,7 +87,7 @@ def resolve_model(
     if ENCODER_INT8 in manifest.graphs:
         int8_repo, int8_manifest = repo, manifest
     elif checkpoint is not None:
-        from export.pipeline import export_model
+        from bertserve.export.pipeline import export_model
 
         log(
             f"{name}:{version} has no int8 encoder: exporting one from {checkpoint} into a temporary repository"

@@ -7,7 +7,7 @@ checkpoint's tokenizer (padding to the longest input of the request), runs the P
 One worker thread, with torch on the same number of threads as the server under test, so concurrent
 forwards never oversubscribe the cores (the strongest form of this baseline, not a strawman).
 
-    python -m bench.naive_server --checkpoint DIR --port PORT --threads N --pooling mean --max-length 256
+    python -m bertserve.bench.naive_server --checkpoint DIR --port PORT --threads N --pooling mean --max-length 256
 """
 
 from __future__ import annotations

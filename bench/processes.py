@@ -161,7 +161,7 @@ def naive_process(
 ) -> ServerProcess:
     port = free_port()
     argv = [
-        sys.executable, "-m", "bench.naive_server", "--checkpoint", str(checkpoint), "--port", str(port),
+        sys.executable, "-m", "bertserve.bench.naive_server", "--checkpoint", str(checkpoint), "--port", str(port),
         "--threads", str(threads), "--pooling", pooling, "--max-length", str(max_length),
         "--normalize" if normalize else "--no-normalize",
     ]  # fmt: skip

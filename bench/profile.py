@@ -13,9 +13,9 @@ from pathlib import Path
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from bench.corpus import Corpus
-from bench.inprocess import OUTPUT, plan_batches
-from service.runtime import session_options
+from bertserve.bench.corpus import Corpus
+from bertserve.bench.inprocess import OUTPUT, plan_batches
+from bertserve.service.runtime import session_options
 
 
 def op_profile(

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from bench.analysis import padding_ratio
+from bertserve.bench.analysis import padding_ratio
 
 
 def _num(value: float | None, digits: int = 1) -> str:

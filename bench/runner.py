@@ -14,14 +14,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import analysis, gemm, inprocess, profile, report
-from bench.corpus import Corpus, fixed_length_corpus, load_tokenizer, mixed_corpus
-from bench.flops import corpus_flops, encoder_flops
-from bench.loadgen import make_requests
-from bench.machine import describe_machine
-from bench.model_setup import ModelUnderTest, resolve_model
-from bench.processes import bertserve_process, child_pythonpath, naive_process
-from bench.targets import TargetRun, Workload
+from bertserve.bench import analysis, gemm, inprocess, profile, report
+from bertserve.bench.corpus import Corpus, fixed_length_corpus, load_tokenizer, mixed_corpus
+from bertserve.bench.flops import corpus_flops, encoder_flops
+from bertserve.bench.loadgen import make_requests
+from bertserve.bench.machine import describe_machine
+from bertserve.bench.model_setup import ModelUnderTest, resolve_model
+from bertserve.bench.processes import bertserve_process, child_pythonpath, naive_process
+from bertserve.bench.targets import TargetRun, Workload
 from bertserve.manifest import ENCODER, ENCODER_INT8
 
 PROFILE_TEXTS = 200  # texts in the profiled pass

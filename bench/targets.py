@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from bench.loadgen import Call, PhaseResult, Request, closed_loop, open_loop
-from bench.processes import ServerProcess
-from bench.server_metrics import phase_delta, scrape
+from bertserve.bench.loadgen import Call, PhaseResult, Request, closed_loop, open_loop
+from bertserve.bench.processes import ServerProcess
+from bertserve.bench.server_metrics import phase_delta, scrape
 from bertserve.v1 import inference_pb2, inference_pb2_grpc
 
 WARMUP_MAX = 32  # warm-up requests before a phase: one round at its concurrency, at most this many

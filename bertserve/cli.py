@@ -16,10 +16,30 @@ from bertserve import __version__
 
 # module -> subcommands it registers (listed here so `bertserve --help` needs no heavy import).
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
-    "export.commands": ("export",),
-    "export.heads.commands": ("train-heads", "assemble-heads"),
-    "service.commands": ("serve", "embed", "fill-mask", "classify", "tokenize", "info", "attention"),
-    "bench.commands": ("bench",),
+    "bertserve.export.commands": ("export",),
+    "bertserve.export.heads.commands": ("train-heads", "assemble-heads"),
+    "bertserve.service.commands": (
+        "serve",
+        "embed",
+        "fill-mask",
+        "classify",
+        "tokenize",
+        "info",
+        "attention",
+    ),
+    "bertserve.bench.commands": ("bench",),
+}
+
+
+# Third-party modules that only an extra installs (pyproject.toml) -> that extra.
+EXTRA_OF_MODULE = {
+    "torch": "export",
+    "transformers": "export",
+    "safetensors": "export",
+    "onnx": "export",
+    "onnxscript": "export",
+    "matplotlib": "dev",
+    "psutil": "dev",
 }
 
 
@@ -54,7 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
-    return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"bertserve {args.command}: needs {exc.name}, which this install lacks; "
+            f"install the {extra} extra: pip install 'bertserve[{extra}]'",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

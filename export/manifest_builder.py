@@ -8,6 +8,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bertserve import __version__
+from bertserve.export.checkpoint import MASKED_LM, SEQUENCE_CLASSIFICATION, Checkpoint
+from bertserve.export.embedding_defaults import EmbeddingDefaults
+from bertserve.export.onnx_export import GraphIO
+from bertserve.export.optimize import opset_of
+from bertserve.export.tokenizer_files import SpecialTokens
 from bertserve.manifest import (
     ClassifyTask,
     EmbedTask,
@@ -22,11 +27,6 @@ from bertserve.manifest import (
     TokenizerSpec,
     sha256_file,
 )
-from export.checkpoint import MASKED_LM, SEQUENCE_CLASSIFICATION, Checkpoint
-from export.embedding_defaults import EmbeddingDefaults
-from export.onnx_export import GraphIO
-from export.optimize import opset_of
-from export.tokenizer_files import SpecialTokens
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
 

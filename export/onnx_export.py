@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from export.model import BertForMaskedLM, BertForSequenceClassification, BertModel, mean_pool
+from bertserve.export.model import BertForMaskedLM, BertForSequenceClassification, BertModel, mean_pool
 
 OPSET = 17
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import onnx
 
-from export.errors import ExportError
+from bertserve.export.errors import ExportError
 
 FUSED_OPERATORS = (
     "EmbedLayerNormalization",

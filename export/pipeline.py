@@ -15,6 +15,20 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from bertserve.export import onnx_export, optimize, verify
+from bertserve.export.checkpoint import MASKED_LM, SEQUENCE_CLASSIFICATION, Checkpoint, load_checkpoint
+from bertserve.export.embedding_defaults import read_embedding_defaults
+from bertserve.export.errors import ExportError
+from bertserve.export.manifest_builder import build_manifest, graph_spec
+from bertserve.export.repository import check_name, choose_version, staged_version
+from bertserve.export.sentences import SENTENCES
+from bertserve.export.tokenizer_files import (
+    TOKENIZER_FILE,
+    encode,
+    for_repository,
+    load_tokenizer,
+    special_tokens,
+)
 from bertserve.manifest import (
     CLASSIFIER_HEAD,
     ENCODER,
@@ -25,14 +39,6 @@ from bertserve.manifest import (
     GraphSpec,
     Parity,
 )
-from export import onnx_export, optimize, verify
-from export.checkpoint import MASKED_LM, SEQUENCE_CLASSIFICATION, Checkpoint, load_checkpoint
-from export.embedding_defaults import read_embedding_defaults
-from export.errors import ExportError
-from export.manifest_builder import build_manifest, graph_spec
-from export.repository import check_name, choose_version, staged_version
-from export.sentences import SENTENCES
-from export.tokenizer_files import TOKENIZER_FILE, encode, for_repository, load_tokenizer, special_tokens
 
 __all__ = ["ExportError", "export_model"]
 

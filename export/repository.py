@@ -12,8 +12,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from bertserve.export.errors import ExportError
 from bertserve.manifest import MANIFEST_FILE
-from export.errors import ExportError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # as bertserve.manifest.Manifest.name
 

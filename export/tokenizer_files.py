@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from export.errors import CheckpointError
+from bertserve.export.errors import CheckpointError
 
 TOKENIZER_FILE = "tokenizer.json"
 

@@ -15,8 +15,8 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from export.errors import VerificationError
-from export.onnx_export import GraphIO
+from bertserve.export.errors import VerificationError
+from bertserve.export.onnx_export import GraphIO
 
 BATCHES = (1, 3, 8)
 SEQUENCES = (1, 7, 64)

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bertserve.service.errors import InferenceFailed, InvalidInput
+from bertserve.service.runtime import GraphSession
+from bertserve.service.tokenization import EncodedInput
 from bertserve.v1 import inference_pb2 as pb
-from service.errors import InferenceFailed, InvalidInput
-from service.runtime import GraphSession
-from service.tokenization import EncodedInput
 
 if TYPE_CHECKING:
-    from service.served_model import ServedModel
+    from bertserve.service.served_model import ServedModel
 
 ATTENTIONS_OUTPUT = "attentions"
 # Protobuf bytes per token in the response besides the maps (text, id, offsets, flags, framing): a bound.

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     import grpc
     import numpy as np
 
-    from service.client import Client, attention_matrix
+    from bertserve.client import Client, attention_matrix
 
     try:
         with Client(args.address, timeout=args.timeout) as client:

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
-from service.tasks import TaskOptions
+from bertserve.service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
+from bertserve.service.tasks import TaskOptions
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import sys
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per setting, from the Settings class itself; unset flags leave env/defaults in place."""
-    from service.settings import Settings
+    from bertserve.service.settings import Settings
 
     for name, field in Settings.model_fields.items():
         if name == "models":
@@ -34,8 +34,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from service.main import serve
-    from service.settings import Settings, SettingsError, load_settings
+    from bertserve.service.main import serve
+    from bertserve.service.settings import Settings, SettingsError, load_settings
 
     overrides = {name: getattr(args, name, None) for name in Settings.model_fields}
     try:
@@ -101,7 +101,7 @@ def _describe_info(response) -> str:
 def _run_client(args: argparse.Namespace) -> int:
     import grpc
 
-    from service.client import Client
+    from bertserve.client import Client
 
     try:
         with Client(args.address, timeout=args.timeout) as client:
@@ -157,6 +157,6 @@ def register(subparsers) -> None:
         parser.set_defaults(run=_run_client)
 
     # `bertserve attention`: draws one head's map (matplotlib, client side)
-    from service import attention_plot
+    from bertserve.service import attention_plot
 
     attention_plot.register(subparsers)

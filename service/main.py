@@ -7,14 +7,14 @@ import logging
 import signal
 import sys
 
-from service.errors import StartupError
-from service.settings import Settings
+from bertserve.service.errors import StartupError
+from bertserve.service.settings import Settings
 
 log = logging.getLogger("bertserve.server")
 
 
 async def run_until_signalled(settings: Settings) -> int:
-    from service.server import InferenceServer
+    from bertserve.service.server import InferenceServer
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

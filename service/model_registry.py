@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from service.errors import ModelNotFound, TaskUnavailable
-from service.served_model import ServedModel
-from service.tasks import Task
+from bertserve.service.errors import ModelNotFound, TaskUnavailable
+from bertserve.service.served_model import ServedModel
+from bertserve.service.tasks import Task
 
 
 class ModelRegistry:

@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from bertserve.manifest import ENCODER_ATTENTIONS, ENCODER_BY_PRECISION, MANIFEST_FILE, Manifest, sha256_file
-from service.errors import StartupError
+from bertserve.service.errors import StartupError
 
 log = logging.getLogger(__name__)
 

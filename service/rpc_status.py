@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from service import errors
-from service.batcher import DEADLINE_SLACK_S
+from bertserve.service import errors
+from bertserve.service.batcher import DEADLINE_SLACK_S
 
 log = logging.getLogger(__name__)
 

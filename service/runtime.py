@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from service.errors import StartupError
+from bertserve.service.errors import StartupError
 
 log = logging.getLogger(__name__)
 

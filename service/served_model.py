@@ -13,15 +13,15 @@ from concurrent.futures import Executor
 import numpy as np
 
 from bertserve.manifest import ENCODER_ATTENTIONS, Manifest
-from service.attention import AttentionGraph
-from service.batcher import Batcher, WorkItem
-from service.repository import ModelFiles
-from service.runtime import GraphSession
-from service.tasks import Task
-from service.tasks.classify import label_scores
-from service.tasks.embed import finish_embeddings
-from service.tasks.fill_mask import MaskTop, gather_mask_states, top_k
-from service.tokenization import ModelTokenizer
+from bertserve.service.attention import AttentionGraph
+from bertserve.service.batcher import Batcher, WorkItem
+from bertserve.service.repository import ModelFiles
+from bertserve.service.runtime import GraphSession
+from bertserve.service.tasks import Task
+from bertserve.service.tasks.classify import label_scores
+from bertserve.service.tasks.embed import finish_embeddings
+from bertserve.service.tasks.fill_mask import MaskTop, gather_mask_states, top_k
+from bertserve.service.tokenization import ModelTokenizer
 
 TASK_OUTPUT = {
     Task.EMBED: "sentence_embedding",

@@ -13,21 +13,21 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from bertserve.service.batcher import Batcher, BatchLimits, WorkItem
+from bertserve.service.errors import StartupError
+from bertserve.service.kserve import servicer as kserve
+from bertserve.service.metrics import Metrics
+from bertserve.service.model_registry import ModelRegistry
+from bertserve.service.repository import discover
+from bertserve.service.rpc_status import Lifecycle, parsing
+from bertserve.service.runtime import GraphSession
+from bertserve.service.served_model import ServedModel
+from bertserve.service.servicer import InferenceServicer
+from bertserve.service.servicer import add_to_server as add_inference_servicer
+from bertserve.service.settings import Settings
+from bertserve.service.tasks import Task, TaskOptions
+from bertserve.service.tasks.fill_mask import mask_positions
 from bertserve.v1 import inference_pb2
-from service.batcher import Batcher, BatchLimits, WorkItem
-from service.errors import StartupError
-from service.kserve import servicer as kserve
-from service.metrics import Metrics
-from service.model_registry import ModelRegistry
-from service.repository import discover
-from service.rpc_status import Lifecycle, parsing
-from service.runtime import GraphSession
-from service.served_model import ServedModel
-from service.servicer import InferenceServicer
-from service.servicer import add_to_server as add_inference_servicer
-from service.settings import Settings
-from service.tasks import Task, TaskOptions
-from service.tasks.fill_mask import mask_positions
 
 log = logging.getLogger("bertserve.server")
 

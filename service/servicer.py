@@ -16,21 +16,21 @@ from google import protobuf
 
 from bertserve import __version__
 from bertserve.manifest import ENCODER_ATTENTIONS
+from bertserve.service.attention import attention_response, check_response_size, select_indices
+from bertserve.service.batcher import ItemResult, WorkItem
+from bertserve.service.errors import InvalidInput
+from bertserve.service.metrics import Metrics
+from bertserve.service.model_registry import ModelRegistry
+from bertserve.service.rpc_status import Lifecycle, rpc
+from bertserve.service.served_model import ServedModel
+from bertserve.service.settings import Settings
+from bertserve.service.tasks import Task, TaskOptions
+from bertserve.service.tasks.classify import ranked
+from bertserve.service.tasks.fill_mask import mask_positions
+from bertserve.service.tokenization import EncodedInput
+from bertserve.service.validation import check_fill_mask_response_size, check_texts, check_top_k
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc  # the servicer base class
-from service.attention import attention_response, check_response_size, select_indices
-from service.batcher import ItemResult, WorkItem
-from service.errors import InvalidInput
-from service.metrics import Metrics
-from service.model_registry import ModelRegistry
-from service.rpc_status import Lifecycle, rpc
-from service.served_model import ServedModel
-from service.settings import Settings
-from service.tasks import Task, TaskOptions
-from service.tasks.classify import ranked
-from service.tasks.fill_mask import mask_positions
-from service.tokenization import EncodedInput
-from service.validation import check_fill_mask_response_size, check_texts, check_top_k
 
 DEFAULT_FILL_MASK_TOP_K = 5
 SERVICE_FULL_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name  # bertserve.v1.Inference

@@ -14,7 +14,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bertserve.manifest import TokenizerSpec
-from service.errors import InvalidInput, StartupError
+from bertserve.service.errors import InvalidInput, StartupError
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from service.errors import InvalidInput
+from bertserve.service.errors import InvalidInput
 
 # C0 controls except tab, line feed and carriage return; DEL.
 CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")

@@ -54,7 +54,7 @@ def default_repo(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_repo(tmp_path_factory, make_tiny_checkpoint) -> Path:
-    from export.pipeline import export_model
+    from bertserve.export.pipeline import export_model
 
     repo = tmp_path_factory.mktemp("tiny-repo")
     for name, kind in TINY_MODELS.items():

@@ -15,9 +15,9 @@ import torch
 import transformers
 
 from bertserve.cli import main
+from bertserve.client import Client, attention_matrix
 from bertserve.manifest import ENCODER_ATTENTIONS, Manifest
-from service.attention import check_response_size
-from service.client import Client, attention_matrix
+from bertserve.service.attention import check_response_size
 from tests.helpers.checkpoints import load_reference
 from tests.helpers.server import ServerThread
 

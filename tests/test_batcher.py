@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from service.batcher import Batcher, BatchLimits, BatchObserver, WorkItem, cut_batch
-from service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
-from service.tasks import Task, TaskOptions
+from bertserve.service.batcher import Batcher, BatchLimits, BatchObserver, WorkItem, cut_batch
+from bertserve.service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
+from bertserve.service.tasks import Task, TaskOptions
 
 EMBED = TaskOptions(Task.EMBED)
 

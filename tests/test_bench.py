@@ -17,12 +17,12 @@ import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.corpus import MIXED_CORPUS, fixed_length_corpus, load_tokenizer, mixed_corpus
-from bench.flops import encoder_flops
-from bench.loadgen import Request, closed_loop, make_requests, open_loop
+from bertserve.bench.corpus import MIXED_CORPUS, fixed_length_corpus, load_tokenizer, mixed_corpus
+from bertserve.bench.flops import encoder_flops
+from bertserve.bench.loadgen import Request, closed_loop, make_requests, open_loop
 from bertserve.cli import main
+from bertserve.export.default_model import default_checkpoint_dir
 from bertserve.manifest import ModelDimensions
-from export.default_model import default_checkpoint_dir
 
 TARGETS = ("server-fp32", "server-fp32-bs1", "server-int8", "naive-fp32")
 

@@ -87,7 +87,7 @@ def test_runtime_stage_is_non_root_with_ports_health_and_models(dockerfile, targ
 @pytest.mark.parametrize("target", RUNTIME_STAGES)
 def test_runtime_environment_is_valid_settings(dockerfile, target, monkeypatch):
     """Every BERTSERVE_* the image sets is a real setting with a valid value; ports match EXPOSE."""
-    from service.settings import load_settings
+    from bertserve.service.settings import load_settings
 
     _, stages = dockerfile
     env: dict[str, str] = {}

@@ -115,7 +115,7 @@ def test_strict_mode_rejects_an_unknown_field(rendered):
 
 
 def test_settings_configmap_is_valid_for_the_server(rendered, monkeypatch):
-    from service.settings import load_settings
+    from bertserve.service.settings import load_settings
 
     name, documents = rendered
     for key, value in _settings_env(documents).items():

@@ -206,9 +206,34 @@ def test_runtime_install_has_onnxruntime_and_no_torch(runtime_venv):
         )
         assert result.returncode != 0 and f"No module named '{module}'" in result.stderr
     ok = subprocess.run(
-        [python, "-c", "import onnxruntime, service.server"], capture_output=True, timeout=120
+        [python, "-c", "import onnxruntime, bertserve.service.server"], capture_output=True, timeout=120
     )
     assert ok.returncode == 0, ok.stderr
+
+
+def test_wheel_installs_one_top_level_package_and_a_serving_only_cli(runtime_venv):
+    """Everything importable lives under bertserve.*: nothing named service, export or bench lands in
+    site-packages, and without the export extra `bertserve export` says in one line what to install."""
+    python = str(runtime_venv / "bin" / "python")
+    script = (
+        "import importlib.metadata as m\n"
+        "files = m.distribution('bertserve').files\n"
+        "print(sorted({f.parts[0] for f in files if not f.parts[0].endswith(('.dist-info', '..'))}))\n"
+    )
+    listed = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert listed.stdout.strip() == "['bertserve']"
+    for name in ("service", "export", "bench"):
+        result = subprocess.run([python, "-c", f"import {name}"], capture_output=True, text=True, timeout=60)
+        assert f"No module named '{name}'" in result.stderr
+    export = subprocess.run(
+        [str(runtime_venv / "bin" / "bertserve"), "export", "--default", "--out", "unused"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert export.returncode == 1
+    assert export.stderr.strip().count("\n") == 0 and "bertserve[export]" in export.stderr, export.stderr
+    assert "Traceback" not in export.stderr
 
 
 def test_health_is_serving(server):

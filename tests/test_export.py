@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from bertserve.cli import main
+from bertserve.export import onnx_export, optimize, pipeline
+from bertserve.export.checkpoint import load_checkpoint
+from bertserve.export.errors import CheckpointError, ExportError
+from bertserve.export.pipeline import export_model
+from bertserve.export.verify import shape_grid, token_batch
 from bertserve.manifest import Manifest, sha256_file
-from export import onnx_export, optimize, pipeline
-from export.checkpoint import load_checkpoint
-from export.errors import CheckpointError, ExportError
-from export.pipeline import export_model
-from export.verify import shape_grid, token_batch
 from tests.conftest import DEFAULT_MODEL_NAME, TINY_MODELS
 from tests.helpers.checkpoints import load_reference
 
@@ -111,9 +111,9 @@ def test_tiny_manifest_tasks_and_tokenizer(tiny_repo):
 
 def test_default_export_matches_transformers(default_repo):
     """`bertserve export --default` (session fixture): the fp32 graph vs transformers on real sentences."""
-    from export.default_model import default_checkpoint_dir
-    from export.sentences import SENTENCES
-    from export.tokenizer_files import encode, load_tokenizer
+    from bertserve.export.default_model import default_checkpoint_dir
+    from bertserve.export.sentences import SENTENCES
+    from bertserve.export.tokenizer_files import encode, load_tokenizer
 
     directory = default_repo / DEFAULT_MODEL_NAME / "1"
     manifest = Manifest.read(directory)
@@ -222,10 +222,10 @@ def scramble_int8_weights(path) -> None:
 
 def test_int8_gate_refuses_bad_quantization_of_minilm(default_repo, tmp_path):
     """The gate itself, on the real model: its accepted int8 graph scrambled must fall below 0.99."""
-    from export.default_model import default_checkpoint_dir
-    from export.sentences import SENTENCES
-    from export.tokenizer_files import encode, load_tokenizer
-    from export.verify import check_gate, compare_reduced_precision
+    from bertserve.export.default_model import default_checkpoint_dir
+    from bertserve.export.sentences import SENTENCES
+    from bertserve.export.tokenizer_files import encode, load_tokenizer
+    from bertserve.export.verify import check_gate, compare_reduced_precision
 
     directory = default_repo / DEFAULT_MODEL_NAME / "1"
     bad = shutil.copy(directory / "encoder_int8.onnx", tmp_path / "bad_int8.onnx")

@@ -18,9 +18,9 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 
+from bertserve.client import Client
+from bertserve.kserve import open_inference_pb2 as kpb
 from bertserve.v1 import inference_pb2 as pb
-from service.client import Client
-from service.kserve import open_inference_pb2 as kpb
 from tests.helpers.server import ServerThread, metric, scrape
 
 MAX_INPUTS = 4

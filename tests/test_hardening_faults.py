@@ -18,9 +18,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from bertserve.client import Client
 from bertserve.manifest import sha256_file
 from bertserve.v1 import inference_pb2 as pb
-from service.client import Client
 from tests.helpers.server import ServerProcess, ServerThread, metric, scrape
 
 BAD_WORD, BAD_ID = "boom", 777  # the tiny models' embedding tables have 777 rows

@@ -21,11 +21,11 @@ from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bertserve.client import Client
+from bertserve.kserve import open_inference_pb2 as kpb
+from bertserve.service.kserve.tensors import encode_bytes_elements
+from bertserve.service.servicer import RESPONSE_TYPES
 from bertserve.v1 import inference_pb2 as pb
-from service.client import Client
-from service.kserve import open_inference_pb2 as kpb
-from service.kserve.tensors import encode_bytes_elements
-from service.servicer import RESPONSE_TYPES
 from tests.helpers.server import ServerThread, metric, scrape
 
 STRUCTURED_EXAMPLES = 40

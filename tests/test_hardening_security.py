@@ -12,7 +12,7 @@ import urllib.request
 import grpc
 import pytest
 
-from service.client import Client
+from bertserve.client import Client
 from tests.helpers.server import ServerThread
 
 LIMIT = 256 * 1024

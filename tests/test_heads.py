@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from export.heads.wordnet import parse_data_line, split_gloss, split_of, wordnet_dir
+from bertserve.export.heads.wordnet import parse_data_line, split_gloss, split_of, wordnet_dir
 
 needs_wordnet = pytest.mark.skipif(
     not (wordnet_dir() / "data.noun").is_file(),
@@ -53,9 +53,9 @@ def test_split_is_deterministic_and_about_ten_percent():
 
 
 def test_classifier_training_is_deterministic():
-    from export.heads.classifier import ClassifierTraining, head_state, train_classifier_head
-    from export.heads.training import state_digest
-    from export.model import BertConfig
+    from bertserve.export.heads.classifier import ClassifierTraining, head_state, train_classifier_head
+    from bertserve.export.heads.training import state_digest
+    from bertserve.export.model import BertConfig
 
     config = BertConfig(hidden_size=16, num_attention_heads=2)
     x = np.random.default_rng(0).normal(size=(200, 16)).astype(np.float32)
@@ -70,7 +70,7 @@ def test_classifier_training_is_deterministic():
 
 @pytest.fixture(scope="module")
 def committed_record():
-    from export.heads.assemble import COMMITTED_HEADS_DIR, verify_heads
+    from bertserve.export.heads.assemble import COMMITTED_HEADS_DIR, verify_heads
 
     return verify_heads(COMMITTED_HEADS_DIR)  # raises when a head file's sha256 differs
 
@@ -85,11 +85,11 @@ def test_committed_heads_match_checksums_and_recorded_figures(committed_record):
 
 @needs_wordnet
 def test_retraining_a_subset_beats_chance(tmp_path):
-    from export.default_model import default_checkpoint_dir
-    from export.heads.assemble import verify_heads
-    from export.heads.classifier import ClassifierTraining
-    from export.heads.mlm import MlmTraining
-    from export.heads.training import HeadsPlan, train_heads
+    from bertserve.export.default_model import default_checkpoint_dir
+    from bertserve.export.heads.assemble import verify_heads
+    from bertserve.export.heads.classifier import ClassifierTraining
+    from bertserve.export.heads.mlm import MlmTraining
+    from bertserve.export.heads.training import HeadsPlan, train_heads
 
     plan = HeadsPlan(
         synset_stride=100, classifier=ClassifierTraining(epochs=30), mlm=MlmTraining(epochs=3), threads=2
@@ -122,7 +122,7 @@ def _encode(directory, texts):
 def test_assembled_classifier_loads_with_transformers_and_matches_scratch(assembled, committed_record):
     from transformers import BertForSequenceClassification
 
-    from export.checkpoint import load_checkpoint
+    from bertserve.export.checkpoint import load_checkpoint
 
     directory = assembled / "wordnet-noun-category"
     reference, info = BertForSequenceClassification.from_pretrained(directory, output_loading_info=True)
@@ -154,8 +154,8 @@ def test_assembled_fill_mask_loads_with_transformers_and_predicts(assembled):
 def test_assembled_classifier_exports_and_classifies_through_onnx_runtime(assembled, tmp_path):
     import onnxruntime as ort
 
+    from bertserve.export.pipeline import export_model
     from bertserve.manifest import CLASSIFIER_HEAD, ENCODER, Manifest
-    from export.pipeline import export_model
 
     version_dir = export_model(
         assembled / "wordnet-noun-category", tmp_path, name="wn", version=1, log=lambda _: None
@@ -174,11 +174,11 @@ def test_assembled_classifier_exports_and_classifies_through_onnx_runtime(assemb
 @needs_wordnet
 def test_assembled_checkpoints_score_on_held_out_synsets(assembled):
     """The committed heads, on our scratch encoder, on every 20th held-out synset (about 400)."""
-    from export.checkpoint import load_checkpoint
-    from export.heads.features import cls_features, masked_features, tokenize
-    from export.heads.mlm import mask_tokens
-    from export.heads.wordnet import load_noun_synsets
-    from export.tokenizer_files import load_tokenizer
+    from bertserve.export.checkpoint import load_checkpoint
+    from bertserve.export.heads.features import cls_features, masked_features, tokenize
+    from bertserve.export.heads.mlm import mask_tokens
+    from bertserve.export.heads.wordnet import load_noun_synsets
+    from bertserve.export.tokenizer_files import load_tokenizer
 
     held_out = [s for s in load_noun_synsets() if split_of(s.offset) == "test"][::20]
     classifier = load_checkpoint(assembled / "wordnet-noun-category")

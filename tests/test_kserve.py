@@ -2,7 +2,7 @@
 a real server on 127.0.0.1 (port 0) serving the tiny repository.
 
 tritonclient runs in a spawned child (see tests/helpers/triton_client.py): its generated code and
-service.kserve define the same protobuf package and cannot share a process.
+bertserve.kserve define the same protobuf package and cannot share a process.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bertserve import protogen
+from bertserve.kserve import open_inference_pb2 as pb
+from bertserve.kserve import open_inference_pb2_grpc as pb_grpc
+from bertserve.service.errors import InvalidInput
+from bertserve.service.kserve.tensors import decode_bytes_elements, encode_bytes_elements
+from bertserve.service.server import InferenceServer
+from bertserve.service.settings import Settings
 from bertserve.v1 import inference_pb2 as v1
 from bertserve.v1 import inference_pb2_grpc as v1_grpc
-from service.errors import InvalidInput
-from service.kserve import open_inference_pb2 as pb
-from service.kserve import open_inference_pb2_grpc as pb_grpc
-from service.kserve.tensors import decode_bytes_elements, encode_bytes_elements
-from service.server import InferenceServer
-from service.settings import Settings
 from tests.helpers import triton_client as triton
 from tests.helpers.checkpoints import load_reference
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from export.checkpoint import load_checkpoint
-from export.default_model import default_checkpoint_dir
-from export.embedding_defaults import read_embedding_defaults
-from export.model import mean_pool
+from bertserve.export.checkpoint import load_checkpoint
+from bertserve.export.default_model import default_checkpoint_dir
+from bertserve.export.embedding_defaults import read_embedding_defaults
+from bertserve.export.model import mean_pool
 from tests.helpers.checkpoints import KINDS, load_reference, make_checkpoint
 
 TOLERANCE = 1e-5

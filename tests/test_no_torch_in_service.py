@@ -7,16 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import service
+import bertserve.service as service
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_service_modules_import_without_torch_or_transformers():
     modules = sorted(
-        m.name for m in pkgutil.walk_packages(service.__path__, prefix="service.") if "_pb2" not in m.name
+        m.name
+        for m in pkgutil.walk_packages(service.__path__, prefix="bertserve.service.")
+        if "_pb2" not in m.name
     )
-    assert "service.server" in modules and "service.batcher" in modules
+    assert "bertserve.service.server" in modules and "bertserve.service.batcher" in modules
     script = (
         "import importlib, sys\n"
         f"for name in {modules!r}: importlib.import_module(name)\n"

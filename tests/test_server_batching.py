@@ -6,8 +6,8 @@ import grpc
 import numpy as np
 import pytest
 
+from bertserve.client import Client
 from bertserve.v1 import inference_pb2 as pb
-from service.client import Client
 from tests.helpers.server import metric, scrape
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "the", "dog", "is", "in", "paris", "capital", "of"]

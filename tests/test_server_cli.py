@@ -7,9 +7,9 @@ import json
 import numpy as np
 
 from bertserve.cli import main
-from service.tasks.classify import label_scores, ranked
-from service.tasks.embed import finish_embeddings
-from service.tasks.fill_mask import top_k
+from bertserve.service.tasks.classify import label_scores, ranked
+from bertserve.service.tasks.embed import finish_embeddings
+from bertserve.service.tasks.fill_mask import top_k
 
 
 def test_client_commands(tiny_server, capsys):

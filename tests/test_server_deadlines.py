@@ -9,8 +9,8 @@ import time
 import grpc
 import pytest
 
+from bertserve.client import Client
 from bertserve.v1 import inference_pb2 as pb
-from service.client import Client
 from tests.helpers.server import ServerThread, metric, scrape
 
 

@@ -10,9 +10,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-import service.server
+import bertserve.service.server as service_server
+from bertserve.client import SERVICE_NAME, Client
 from bertserve.v1 import inference_pb2 as pb
-from service.client import SERVICE_NAME, Client
 from tests.helpers.server import ServerThread
 
 
@@ -24,14 +24,14 @@ def test_reflection_lists_the_services(tiny_server):
 
 def test_health_through_warm_up_and_drain(tiny_repo, monkeypatch):
     warming, release_warm_up = threading.Event(), threading.Event()
-    real_warm_up = service.server._warm_up
+    real_warm_up = service_server._warm_up
 
     def gated_warm_up(model):
         warming.set()
         assert release_warm_up.wait(30)
         real_warm_up(model)
 
-    monkeypatch.setattr(service.server, "_warm_up", gated_warm_up)
+    monkeypatch.setattr(service_server, "_warm_up", gated_warm_up)
     server = ServerThread(model_repo=tiny_repo, models=["tiny-embed"], grace_period_s=20)
     starter = threading.Thread(target=server.start)
     starter.start()

@@ -16,8 +16,8 @@ from google.protobuf import descriptor_pool, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from bertserve.export.default_model import default_checkpoint_dir
 from bertserve.v1 import inference_pb2 as pb
-from export.default_model import default_checkpoint_dir
 from tests.helpers.server import ServerProcess, metric, scrape
 
 SENTENCES = ["A man is playing a guitar.", "The weather is lovely today.", "bertserve answers over gRPC"]

@@ -10,11 +10,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from service.errors import StartupError
-from service.repository import discover
-from service.runtime import GraphSession
-from service.settings import SettingsError, load_settings
-from service.tokenization import ModelTokenizer
+from bertserve.service.errors import StartupError
+from bertserve.service.repository import discover
+from bertserve.service.runtime import GraphSession
+from bertserve.service.settings import SettingsError, load_settings
+from bertserve.service.tokenization import ModelTokenizer
 
 
 def test_settings_from_environment_with_flags_on_top(monkeypatch):

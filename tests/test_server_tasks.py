@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from service.client import Client
+from bertserve.client import Client
 
 SENTENCES = ["the cat sat on the mat", "paris is the capital of a dog", "a"]
 

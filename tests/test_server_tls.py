@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from service.client import Client
+from bertserve.client import Client
 from tests.helpers.server import ServerThread
 
 

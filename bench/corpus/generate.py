@@ -2,7 +2,7 @@
 
 Texts are composed from templates and word lists below with a seeded RNG, so the file is reproducible:
 
-    python -m bench.corpus.generate --out bench/corpus/mixed.txt
+    python -m bertserve.bench.corpus.generate --out bench/corpus/mixed.txt
 
 Kinds, roughly as an embedding service sees them: search queries (short), chat and support messages,
 product reviews, news-style reports and documentation paragraphs (long). Lengths are counted with the

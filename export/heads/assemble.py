@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from bertserve.export.errors import ExportError
 from bertserve.manifest import sha256_file
-from export.errors import ExportError
 
 COMMITTED_HEADS_DIR = Path(__file__).parent / "weights"
 HEADS_JSON = "heads.json"

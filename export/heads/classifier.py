@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from export.model import BertConfig, BertPooler
+from bertserve.export.model import BertConfig, BertPooler
 
 
 @dataclass(frozen=True)

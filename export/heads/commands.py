@@ -43,10 +43,10 @@ def run_train(args: argparse.Namespace) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    from export.default_model import DEFAULT_SOURCE, default_checkpoint_dir
-    from export.errors import ExportError
-    from export.heads.training import FULL_PLAN, QUICK_PLAN, train_heads
-    from export.heads.wordnet import WordNetMissing
+    from bertserve.export.default_model import DEFAULT_SOURCE, default_checkpoint_dir
+    from bertserve.export.errors import ExportError
+    from bertserve.export.heads.training import FULL_PLAN, QUICK_PLAN, train_heads
+    from bertserve.export.heads.wordnet import WordNetMissing
 
     plan = replace(QUICK_PLAN if args.quick else FULL_PLAN, threads=args.threads)
     try:
@@ -62,9 +62,9 @@ def run_train(args: argparse.Namespace) -> int:
 def run_assemble(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from export.default_model import default_checkpoint_dir
-    from export.errors import ExportError
-    from export.heads.assemble import COMMITTED_HEADS_DIR, assemble_checkpoints
+    from bertserve.export.default_model import default_checkpoint_dir
+    from bertserve.export.errors import ExportError
+    from bertserve.export.heads.assemble import COMMITTED_HEADS_DIR, assemble_checkpoints
 
     try:
         written = assemble_checkpoints(

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from export.model import BertModel
+from bertserve.export.model import BertModel
 
 MAX_TOKENS = 64  # glosses are short (16 wordpieces on average); longer ones are truncated
 BATCH_TOKENS = 4096  # padded tokens per encoder batch

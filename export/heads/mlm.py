@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from export.model import BertConfig, BertLMPredictionHead
+from bertserve.export.model import BertConfig, BertLMPredictionHead
 
 MASK_RATE = 0.15
 

@@ -33,16 +33,16 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from bertserve import __version__
-from service.errors import InvalidInput, ModelNotFound
-from service.kserve import open_inference_pb2 as pb
-from service.kserve import open_inference_pb2_grpc
-from service.kserve.tensors import TEXT_INPUT, OutputTensor, parameter, read_texts, write_outputs
-from service.rpc_status import parse_request, rpc
-from service.served_model import ServedModel
-from service.servicer import DEFAULT_FILL_MASK_TOP_K, CallOutcome, InferenceServicer
-from service.tasks import Task, TaskOptions
-from service.tasks.classify import ranked
-from service.validation import check_top_k
+from bertserve.kserve import open_inference_pb2 as pb
+from bertserve.kserve import open_inference_pb2_grpc
+from bertserve.service.errors import InvalidInput, ModelNotFound
+from bertserve.service.kserve.tensors import TEXT_INPUT, OutputTensor, parameter, read_texts, write_outputs
+from bertserve.service.rpc_status import parse_request, rpc
+from bertserve.service.served_model import ServedModel
+from bertserve.service.servicer import DEFAULT_FILL_MASK_TOP_K, CallOutcome, InferenceServicer
+from bertserve.service.tasks import Task, TaskOptions
+from bertserve.service.tasks.classify import ranked
+from bertserve.service.validation import check_top_k
 
 # inference.GRPCInferenceService
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.errors import InvalidInput
-from service.kserve import open_inference_pb2 as pb
+from bertserve.kserve import open_inference_pb2 as pb
+from bertserve.service.errors import InvalidInput
 
 TEXT_INPUT = "text"
 LENGTH_PREFIX = struct.Struct("<I")  # BYTES elements in raw contents: uint32 little-endian length, then bytes

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.server import InferenceServer
-from service.settings import load_settings
+from bertserve.service.server import InferenceServer
+from bertserve.service.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_LINE = re.compile(r"serving bertserve\.v1\.Inference on [\d.]+:(\d+), metrics on http://[\d.]+:(\d+)/")

@@ -1,6 +1,6 @@
 """Calls made with Triton's own client (`tritonclient.grpc`), run in a child process only.
 
-tritonclient's generated code and bertserve's `service.kserve` both define the protobuf package
+tritonclient's generated code and bertserve's `bertserve.kserve` both define the protobuf package
 `inference`; one process cannot import both (protobuf refuses the duplicate symbols). Tests therefore
 run these functions in a spawned worker (`child()`) and get plain values back: numpy arrays, dicts, and
 errors as ("STATUS_NAME", message). tritonclient is imported inside the functions, never here.

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from service.kserve import open_inference_pb2 as service_dot_kserve_dot_open__inference__pb2
+from bertserve.kserve import open_inference_pb2 as bertserve_dot_kserve_dot_open__inference__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in service/kserve/open_inference_pb2_grpc.py depends on'
+        + ' but the generated code in bertserve/kserve/open_inference_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,38 +36,38 @@ class GRPCInferenceServiceStub:
         """
         self.ServerLive = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerLive',
-                request_serializer=service_dot_kserve_dot_open__inference__pb2.ServerLiveRequest.SerializeToString,
-                response_deserializer=service_dot_kserve_dot_open__inference__pb2.ServerLiveResponse.FromString,
+                request_serializer=bertserve_dot_kserve_dot_open__inference__pb2.ServerLiveRequest.SerializeToString,
+                response_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.ServerLiveResponse.FromString,
                 _registered_method=True)
         self.ServerReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerReady',
-                request_serializer=service_dot_kserve_dot_open__inference__pb2.ServerReadyRequest.SerializeToString,
-                response_deserializer=service_dot_kserve_dot_open__inference__pb2.ServerReadyResponse.FromString,
+                request_serializer=bertserve_dot_kserve_dot_open__inference__pb2.ServerReadyRequest.SerializeToString,
+                response_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.ServerReadyResponse.FromString,
                 _registered_method=True)
         self.ModelReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelReady',
-                request_serializer=service_dot_kserve_dot_open__inference__pb2.ModelReadyRequest.SerializeToString,
-                response_deserializer=service_dot_kserve_dot_open__inference__pb2.ModelReadyResponse.FromString,
+                request_serializer=bertserve_dot_kserve_dot_open__inference__pb2.ModelReadyRequest.SerializeToString,
+                response_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.ModelReadyResponse.FromString,
                 _registered_method=True)
         self.ServerMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerMetadata',
-                request_serializer=service_dot_kserve_dot_open__inference__pb2.ServerMetadataRequest.SerializeToString,
-                response_deserializer=service_dot_kserve_dot_open__inference__pb2.ServerMetadataResponse.FromString,
+                request_serializer=bertserve_dot_kserve_dot_open__inference__pb2.ServerMetadataRequest.SerializeToString,
+                response_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.ServerMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelMetadata',
-                request_serializer=service_dot_kserve_dot_open__inference__pb2.ModelMetadataRequest.SerializeToString,
-                response_deserializer=service_dot_kserve_dot_open__inference__pb2.ModelMetadataResponse.FromString,
+                request_serializer=bertserve_dot_kserve_dot_open__inference__pb2.ModelMetadataRequest.SerializeToString,
+                response_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.ModelMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelInfer = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelInfer',
-                request_serializer=service_dot_kserve_dot_open__inference__pb2.ModelInferRequest.SerializeToString,
-                response_deserializer=service_dot_kserve_dot_open__inference__pb2.ModelInferResponse.FromString,
+                request_serializer=bertserve_dot_kserve_dot_open__inference__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
         self.RepositoryIndex = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryIndex',
-                request_serializer=service_dot_kserve_dot_open__inference__pb2.RepositoryIndexRequest.SerializeToString,
-                response_deserializer=service_dot_kserve_dot_open__inference__pb2.RepositoryIndexResponse.FromString,
+                request_serializer=bertserve_dot_kserve_dot_open__inference__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.RepositoryIndexResponse.FromString,
                 _registered_method=True)
 
 
@@ -128,38 +128,38 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ServerLive': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerLive,
-                    request_deserializer=service_dot_kserve_dot_open__inference__pb2.ServerLiveRequest.FromString,
-                    response_serializer=service_dot_kserve_dot_open__inference__pb2.ServerLiveResponse.SerializeToString,
+                    request_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.ServerLiveRequest.FromString,
+                    response_serializer=bertserve_dot_kserve_dot_open__inference__pb2.ServerLiveResponse.SerializeToString,
             ),
             'ServerReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerReady,
-                    request_deserializer=service_dot_kserve_dot_open__inference__pb2.ServerReadyRequest.FromString,
-                    response_serializer=service_dot_kserve_dot_open__inference__pb2.ServerReadyResponse.SerializeToString,
+                    request_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.ServerReadyRequest.FromString,
+                    response_serializer=bertserve_dot_kserve_dot_open__inference__pb2.ServerReadyResponse.SerializeToString,
             ),
             'ModelReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelReady,
-                    request_deserializer=service_dot_kserve_dot_open__inference__pb2.ModelReadyRequest.FromString,
-                    response_serializer=service_dot_kserve_dot_open__inference__pb2.ModelReadyResponse.SerializeToString,
+                    request_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.ModelReadyRequest.FromString,
+                    response_serializer=bertserve_dot_kserve_dot_open__inference__pb2.ModelReadyResponse.SerializeToString,
             ),
             'ServerMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerMetadata,
-                    request_deserializer=service_dot_kserve_dot_open__inference__pb2.ServerMetadataRequest.FromString,
-                    response_serializer=service_dot_kserve_dot_open__inference__pb2.ServerMetadataResponse.SerializeToString,
+                    request_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.ServerMetadataRequest.FromString,
+                    response_serializer=bertserve_dot_kserve_dot_open__inference__pb2.ServerMetadataResponse.SerializeToString,
             ),
             'ModelMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelMetadata,
-                    request_deserializer=service_dot_kserve_dot_open__inference__pb2.ModelMetadataRequest.FromString,
-                    response_serializer=service_dot_kserve_dot_open__inference__pb2.ModelMetadataResponse.SerializeToString,
+                    request_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.ModelMetadataRequest.FromString,
+                    response_serializer=bertserve_dot_kserve_dot_open__inference__pb2.ModelMetadataResponse.SerializeToString,
             ),
             'ModelInfer': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfer,
-                    request_deserializer=service_dot_kserve_dot_open__inference__pb2.ModelInferRequest.FromString,
-                    response_serializer=service_dot_kserve_dot_open__inference__pb2.ModelInferResponse.SerializeToString,
+                    request_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.ModelInferRequest.FromString,
+                    response_serializer=bertserve_dot_kserve_dot_open__inference__pb2.ModelInferResponse.SerializeToString,
             ),
             'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryIndex,
-                    request_deserializer=service_dot_kserve_dot_open__inference__pb2.RepositoryIndexRequest.FromString,
-                    response_serializer=service_dot_kserve_dot_open__inference__pb2.RepositoryIndexResponse.SerializeToString,
+                    request_deserializer=bertserve_dot_kserve_dot_open__inference__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=bertserve_dot_kserve_dot_open__inference__pb2.RepositoryIndexResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -187,8 +187,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerLive',
-            service_dot_kserve_dot_open__inference__pb2.ServerLiveRequest.SerializeToString,
-            service_dot_kserve_dot_open__inference__pb2.ServerLiveResponse.FromString,
+            bertserve_dot_kserve_dot_open__inference__pb2.ServerLiveRequest.SerializeToString,
+            bertserve_dot_kserve_dot_open__inference__pb2.ServerLiveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -214,8 +214,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerReady',
-            service_dot_kserve_dot_open__inference__pb2.ServerReadyRequest.SerializeToString,
-            service_dot_kserve_dot_open__inference__pb2.ServerReadyResponse.FromString,
+            bertserve_dot_kserve_dot_open__inference__pb2.ServerReadyRequest.SerializeToString,
+            bertserve_dot_kserve_dot_open__inference__pb2.ServerReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -241,8 +241,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelReady',
-            service_dot_kserve_dot_open__inference__pb2.ModelReadyRequest.SerializeToString,
-            service_dot_kserve_dot_open__inference__pb2.ModelReadyResponse.FromString,
+            bertserve_dot_kserve_dot_open__inference__pb2.ModelReadyRequest.SerializeToString,
+            bertserve_dot_kserve_dot_open__inference__pb2.ModelReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -268,8 +268,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerMetadata',
-            service_dot_kserve_dot_open__inference__pb2.ServerMetadataRequest.SerializeToString,
-            service_dot_kserve_dot_open__inference__pb2.ServerMetadataResponse.FromString,
+            bertserve_dot_kserve_dot_open__inference__pb2.ServerMetadataRequest.SerializeToString,
+            bertserve_dot_kserve_dot_open__inference__pb2.ServerMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -295,8 +295,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelMetadata',
-            service_dot_kserve_dot_open__inference__pb2.ModelMetadataRequest.SerializeToString,
-            service_dot_kserve_dot_open__inference__pb2.ModelMetadataResponse.FromString,
+            bertserve_dot_kserve_dot_open__inference__pb2.ModelMetadataRequest.SerializeToString,
+            bertserve_dot_kserve_dot_open__inference__pb2.ModelMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -322,8 +322,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelInfer',
-            service_dot_kserve_dot_open__inference__pb2.ModelInferRequest.SerializeToString,
-            service_dot_kserve_dot_open__inference__pb2.ModelInferResponse.FromString,
+            bertserve_dot_kserve_dot_open__inference__pb2.ModelInferRequest.SerializeToString,
+            bertserve_dot_kserve_dot_open__inference__pb2.ModelInferResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -349,8 +349,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/RepositoryIndex',
-            service_dot_kserve_dot_open__inference__pb2.RepositoryIndexRequest.SerializeToString,
-            service_dot_kserve_dot_open__inference__pb2.RepositoryIndexResponse.FromString,
+            bertserve_dot_kserve_dot_open__inference__pb2.RepositoryIndexRequest.SerializeToString,
+            bertserve_dot_kserve_dot_open__inference__pb2.RepositoryIndexResponse.FromString,
             options,
             channel_credentials,
             insecure,

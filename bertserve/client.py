@@ -1,6 +1,6 @@
 """An importable Python client for the bertserve gRPC API.
 
-    from service.client import Client
+    from bertserve.client import Client
     with Client("127.0.0.1:50051") as client:
         client.wait_until_serving()
         vectors = client.embed(["hello world"]).embeddings[0].values
