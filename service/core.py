@@ -1,0 +1,388 @@
+"""The protocol-free inference core: tokenization, validation, admission, batching, typed results.
+
+Every front (gRPC bertserve.v1 in `servicer.py`, KServe v2 in `kserve/servicer.py`, HTTP, streaming)
+only translates its wire format into one call here and the typed result (`service/results.py`) back.
+Errors are the domain errors of `service/errors.py`; each protocol maps them to its codes in one place.
+
+Data path of a batched call (embed, fill_mask, classify)::
+
+    front ──> core.embed(model, texts, ...) on the event loop
+                ├─ validate texts (check_texts) and options
+                ├─ tokenize: ONE hop to the CPU pool (ModelTokenizer.encode)
+                ├─ admission: the encoder's queue owner (Batcher.submit; full -> Overloaded,
+                │  deadline the queue ahead cannot meet -> DeadlineTooShort)
+                ├─ the owner cuts batches across every model and task on that encoder; its worker
+                │  thread runs the encoder once per batch, then each model's head on its own rows
+                └─ typed result with CallMeta (queue = waiting, inference = compute)
+
+Attention calls are admitted by the same owner (a separate `max_queue_attention` limit) and run on the
+same worker thread, alternating with batches: a batch waits behind at most one attention run.
+
+`deadline` arguments are absolute `time.monotonic()` seconds (None: no deadline); `deadline_after`
+converts a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from concurrent.futures import Executor
+from typing import TypeVar
+
+import grpc
+import numpy as np
+import onnxruntime
+import tokenizers
+from google import protobuf
+
+from bertserve import __version__
+from bertserve.service.attention import check_response_size, select_indices
+from bertserve.service.batcher import ItemResult, WorkItem
+from bertserve.service.encoders import EncoderGroup
+from bertserve.service.errors import InvalidInput, ModelNotFound
+from bertserve.service.loop_lag import LoopLagMonitor
+from bertserve.service.metrics import Metrics
+from bertserve.service.model_registry import ModelRegistry
+from bertserve.service.results import (
+    AttentionResult,
+    CallMeta,
+    ClassifyResult,
+    EmbedResult,
+    FillMaskResult,
+    LabelScore,
+    Limits,
+    MaskPrediction,
+    ModelInfo,
+    ServerInfo,
+    TokenizeResult,
+)
+from bertserve.service.served_model import ServedModel
+from bertserve.service.settings import Settings
+from bertserve.service.tasks import Task, TaskOptions
+from bertserve.service.tasks.classify import ranked
+from bertserve.service.tasks.fill_mask import mask_positions
+from bertserve.service.tokenization import EncodedInput
+from bertserve.service.validation import check_fill_mask_response_size, check_texts, check_top_k
+
+DEFAULT_FILL_MASK_TOP_K = 5
+STREAM_WINDOW = 4  # chunks of a stream in flight at once (admitted, batched) before the first is answered
+
+T = TypeVar("T")
+
+
+def deadline_after(seconds: float | None) -> float | None:
+    """A timeout in seconds (None: none) as the absolute deadline the core's methods take."""
+    return None if seconds is None else time.monotonic() + seconds
+
+
+def _meta(
+    model: ServedModel, encoded: list[EncodedInput], tokenize_s: float, results: Sequence[ItemResult]
+) -> CallMeta:
+    batches = {r.batch_id: r.inference_s for r in results}
+    return CallMeta(
+        model=model.name,
+        version=model.version,
+        encoder=model.encoder.name,
+        input_tokens=[e.length for e in encoded],
+        truncated=[e.truncated for e in encoded],
+        queue_s=max((r.queue_s for r in results), default=0.0),
+        inference_s=sum(batches.values()),
+        tokenize_s=tokenize_s,
+        batches=len(batches),
+    )
+
+
+class InferenceCore:
+    """One per server. Create it with the loaded models, `await start()`, call its methods from the event
+    loop, `await close()` at the end."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        encoders: list[EncoderGroup],
+        settings: Settings,
+        metrics: Metrics,
+        cpu_executor: Executor,
+    ):
+        self.registry = registry
+        self.encoders = encoders
+        self.settings = settings
+        self.metrics = metrics
+        self._cpu = cpu_executor  # tokenization, decoding and large responses, off the event loop
+        self.loop_lag = LoopLagMonitor(metrics)
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Starts every encoder's queue owner and the event-loop lag monitor (on the running loop)."""
+        for group in self.encoders:
+            group.batcher.start()
+        self.loop_lag.start()
+
+    async def warm_up(self) -> None:
+        """One batch through every model's graphs, so the first real call pays no first-run cost."""
+        loop = asyncio.get_running_loop()
+        for group in self.encoders:
+            await loop.run_in_executor(group.executor, group.warm_up)
+
+    async def close(self, finish_queued: bool = True) -> None:
+        """Refuses new calls; finishes the queued ones (or fails them with ShuttingDown at once)."""
+        for group in self.encoders:
+            if group.batcher.running:
+                await (group.batcher.close() if finish_queued else group.batcher.abort())
+        await self.loop_lag.stop()
+
+    async def off_loop(self, fn: Callable[..., T], *args) -> T:
+        """Runs `fn(*args)` on the CPU pool (e.g. building and serializing a large response)."""
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, fn, *args)
+
+    # --- tasks ---------------------------------------------------------------------------------------
+
+    async def embed(
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        truncate: bool = False,
+        normalize: bool | None = None,
+        deadline: float | None = None,
+    ) -> EmbedResult:
+        """One embedding per text, in order. `model` "" = the default embedding model; `normalize` None =
+        the model's default."""
+        served = self.registry.resolve(model, Task.EMBED)
+        if normalize is None:
+            normalize = served.manifest.tasks.embed.normalize
+        encoded, tokenize_s = await self._tokenize(served, texts, truncate)
+        results = await self._run(served, encoded, TaskOptions(Task.EMBED, normalize), None, deadline)
+        vectors = np.stack([r.value for r in results]) if results else np.zeros((0, 0), np.float32)
+        return EmbedResult(vectors, _meta(served, encoded, tokenize_s, results))
+
+    async def fill_mask(
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        truncate: bool = False,
+        top_k: int | None = None,
+        sequences: bool = True,
+        deadline: float | None = None,
+    ) -> FillMaskResult:
+        """Per text, per mask token, the `top_k` (None: 5) best candidates; `sequences`: also the text
+        with each candidate filled in (decoded off the event loop)."""
+        served = self.registry.resolve(model, Task.FILL_MASK)
+        if top_k is None:
+            top_k = DEFAULT_FILL_MASK_TOP_K
+        check_top_k(top_k, served.tokenizer.vocab_size, "top_k", "vocabulary size")
+        encoded, tokenize_s = await self._tokenize(served, texts, truncate)
+        masks = [self._masks(served, i, e) for i, e in enumerate(encoded)]
+        if sequences:
+            sizes = [len(m) for m in masks]
+            check_fill_mask_response_size(texts, sizes, top_k, self.settings.max_message_bytes)
+        options = TaskOptions(Task.FILL_MASK, top_k=top_k)
+        results = await self._run(served, encoded, options, masks, deadline)
+        tops = [r.value for r in results]
+        predictions = await self.off_loop(served.mask_predictions, encoded, tops, sequences)
+        return FillMaskResult(predictions, _meta(served, encoded, tokenize_s, results))
+
+    async def classify(
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        truncate: bool = False,
+        top_k: int | None = None,
+        raw_scores: bool = False,
+        deadline: float | None = None,
+    ) -> ClassifyResult:
+        """Per text, labels with scores best first: the `top_k` best (None: all labels)."""
+        served = self.registry.resolve(model, Task.CLASSIFY)
+        spec = served.manifest.tasks.classify
+        if top_k is not None:
+            check_top_k(top_k, len(spec.id2label), "top_k", "number of labels")
+        options = TaskOptions(Task.CLASSIFY, top_k=top_k or 0, raw_scores=raw_scores)
+        encoded, tokenize_s = await self._tokenize(served, texts, truncate)
+        results = await self._run(served, encoded, options, None, deadline)
+        labels = [
+            [LabelScore(spec.id2label.get(i, str(i)), i, score) for i, score in ranked(r.value, top_k or 0)]
+            for r in results
+        ]
+        return ClassifyResult(labels, _meta(served, encoded, tokenize_s, results))
+
+    async def tokenize(self, model: str, texts: Sequence[str], *, truncate: bool = False) -> TokenizeResult:
+        """The model's tokenization of each text (`model` "" = the first model); runs no graph."""
+        served = self.registry.resolve(model, None)
+        encoded, tokenize_s = await self._tokenize(served, texts, truncate)
+        return TokenizeResult(encoded, _meta(served, encoded, tokenize_s, []))
+
+    async def attention(
+        self,
+        model: str,
+        text: str,
+        *,
+        layers: Sequence[int] = (),
+        heads: Sequence[int] = (),
+        truncate: bool = False,
+        deadline: float | None = None,
+    ) -> AttentionResult:
+        """For one text, the attention probabilities of the chosen layers and heads (empty: all), in
+        request order. Admitted by the model's encoder queue owner (`max_queue_attention`)."""
+        served = self.registry.resolve_attention(model)
+        dims = served.manifest.dimensions
+        chosen_layers = select_indices(layers, dims.num_hidden_layers, "layers", served.name)
+        chosen_heads = select_indices(heads, dims.num_attention_heads, "heads", served.name)
+        try:
+            encoded, tokenize_s = await self._tokenize(served, [text], truncate)
+        except InvalidInput as exc:  # the checks speak of inputs[0]; this call has one `input`
+            raise InvalidInput(str(exc).replace("inputs[0]", "input", 1)) from None
+        (e,) = encoded
+        maps_count = len(chosen_layers) * len(chosen_heads)
+        check_response_size(maps_count, e.length, self.settings.max_message_bytes)
+        self.metrics.inputs.labels(served.name, "attention").inc()
+        run = served.attention.bind(e.ids, e.type_ids, chosen_layers, chosen_heads)
+        result = await served.encoder.batcher.submit_exclusive(run, e.length, deadline)
+        return AttentionResult(
+            tokens=e,
+            layers=chosen_layers,
+            heads=chosen_heads,
+            maps=result.value,
+            num_layers=dims.num_hidden_layers,
+            num_heads=dims.num_attention_heads,
+            meta=_meta(served, encoded, tokenize_s, [result]),
+        )
+
+    async def embed_stream(
+        self,
+        model: str,
+        chunks: AsyncIterable[Sequence[str]],
+        *,
+        truncate: bool = False,
+        normalize: bool | None = None,
+        deadline: float | None = None,
+        window: int = STREAM_WINDOW,
+    ) -> AsyncIterator[EmbedResult]:
+        """One EmbedResult per chunk of texts, in chunk order, with up to `window` chunks admitted at once
+        (so a stream's chunks share batches). A failed chunk raises its error when its turn comes; the
+        chunks still in flight are cancelled."""
+        pending: list[asyncio.Task[EmbedResult]] = []
+        try:
+            async for texts in chunks:
+                call = self.embed(model, texts, truncate=truncate, normalize=normalize, deadline=deadline)
+                pending.append(asyncio.ensure_future(call))
+                while len(pending) >= window:
+                    yield await pending.pop(0)
+            while pending:
+                yield await pending.pop(0)
+        finally:
+            for task in pending:
+                task.cancel()
+
+    # --- information ---------------------------------------------------------------------------------
+
+    def info(self) -> ServerInfo:
+        s = self.settings
+        limits = Limits(
+            max_inputs_per_request=s.max_inputs_per_request,
+            max_input_chars=s.max_input_chars,
+            max_message_bytes=s.max_message_bytes,
+            max_batch_size=s.max_batch_size,
+            max_batch_tokens=s.max_batch_tokens,
+            max_queue_inputs=s.max_queue_inputs,
+            max_queue_attention=s.max_queue_attention,
+            max_queue_delay_ms=s.max_queue_delay_ms,
+            max_masks_per_input=s.max_masks_per_input,
+            max_padding_ratio=s.max_padding_ratio,
+        )
+        versions = {
+            "onnxruntime": onnxruntime.__version__,
+            "tokenizers": tokenizers.__version__,
+            "grpcio": grpc.__version__,
+            "protobuf": protobuf.__version__,
+        }
+        models = [self._model_info(m) for m in self.registry.ordered]
+        return ServerInfo(__version__, models, limits, versions)
+
+    def model_info(self, name: str) -> ModelInfo:
+        """The named loaded model's information (ModelNotFound otherwise)."""
+        if name not in self.registry.by_name:
+            raise ModelNotFound(f"model: no model named {name[:64]!r} is loaded")
+        return self._model_info(self.registry.by_name[name])
+
+    def _model_info(self, model: ServedModel) -> ModelInfo:
+        manifest, tasks, dims = model.manifest, model.manifest.tasks, model.manifest.dimensions
+        return ModelInfo(
+            name=model.name,
+            version=model.version,
+            encoder=model.encoder.name,
+            tasks=[t.value for t in model.tasks] + (["attention"] if model.attention else []),
+            default_for=self.registry.default_rpcs(model),
+            dimension=tasks.embed.dimension if tasks.embed else dims.hidden_size,
+            max_length=manifest.max_length,
+            vocab_size=dims.vocab_size,
+            num_layers=dims.num_hidden_layers,
+            num_heads=dims.num_attention_heads,
+            precision=model.precision,
+            provider=model.provider,
+            pooling=tasks.embed.pooling if tasks.embed else "",
+            normalize_default=bool(tasks.embed and tasks.embed.normalize),
+            mask_token=tasks.fill_mask.mask_token if tasks.fill_mask else "",
+            labels=[tasks.classify.id2label[i] for i in sorted(tasks.classify.id2label)]
+            if tasks.classify
+            else [],
+            problem_type=tasks.classify.problem_type if tasks.classify else "",
+        )
+
+    # --- the shared path -----------------------------------------------------------------------------
+
+    async def _tokenize(
+        self, model: ServedModel, texts: Sequence[str], truncate: bool
+    ) -> tuple[list[EncodedInput], float]:
+        checked = check_texts(texts, self.settings.max_inputs_per_request, self.settings.max_input_chars)
+        started = time.perf_counter()
+        encoded = await self.off_loop(model.tokenizer.encode, checked, truncate)
+        return encoded, time.perf_counter() - started
+
+    def _masks(self, model: ServedModel, index: int, encoded: EncodedInput) -> np.ndarray:
+        spec = model.manifest.tasks.fill_mask
+        positions = mask_positions(encoded.ids, spec.mask_token_id)
+        if len(positions) == 0:
+            cut = " after truncation" if encoded.truncated else ""
+            raise InvalidInput(f"inputs[{index}]: no {spec.mask_token} token{cut}")
+        if len(positions) > self.settings.max_masks_per_input:
+            raise InvalidInput(
+                f"inputs[{index}]: {len(positions)} {spec.mask_token} tokens is more than "
+                f"max_masks_per_input {self.settings.max_masks_per_input}"
+            )
+        return positions
+
+    async def _run(
+        self,
+        model: ServedModel,
+        encoded: list[EncodedInput],
+        options: TaskOptions,
+        masks: list[np.ndarray] | None,
+        deadline: float | None,
+    ) -> list[ItemResult]:
+        """Admits the call's inputs to the model's encoder queue and awaits every result, in order."""
+        loop = asyncio.get_running_loop()
+        items = [
+            WorkItem(
+                ids=e.ids,
+                type_ids=e.type_ids,
+                options=options,
+                future=loop.create_future(),
+                deadline=deadline,
+                mask_positions=None if masks is None else masks[i],
+                model=model,
+            )
+            for i, e in enumerate(encoded)
+        ]
+        model.encoder.batcher.submit(items)
+        self.metrics.inputs.labels(model.name, options.task.value).inc(len(items))
+        futures = [item.future for item in items]
+        try:
+            return await asyncio.gather(*futures)
+        finally:
+            for future in futures:  # after a failure, the owner skips what is still queued
+                future.cancel()
+

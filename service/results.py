@@ -1,0 +1,132 @@
+"""The inference core's typed results (`service/core.py`): plain data, no protocol types.
+
+Every front (gRPC bertserve.v1, KServe v2, HTTP, streaming) turns these into its own wire format. Arrays
+are numpy; times are seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bertserve.service.tokenization import EncodedInput
+
+
+@dataclass(frozen=True)
+class CallMeta:
+    """What answered a call and what it cost (the protocol's response metadata)."""
+
+    model: str  # the model that answered
+    version: int
+    encoder: str  # the encoder (shared graph) the model runs on: the name its batches and metrics carry
+    input_tokens: list[int]  # per input, special tokens included, after truncation
+    truncated: list[bool]  # per input
+    queue_s: float  # longest wait of any of the call's inputs between admission and the start of compute
+    inference_s: float  # compute time of the batches (or the attention run) that held the call's inputs
+    tokenize_s: float
+    batches: int  # how many batches held the call's inputs (0 for Tokenize, 1 for Attention)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.input_tokens)
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    vectors: np.ndarray  # (n, dimension) float32, one row per input, in order
+    meta: CallMeta
+
+    @property
+    def dimension(self) -> int:
+        return int(self.vectors.shape[1])
+
+
+@dataclass(frozen=True)
+class MaskPrediction:
+    """The best candidates for one mask token of one input, best first."""
+
+    position: int  # index of the mask among the input's tokens (special tokens included)
+    token_ids: np.ndarray  # (k,) int
+    tokens: list[str]  # (k,) vocabulary tokens
+    scores: np.ndarray  # (k,) float32 softmax probabilities
+    sequences: list[str] | None  # (k,) the input with this mask filled by each candidate; None if not asked
+
+
+@dataclass(frozen=True)
+class FillMaskResult:
+    masks: list[list[MaskPrediction]]  # per input, per mask in order of appearance
+    meta: CallMeta
+
+
+@dataclass(frozen=True)
+class LabelScore:
+    label: str
+    index: int
+    score: float
+
+
+@dataclass(frozen=True)
+class ClassifyResult:
+    labels: list[list[LabelScore]]  # per input, best first (top_k of them, or all)
+    meta: CallMeta
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    inputs: list[EncodedInput]  # per input: ids, type_ids, tokens, offsets, special, truncated
+    meta: CallMeta  # queue/inference zero, batches 0
+
+
+@dataclass(frozen=True)
+class AttentionResult:
+    tokens: EncodedInput  # the input's tokens: the rows and columns of every map
+    layers: list[int]  # as requested (all when none were named), in request order
+    heads: list[int]
+    maps: np.ndarray  # (len(layers), len(heads), T, T) float32; row q: how query q attends to every key
+    num_layers: int  # the model's
+    num_heads: int  # the model's, per layer
+    meta: CallMeta
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    version: int
+    encoder: str  # the encoder it runs on (its own name unless it shares another model's encoder)
+    tasks: list[str]  # "embed", "fill_mask", "classify", "attention"
+    default_for: list[str]  # RPC names this model answers when a request names no model
+    dimension: int  # embedding size (hidden size without an embed task)
+    max_length: int
+    vocab_size: int
+    num_layers: int
+    num_heads: int
+    precision: str
+    provider: str
+    pooling: str  # "mean" | "cls" | "" (no embed task)
+    normalize_default: bool
+    mask_token: str  # "" without fill_mask
+    labels: list[str]  # by index; [] without classify
+    problem_type: str  # "" without classify
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_inputs_per_request: int
+    max_input_chars: int
+    max_message_bytes: int
+    max_batch_size: int
+    max_batch_tokens: int
+    max_queue_inputs: int
+    max_queue_attention: int
+    max_queue_delay_ms: float
+    max_masks_per_input: int
+    max_padding_ratio: float
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    server_version: str
+    models: list[ModelInfo]  # in the server's order
+    limits: Limits
+    versions: dict[str, str] = field(default_factory=dict)  # onnxruntime, tokenizers, grpcio, protobuf
