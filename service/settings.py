@@ -5,15 +5,15 @@ A bad value stops the server at start with the setting named (see `load_settings
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bertserve.repository import MODEL_SPEC, parse_model_spec
+
 ENV_PREFIX = "BERTSERVE_"
-MODEL_SPEC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(:[1-9][0-9]*)?$")
 
 
 class SettingsError(ValueError):
@@ -94,11 +94,7 @@ class Settings(BaseSettings):
 
     def model_specs(self) -> list[tuple[str, int | None]]:
         """`models` parsed into (name, version or None for the highest)."""
-        out: list[tuple[str, int | None]] = []
-        for spec in self.models:
-            name, _, version = spec.partition(":")
-            out.append((name, int(version) if version else None))
-        return out
+        return [parse_model_spec(spec) for spec in self.models]
 
 
 def _describe(error: dict) -> str:

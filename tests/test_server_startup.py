@@ -71,7 +71,7 @@ def _break(version_dir, how):
         with open(version_dir / manifest["graphs"]["encoder"]["file"], "ab") as f:
             f.write(b"\0")
     elif how == "schema":
-        manifest["schema_version"] = 2
+        manifest["schema_version"] = 99
         manifest_path.write_text(json.dumps(manifest))
     elif how == "no manifest":
         manifest_path.unlink()
