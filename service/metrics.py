@@ -1,11 +1,22 @@
-"""Prometheus metrics (names in docs/architecture.md), in a registry of their own per server, served
-over HTTP on their own port."""
+"""Prometheus metrics (names in docs/architecture.md), in a registry of their own per server, with the
+standard process_*, python_* and python_gc_* collectors, served over HTTP on their own port by the
+bounded server of service/metrics_http.py."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
+from bertserve.manifest import ENCODER_ATTENTIONS
 from bertserve.service.batcher import BatchObserver, BatchStats
+from bertserve.service.metrics_http import MetricsHTTPServer
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -17,6 +28,11 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # process_* (CPU, resident memory, open fds, start time), python_info, python_gc_*: what the
+        # default registry has, which a registry of our own leaves out.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.requests = Counter("bertserve_requests", "RPCs answered", ["rpc", "code"], registry=r)
         self.request_duration = Histogram(
             "bertserve_request_duration_seconds", "RPC duration", ["rpc"], buckets=LATENCY_BUCKETS, registry=r
@@ -48,7 +64,23 @@ class Metrics:
             buckets=RATIO_BUCKETS,
             registry=r,
         )
-        self.queue_depth = Gauge("bertserve_queue_depth", "inputs queued", ["model"], registry=r)
+        # `model` on batch-level metrics (queue, inference, batch_*, padding, queue_depth, dropped) names the
+        # ENCODER whose queue owner ran them (the model that holds the encoder graph): models that share
+        # an encoder share its batches. inputs_total and model_info name the model a call asked for.
+        self.queue_depth = Gauge(
+            "bertserve_queue_depth", "inputs queued (batch inputs and attention calls)", ["model"], registry=r
+        )
+        self.event_loop_lag = Histogram(
+            "bertserve_event_loop_lag_seconds",
+            "how late the event loop woke a timer (service/loop_lag.py): time the loop was busy",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.event_loop_lag_max = Gauge(
+            "bertserve_event_loop_lag_max_seconds",
+            "largest event loop lag over the last window (see bertserve_event_loop_lag_seconds)",
+            registry=r,
+        )
         self.inputs = Counter("bertserve_inputs", "inputs accepted", ["model", "task"], registry=r)
         self.dropped = Counter(
             "bertserve_dropped", "inputs dropped before compute", ["model", "reason"], registry=r
@@ -59,20 +91,31 @@ class Metrics:
             ["model", "version", "precision", "provider", "tasks"],
             registry=r,
         )
-        self._http = None
+        self.limit = Gauge(
+            "bertserve_limit",
+            "configured limits: the settings max_* by name (alerts compare queue_depth with max_queue_inputs)",
+            ["name"],
+            registry=r,
+        )
+        self._http: MetricsHTTPServer | None = None
+
+    def export_limits(self, settings) -> None:
+        """bertserve_limit{name} for every `max_*` setting (service/settings.py)."""
+        for name, value in settings.model_dump().items():
+            if name.startswith("max_") and isinstance(value, int | float):
+                self.limit.labels(name).set(value)
 
     def observer(self, model: str, graph: str) -> BatchObserver:
         return _ModelObserver(self, model, graph)
 
     def serve_http(self, host: str, port: int) -> int:
-        """Starts /metrics in a daemon thread; returns the bound port."""
-        self._http, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return self._http.server_port
+        """Starts /metrics on a thread of its own; returns the bound port. Raises OSError if it cannot bind."""
+        self._http = MetricsHTTPServer(self.registry)
+        return self._http.start(host, port)
 
     def stop_http(self) -> None:
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            self._http.stop()
             self._http = None
 
 
@@ -92,6 +135,9 @@ class _ModelObserver(BatchObserver):
         queue = self.m.queue_duration.labels(self.model)
         for waited in stats.queue_s:
             queue.observe(waited)
+        if stats.exclusive:  # an attention run: not a batch of the encoder graph
+            self.m.inference_duration.labels(self.model, ENCODER_ATTENTIONS).observe(stats.inference_s)
+            return
         self.m.inference_duration.labels(self.model, self.graph).observe(stats.inference_s)
         self.m.batch_size.labels(self.model).observe(stats.size)
         self.m.batch_tokens.labels(self.model).observe(stats.padded_tokens)

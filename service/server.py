@@ -93,6 +93,7 @@ class InferenceServer:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.metrics = Metrics()
+        self.metrics.export_limits(settings)
         self.lifecycle = Lifecycle()
         self.health = HealthServicer()
         self.port: int | None = None
