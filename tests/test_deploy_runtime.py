@@ -202,11 +202,14 @@ def test_runtime_install_has_onnxruntime_and_no_torch(runtime_venv):
     python = str(runtime_venv / "bin" / "python")
     for module in ("torch", "transformers"):
         result = subprocess.run(
-            [python, "-c", f"import {module}"], capture_output=True, text=True, timeout=60
+            [python, "-c", f"import {module}"], capture_output=True, text=True, timeout=60, cwd=runtime_venv
         )
         assert result.returncode != 0 and f"No module named '{module}'" in result.stderr
     ok = subprocess.run(
-        [python, "-c", "import onnxruntime, bertserve.service.server"], capture_output=True, timeout=120
+        [python, "-c", "import onnxruntime, bertserve.service.server"],
+        capture_output=True,
+        timeout=120,
+        cwd=runtime_venv,  # not the repository root, whose bertserve/ folder would shadow the install
     )
     assert ok.returncode == 0, ok.stderr
 
@@ -220,17 +223,17 @@ def test_wheel_installs_one_top_level_package_and_a_serving_only_cli(runtime_ven
         "files = m.distribution('bertserve').files\n"
         "print(sorted({f.parts[0] for f in files if not f.parts[0].endswith(('.dist-info', '..'))}))\n"
     )
-    listed = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=runtime_venv)
+
+    listed = run(python, "-c", script)
+    assert listed.returncode == 0, listed.stderr
     assert listed.stdout.strip() == "['bertserve']"
     for name in ("service", "export", "bench"):
-        result = subprocess.run([python, "-c", f"import {name}"], capture_output=True, text=True, timeout=60)
+        result = run(python, "-c", f"import {name}")
         assert f"No module named '{name}'" in result.stderr
-    export = subprocess.run(
-        [str(runtime_venv / "bin" / "bertserve"), "export", "--default", "--out", "unused"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    export = run(str(runtime_venv / "bin" / "bertserve"), "export", "--default", "--out", "unused")
     assert export.returncode == 1
     assert export.stderr.strip().count("\n") == 0 and "bertserve[export]" in export.stderr, export.stderr
     assert "Traceback" not in export.stderr
