@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 REPO ?= model_repository
 PORT ?= 50051
-METRICS_PORT ?= 9090
+METRICS_PORT ?= 8002
 STAMP := $(VENV)/.setup-done
 # TORCH=cpu (the default) installs PyTorch's CPU build (the export and the tests need no GPU); TORCH=cuda
 # installs the default build from PyPI, which brings the CUDA libraries (several GB). Only the export

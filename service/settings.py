@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535)  # 0 = pick a free port
-    metrics_port: int = Field(9090, ge=-1, le=65535)  # 0 = pick a free port, -1 = no metrics endpoint
+    metrics_port: int = Field(8002, ge=-1, le=65535)  # 0 = pick a free port, -1 = no metrics endpoint
     precision: Literal["fp32", "int8", "fp16"] = "fp32"
     provider: Literal["auto", "cpu", "cuda"] = "auto"
     intra_op_threads: int = Field(0, ge=0, le=256)  # 0 = ONNX Runtime's default (one per physical core)

@@ -13,10 +13,12 @@ import subprocess
 import pytest
 import tomllib
 
+from bertserve.service.settings import Settings
 from tests.deploy_support import ROOT, Stage, parse_dockerfile, venv_tool
 
 DOCKERFILE = ROOT / "Dockerfile"
-GRPC_PORT, METRICS_PORT = "50051", "9090"
+# The images listen on the server's default ports (service/settings.py).
+GRPC_PORT, METRICS_PORT = (str(Settings.model_fields[name].default) for name in ("port", "metrics_port"))
 RUNTIME_STAGES = ("cpu", "cuda")
 
 
@@ -60,7 +62,7 @@ def test_stages_and_default_target(dockerfile):
 
 def test_exporter_installs_torch_pinned_like_the_makefile_and_exports_the_default_model(dockerfile):
     global_args, stages = dockerfile
-    pinned_in_makefile = re.search(r"torch==([0-9.]+)", (ROOT / "Makefile").read_text()).group(1)
+    pinned_in_makefile = re.search(r"^TORCH_VERSION :?= ([0-9.]+)$", (ROOT / "Makefile").read_text(), re.M)[1]
     assert global_args["TORCH_VERSION"] == pinned_in_makefile
     runs = " ".join(stages["exporter"].all("RUN"))
     assert '--index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"' in runs

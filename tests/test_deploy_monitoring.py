@@ -28,6 +28,7 @@ from tests.deploy_support import (
 
 PROMETHEUS_DIR = DEPLOY / "prometheus"
 COMPOSE = ROOT / "docker-compose.yaml"
+ALERTS_TEST = PROMETHEUS_DIR / "alerts_test.yml"
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess:
@@ -86,16 +87,18 @@ def test_queries_use_only_documented_metrics():
         assert metric_names_in(query) <= documented, query
 
 
-def test_queue_alert_threshold_is_80_percent_of_the_configured_queue():
-    threshold = re.search(r"> 0\.8 \* (\d+)", alert_queries()["BertserveQueueSaturated"]).group(1)
-    env = dict(
-        line.split("=", 1)
-        for line in (KUSTOMIZE_DIRS["base"] / "bertserve.env").read_text().splitlines()
-        if line
-    )
-    assert env["BERTSERVE_MAX_QUEUE_INPUTS"] == threshold
-    compose = yaml.safe_load(COMPOSE.read_text())
-    assert compose["services"]["bertserve"]["environment"]["BERTSERVE_MAX_QUEUE_INPUTS"] == threshold
+def test_queue_alert_threshold_follows_each_servers_configured_queue_limit():
+    """No queue size is written into the rule: it compares with the limit each server exports, a setting
+    that exists; the unit tests (alerts_test.yml) cover limits of 512, 1024 and 2048."""
+    from bertserve.service.settings import Settings
+
+    expr = alert_queries()["BertserveQueueSaturated"]
+    assert re.search(r"0\.8 \* max by \(job, instance\) \(bertserve_limit\{name=\"(\w+)\"\}\)", expr)
+    (limit,) = re.findall(r'bertserve_limit\{name="(\w+)"\}', expr)
+    assert limit == "max_queue_inputs" and limit in Settings.model_fields
+    assert not re.search(r"\b\d{3,}\b", expr), "a hard-coded queue size"
+    tested_limits = set(re.findall(r'name="max_queue_inputs"\}\'\n\s+values: \'(\d+)x', ALERTS_TEST.read_text()))
+    assert {"512", "1024", "2048"} <= tested_limits
 
 
 def test_dashboard_has_the_promised_panels():
@@ -140,9 +143,9 @@ def test_compose_mounts_exist_and_match_the_grafana_provisioning():
     assert datasource["datasources"][0]["uid"] == "prometheus"
     assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
     scrape = yaml.safe_load((mounts["/etc/prometheus"] / "prometheus.yml").read_text())
-    assert scrape["scrape_configs"][0]["static_configs"][0]["targets"] == ["bertserve:9090"]
+    assert scrape["scrape_configs"][0]["static_configs"][0]["targets"] == ["bertserve:8002"]
     bertserve = services["bertserve"]
-    assert "50051:50051" in bertserve["ports"] and "9090:9090" in bertserve["ports"]
+    assert "50051:50051" in bertserve["ports"] and "8002:8002" in bertserve["ports"]
     stop = int(bertserve["stop_grace_period"].rstrip("s"))
     assert stop > float(bertserve["environment"]["BERTSERVE_GRACE_PERIOD_S"])
 
