@@ -18,7 +18,6 @@ import yaml
 from tests.deploy_support import (
     DASHBOARD,
     DEPLOY,
-    KUSTOMIZE_DIRS,
     ROOT,
     alert_queries,
     architecture_metrics,
@@ -97,7 +96,9 @@ def test_queue_alert_threshold_follows_each_servers_configured_queue_limit():
     (limit,) = re.findall(r'bertserve_limit\{name="(\w+)"\}', expr)
     assert limit == "max_queue_inputs" and limit in Settings.model_fields
     assert not re.search(r"\b\d{3,}\b", expr), "a hard-coded queue size"
-    tested_limits = set(re.findall(r'name="max_queue_inputs"\}\'\n\s+values: \'(\d+)x', ALERTS_TEST.read_text()))
+    tested_limits = set(
+        re.findall(r'name="max_queue_inputs"\}\'\n\s+values: \'(\d+)x', ALERTS_TEST.read_text())
+    )
     assert {"512", "1024", "2048"} <= tested_limits
 
 
