@@ -24,7 +24,9 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "bertserve.json"
 KUSTOMIZE_DIRS = {
     "base": DEPLOY / "kubernetes" / "base",
     "gpu": DEPLOY / "kubernetes" / "overlays" / "gpu",
+    "own-models": DEPLOY / "kubernetes" / "overlays" / "own-models",
 }
+KUSTOMIZE_COMPONENTS = DEPLOY / "kubernetes" / "components"
 
 
 def venv_tool(name: str) -> str:

@@ -1,5 +1,6 @@
-"""deploy/kubernetes: render base and the gpu overlay with kustomize, validate every object strictly,
-and check that the pieces agree with each other and with the server's settings.
+"""deploy/kubernetes: render base and the overlays (gpu, own-models) with kustomize, validate every object
+strictly, and check that the pieces agree with each other and with the server's settings; the
+kube-prometheus-stack component is rendered through an overlay made here.
 
 Built-in kinds are validated by kubernetes-validate in strict mode (unknown fields rejected). It has no
 schema for the ServiceMonitor CRD (it only warns), so the ServiceMonitor is validated against the
@@ -9,16 +10,33 @@ subset of prometheus-operator's monitoring.coreos.com/v1 schema written below, s
 from __future__ import annotations
 
 import copy
+import os
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deploy_support import DEPLOY, KUSTOMIZE_DIRS, by_kind, one, render_kustomize
+from tests.deploy_support import (
+    DEPLOY,
+    KUSTOMIZE_COMPONENTS,
+    KUSTOMIZE_DIRS,
+    by_kind,
+    one,
+    render_kustomize,
+)
 
 # Oldest and newest Kubernetes versions the manifests are checked against.
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
+BASE_KINDS = [
+    "ConfigMap",
+    "Deployment",
+    "HorizontalPodAutoscaler",
+    "PodDisruptionBudget",
+    "Service",
+    "Service",
+]
+EXTRA_KINDS = {"own-models": ["PersistentVolumeClaim"]}
 
 _DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
 _LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
@@ -89,12 +107,9 @@ def _settings_env(documents: list[dict]) -> dict[str, str]:
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_object_validates_strictly(rendered, version):
-    _, documents = rendered
+    name, documents = rendered
     kinds = sorted(doc["kind"] for doc in documents)
-    assert kinds == sorted(
-        ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service", "Service"]
-        + ["ServiceMonitor"]
-    )
+    assert kinds == sorted([*BASE_KINDS, "ServiceMonitor", *EXTRA_KINDS.get(name, [])])
     for doc in documents:
         if doc["kind"] == "ServiceMonitor":
             jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA)
@@ -213,3 +228,51 @@ def test_gpu_overlay_asks_for_a_gpu_and_the_cuda_image():
     base = render_kustomize(KUSTOMIZE_DIRS["base"])
     assert _container(base)["image"].endswith("-cpu")
     assert "nvidia.com/gpu" not in _container(base)["resources"]["limits"]
+
+
+def test_own_models_overlay_serves_the_repository_from_a_claim_mounted_read_only(monkeypatch):
+    from bertserve.service.settings import load_settings
+
+    documents = render_kustomize(KUSTOMIZE_DIRS["own-models"])
+    for key, value in _settings_env(documents).items():
+        monkeypatch.setenv(key, value)
+    model_repo = str(load_settings().model_repo)
+    pod = one(documents, "Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    claim = one(documents, "PersistentVolumeClaim")
+    assert volume["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"], "readOnly": True}
+    (mount,) = [m for m in _container(documents)["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount == {"name": volume["name"], "mountPath": model_repo, "readOnly": True}
+    # Every replica mounts the one claim, possibly on different nodes.
+    assert one(documents, "HorizontalPodAutoscaler")["spec"]["minReplicas"] >= 2
+    assert set(claim["spec"]["accessModes"]) & {"ReadOnlyMany", "ReadWriteMany"}
+    assert _container(documents)["image"] == _container(render_kustomize(KUSTOMIZE_DIRS["base"]))["image"]
+
+
+def test_kube_prometheus_stack_component_labels_the_service_monitor(tmp_path):
+    """An overlay as a user writes it: the base, the component, and a patch that names their release."""
+    relative = {
+        "base": os.path.relpath(KUSTOMIZE_DIRS["base"], tmp_path),
+        "component": os.path.relpath(KUSTOMIZE_COMPONENTS / "kube-prometheus-stack", tmp_path),
+    }
+    overlay = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [relative["base"]],
+        "components": [relative["component"]],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    monitor = one(render_kustomize(tmp_path), "ServiceMonitor")
+    jsonschema.validate(monitor, SERVICE_MONITOR_SCHEMA)
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["metadata"]["labels"]["app.kubernetes.io/name"] == "bertserve"
+    overlay["patches"] = [
+        {
+            "target": {"group": "monitoring.coreos.com", "kind": "ServiceMonitor", "name": "bertserve"},
+            "patch": "- op: replace\n  path: /metadata/labels/release\n  value: monitoring\n",
+        }
+    ]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    assert one(render_kustomize(tmp_path), "ServiceMonitor")["metadata"]["labels"]["release"] == "monitoring"
+    base_monitor = one(render_kustomize(KUSTOMIZE_DIRS["base"]), "ServiceMonitor")
+    assert "release" not in base_monitor["metadata"]["labels"]
