@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bertserve.export.config_limits import check_sizes
 from bertserve.export.errors import CheckpointError
 from bertserve.export.model import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 
@@ -62,6 +63,7 @@ def read_config(directory: Path) -> BertConfig:
         raise CheckpointError(f"{path}: not readable JSON ({e})") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
+    check_sizes(raw, path)
     try:
         return BertConfig.from_dict(raw)
     except (ValueError, TypeError) as e:

@@ -40,6 +40,14 @@ def register(subparsers) -> None:
         "--attentions", action="store_true", help="also an unfused encoder that outputs attentions"
     )
     parser.add_argument(
+        "--encoder",
+        metavar="NAME[:VERSION]",
+        help=(
+            "write a head-only model that runs on this encoder model of REPO (default: its highest version), "
+            "after checking that it computes the checkpoint's encoder; no encoder graphs are copied"
+        ),
+    )
+    parser.add_argument(
         "--tolerance", type=float, default=1e-4, help="max |ONNX Runtime - PyTorch| (default 1e-4)"
     )
     parser.set_defaults(run=run)
@@ -70,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
             tolerance=args.tolerance,
             log=lambda line: print(line, flush=True),
             source=source,
+            encoder=args.encoder,
         )
     except ExportError as e:
         print(f"bertserve export: error: {e}", file=sys.stderr)

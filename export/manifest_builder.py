@@ -1,4 +1,4 @@
-"""Builds the repository's manifest (schema: bertserve/manifest.py) from what the export measured."""
+"""Builds the repository's manifest (schema: bertserve/repository.py) from what the export measured."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from bertserve.export.embedding_defaults import EmbeddingDefaults
 from bertserve.export.onnx_export import GraphIO
 from bertserve.export.optimize import opset_of
 from bertserve.export.tokenizer_files import SpecialTokens
-from bertserve.manifest import (
+from bertserve.repository import (
     ClassifyTask,
     EmbedTask,
+    EncoderRef,
     ExportInfo,
     FillMaskTask,
     GraphSpec,
@@ -53,7 +54,12 @@ def graph_spec(
     )
 
 
-def tasks_for(checkpoint: Checkpoint, defaults: EmbeddingDefaults, specials: SpecialTokens) -> Tasks:
+def tasks_for(
+    checkpoint: Checkpoint,
+    defaults: EmbeddingDefaults,
+    specials: SpecialTokens,
+    classifier_input: str = "pooler_output",
+) -> Tasks:
     config = checkpoint.config
     embed = EmbedTask(pooling=defaults.pooling, normalize=defaults.normalize, dimension=config.hidden_size)
     fill_mask = classify = None
@@ -63,7 +69,9 @@ def tasks_for(checkpoint: Checkpoint, defaults: EmbeddingDefaults, specials: Spe
         problem = config.problem_type
         if problem not in PROBLEM_TYPES:
             problem = "regression" if config.num_labels == 1 else "single_label_classification"
-        classify = ClassifyTask(id2label=config.id2label, problem_type=problem)
+        classify = ClassifyTask(
+            id2label=config.id2label, problem_type=problem, encoder_output=classifier_input
+        )
     return Tasks(embed=embed, fill_mask=fill_mask, classify=classify)
 
 
@@ -75,20 +83,8 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def build_manifest(
-    *,
-    name: str,
-    version: int,
-    checkpoint: Checkpoint,
-    source: str,
-    defaults: EmbeddingDefaults,
-    specials: SpecialTokens,
-    tokenizer_path: Path,
-    graphs: dict[str, GraphSpec],
-    seconds: dict[str, float],
-) -> Manifest:
-    c = checkpoint.config
-    tokenizer = TokenizerSpec(
+def tokenizer_spec(specials: SpecialTokens, tokenizer_path: Path) -> TokenizerSpec:
+    return TokenizerSpec(
         file=tokenizer_path.name,
         sha256=sha256_file(tokenizer_path),
         do_lower_case=specials.do_lower_case,
@@ -99,22 +95,43 @@ def build_manifest(
         mask_token=specials.mask_token,
         mask_token_id=specials.mask_token_id if specials.mask_token_id is not None else -1,
     )
+
+
+def dimensions_of(checkpoint: Checkpoint) -> ModelDimensions:
+    c = checkpoint.config
+    return ModelDimensions(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        intermediate_size=c.intermediate_size,
+        max_position_embeddings=c.max_position_embeddings,
+        type_vocab_size=c.type_vocab_size,
+    )
+
+
+def build_manifest(
+    *,
+    name: str,
+    version: int,
+    checkpoint: Checkpoint,
+    source: str,
+    max_length: int,
+    tokenizer: TokenizerSpec,
+    tasks: Tasks,
+    graphs: dict[str, GraphSpec],
+    seconds: dict[str, float],
+    encoder: EncoderRef | None = None,
+) -> Manifest:
     return Manifest(
         name=name,
         version=version,
-        max_length=defaults.max_length,
-        dimensions=ModelDimensions(
-            vocab_size=c.vocab_size,
-            hidden_size=c.hidden_size,
-            num_hidden_layers=c.num_hidden_layers,
-            num_attention_heads=c.num_attention_heads,
-            intermediate_size=c.intermediate_size,
-            max_position_embeddings=c.max_position_embeddings,
-            type_vocab_size=c.type_vocab_size,
-        ),
+        max_length=max_length,
+        dimensions=dimensions_of(checkpoint),
         tokenizer=tokenizer,
-        tasks=tasks_for(checkpoint, defaults, specials),
+        tasks=tasks,
         graphs=graphs,
+        encoder=encoder,
         export=ExportInfo(
             tool_version=__version__,
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -23,15 +23,15 @@ TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 class EncoderGraph(nn.Module):
     """(input_ids, attention_mask, token_type_ids) -> last_hidden_state, sentence_embedding[, pooler_output]."""
 
-    def __init__(self, bert: BertModel, pooling: str):
+    def __init__(self, bert: BertModel, pooling: str, with_pooler: bool = True):
         super().__init__()
-        self.bert, self.pooling = bert, pooling
+        self.bert, self.pooling, self.with_pooler = bert, pooling, with_pooler
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         out = self.bert(input_ids, attention_mask, token_type_ids)
         hidden = out.last_hidden_state  # (B, T, C)
         sentence = mean_pool(hidden, attention_mask) if self.pooling == "mean" else hidden[:, 0]  # (B, C)
-        if out.pooler_output is None:
+        if out.pooler_output is None or not self.with_pooler:
             return hidden, sentence
         return hidden, sentence, out.pooler_output
 
@@ -70,6 +70,18 @@ class ClassifierHeadGraph(nn.Module):
         return self.classifier(pooler_output)
 
 
+class PoolerClassifierHeadGraph(nn.Module):
+    """[CLS] hidden state (B, C) -> the checkpoint's own pooler (dense + tanh) -> logits (B, L). The head of a
+    head-only classifier, whose pooler was trained with it and so is not its shared encoder's."""
+
+    def __init__(self, classifier: BertForSequenceClassification):
+        super().__init__()
+        self.pooler, self.classifier = classifier.bert.pooler, classifier.classifier
+
+    def forward(self, cls_hidden_state):
+        return self.classifier(torch.tanh(self.pooler.dense(cls_hidden_state)))  # as BertPooler on [CLS]
+
+
 @dataclass(frozen=True)
 class GraphIO:
     """Names and symbolic shapes of a graph's inputs and outputs (what the manifest records)."""
@@ -105,10 +117,9 @@ def mlm_head_io(hidden: int, vocab: int) -> GraphIO:
     )
 
 
-def classifier_head_io(hidden: int, labels: int) -> GraphIO:
-    return GraphIO(
-        {"pooler_output": ["batch", hidden]}, {"logits": ["batch", labels]}, {"pooler_output": "float32"}
-    )
+def classifier_head_io(hidden: int, labels: int, source: str = "pooler_output") -> GraphIO:
+    """`source`: pooler_output (the encoder's pooler) or cls_hidden_state (the head holds its pooler)."""
+    return GraphIO({source: ["batch", hidden]}, {"logits": ["batch", labels]}, {source: "float32"})
 
 
 def example_inputs(io: GraphIO, batch: int = 2, sequence: int = 8) -> tuple[torch.Tensor, ...]:

@@ -1,9 +1,10 @@
 """`export_model`: Hugging Face checkpoint -> verified ONNX model repository version.
 
-Stages: load checkpoint -> trace graphs -> verify (ONNX Runtime vs PyTorch, shape grid) -> optimize
-(ORT fusions) -> verify again -> optional int8 / fp16 / attentions variants, each gated -> write
-tokenizer and manifest -> rename the staged directory into REPO/NAME/VERSION. Any failure raises
-ExportError with a one-line message and leaves nothing behind.
+Stages: load the checkpoint (sizes checked before anything is allocated) -> for a head-only export
+(`encoder=`), prove the named encoder model computes this checkpoint's encoder -> build and verify each
+graph variant the export wants (`export/variants.py`: one loop over one table) -> write tokenizer and
+manifest -> rename the staged directory into REPO/NAME/VERSION. Any failure raises ExportError with a
+one-line message and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -15,38 +16,23 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bertserve.export import onnx_export, optimize, verify
-from bertserve.export.checkpoint import MASKED_LM, SEQUENCE_CLASSIFICATION, Checkpoint, load_checkpoint
+from bertserve.export import shared_encoder
+from bertserve.export.checkpoint import BASE, MASKED_LM, load_checkpoint
 from bertserve.export.embedding_defaults import read_embedding_defaults
 from bertserve.export.errors import ExportError
-from bertserve.export.manifest_builder import build_manifest, graph_spec
-from bertserve.export.repository import check_name, choose_version, staged_version
-from bertserve.export.sentences import SENTENCES
-from bertserve.export.tokenizer_files import (
-    TOKENIZER_FILE,
-    encode,
-    for_repository,
-    load_tokenizer,
-    special_tokens,
+from bertserve.export.manifest_builder import (
+    build_manifest,
+    dimensions_of,
+    graph_spec,
+    tasks_for,
+    tokenizer_spec,
 )
-from bertserve.manifest import (
-    CLASSIFIER_HEAD,
-    ENCODER,
-    ENCODER_ATTENTIONS,
-    ENCODER_FP16,
-    ENCODER_INT8,
-    MLM_HEAD,
-    GraphSpec,
-    Parity,
-)
+from bertserve.export.staging import check_name, choose_version, remove_stale_staging, staged_version
+from bertserve.export.tokenizer_files import for_repository, load_tokenizer, special_tokens
+from bertserve.export.variants import VARIANTS, ExportContext, ExportOptions, Variant
+from bertserve.repository import TOKENIZER_FILE, GraphSpec, Parity, graph_file
 
 __all__ = ["ExportError", "export_model"]
-
-INT8_MIN_COSINE = 0.99  # mean cosine of sentence embeddings to the fp32 graph
-FP16_MIN_COSINE = 0.999
-# Reduced-precision graphs are also held to an absolute bound relative to the embeddings' scale.
-INT8_RELATIVE_BOUND = 0.25
-FP16_RELATIVE_BOUND = 0.02
 
 
 class StageLog:
@@ -70,65 +56,22 @@ def default_name(directory: Path) -> str:
     return slug[:64] or "model"
 
 
-def _parity(worst: float, tolerance: float, cases: list[verify.ParityCase]) -> Parity:
-    return Parity(max_abs_diff=worst, tolerance=tolerance, shapes_checked=[c.shape for c in cases])
+def _describe(parity: Parity) -> str:
+    if parity.cosine_to_fp32 is not None:
+        return f"mean cosine to fp32 {parity.cosine_to_fp32:.5f}, max |diff| {parity.max_abs_diff:.3g}"
+    return f"max |ORT - torch| {parity.max_abs_diff:.2e} over {len(parity.shapes_checked)} shapes"
 
 
-def _reduced_precision(
-    stages: StageLog,
-    key: str,
-    path: Path,
-    fp32: Path,
-    checkpoint_graph,
-    feed,
-    min_cosine: float,
-    relative: float,
-) -> Parity:
-    with stages.stage(
-        f"verify_{key}", f"checking {path.name} against fp32 on {len(SENTENCES)} sentences"
-    ) as notes:
-        report = verify.compare_reduced_precision(path, fp32, checkpoint_graph, feed)
-        verify.check_gate(path, report, min_cosine)
-        bound = relative * report.scale
-        if not report.max_abs_diff <= bound:
-            raise ExportError(
-                f"{path.name}: embeddings differ from PyTorch by {report.max_abs_diff:.3g} (> {bound:.3g})"
-            )
-        notes.append(
-            f"mean cosine {report.mean_cosine:.5f} (gate {min_cosine}), max |diff| {report.max_abs_diff:.3g}"
-        )
-    shape = [int(feed["input_ids"].shape[0]), int(feed["input_ids"].shape[1])]
-    return Parity(
-        max_abs_diff=report.max_abs_diff,
-        tolerance=bound,
-        shapes_checked=[shape],
-        cosine_to_fp32=report.mean_cosine,
-    )
-
-
-def _export_heads(
-    checkpoint: Checkpoint, stages: StageLog, stage_dir: Path, tolerance: float
-) -> dict[str, GraphSpec]:
-    c, graphs = checkpoint.config, {}
-    if checkpoint.architecture == MASKED_LM:
-        module, io, key = (
-            onnx_export.MlmHeadGraph(checkpoint.model),
-            onnx_export.mlm_head_io(c.hidden_size, c.vocab_size),
-            MLM_HEAD,
-        )
-    elif checkpoint.architecture == SEQUENCE_CLASSIFICATION:
-        module = onnx_export.ClassifierHeadGraph(checkpoint.model)
-        io, key = onnx_export.classifier_head_io(c.hidden_size, c.num_labels), CLASSIFIER_HEAD
-    else:
-        return graphs
-    path = stage_dir / f"{key}.onnx"
-    with stages.stage(f"export_{key}", f"tracing and verifying {key}") as notes:
-        onnx_export.trace_to_onnx(module, io, path)
-        cases = verify.head_cases(module, io)
-        worst = verify.check_parity(path, cases, tolerance)
-        notes.append(f"max |ORT - torch| {worst:.2e}")
-    graphs[key] = graph_spec(path, io, _parity(worst, tolerance, cases))
-    return graphs
+def build_variant(variant: Variant, ctx: ExportContext, stages: StageLog) -> GraphSpec:
+    path = ctx.stage_dir / graph_file(variant.key)
+    io = variant.io(ctx)
+    with stages.stage(f"build_{variant.key}", f"{variant.key}: {variant.build_title}"):
+        variant.build(ctx, path, io)
+    with stages.stage(f"verify_{variant.key}", f"{variant.key}: {variant.verify_title}") as notes:
+        parity = variant.verify(ctx, path, io)
+        notes.append(_describe(parity))
+    fusions = ctx.fusions if variant.fused else {}
+    return graph_spec(path, io, parity, variant.precision, variant.fused, fusions)
 
 
 def export_model(
@@ -142,9 +85,18 @@ def export_model(
     tolerance: float = 1e-4,
     log: Callable[[str], None] = print,
     source: str | None = None,
+    encoder: str | None = None,
 ) -> Path:
-    """Exports, verifies and writes REPO/NAME/VERSION; returns that directory. Raises ExportError."""
+    """Exports, verifies and writes REPO/NAME/VERSION; returns that directory. Raises ExportError.
+
+    `encoder` (NAME or NAME:VERSION of an encoder model in `out_repo`): write a head-only model that runs
+    on that encoder model, after proving it computes this checkpoint's encoder."""
     checkpoint_dir, out_repo = Path(checkpoint_dir), Path(out_repo)
+    options = ExportOptions(int8=int8, fp16=fp16, attentions=attentions, tolerance=tolerance)
+    if encoder is not None and (int8 or fp16 or attentions):
+        raise ExportError(
+            "--int8, --fp16 and --attentions make encoder graphs; with --encoder the encoder's are used"
+        )
     stages = StageLog(log)
     with stages.stage("load", f"loading checkpoint {checkpoint_dir}") as notes:
         checkpoint = load_checkpoint(checkpoint_dir)
@@ -161,79 +113,53 @@ def export_model(
                 f"{checkpoint_dir}: a masked-LM checkpoint whose tokenizer has no {specials.mask_token!r}"
             )
     name = check_name(name or default_name(checkpoint_dir))
+    shared = None
+    if encoder is not None:
+        if checkpoint.architecture == BASE:
+            raise ExportError(
+                f"{checkpoint_dir}: a {BASE} checkpoint has no head to put on encoder {encoder}"
+            )
+        shared = shared_encoder.resolve(out_repo, encoder)
+        with tempfile.TemporaryDirectory(prefix="bertserve-tokenizer-") as scratch:
+            tokenizer.save(str(Path(scratch) / TOKENIZER_FILE))
+            spec = tokenizer_spec(specials, Path(scratch) / TOKENIZER_FILE)
+        tasks = tasks_for(checkpoint, defaults, specials, "cls_hidden_state")
+        shared_encoder.check_compatible(shared, dimensions_of(checkpoint), defaults.max_length, spec, tasks)
+        with stages.stage(
+            "shared_encoder", f"checking that {shared.label}'s encoder is this checkpoint's"
+        ) as notes:
+            worst = shared_encoder.check_encoder_outputs(shared, checkpoint, defaults.pooling, tolerance)
+            notes.append(f"max |ORT - torch| {worst:.2e}")
+    remove_stale_staging(out_repo / name, log)
     version = choose_version(out_repo, name, version)
-    hidden, heads = c.hidden_size, c.num_attention_heads
 
     with (
         tempfile.TemporaryDirectory(prefix="bertserve-export-") as work,
         staged_version(out_repo, name, version) as stage_dir,
     ):
-        raw = Path(work) / "encoder_traced.onnx"
-        encoder_graph = onnx_export.EncoderGraph(checkpoint.encoder, defaults.pooling).eval()
-        io = onnx_export.encoder_io(hidden, checkpoint.has_pooler)
-        with stages.stage("trace", "tracing the encoder to ONNX (TorchScript tracer)"):
-            onnx_export.trace_to_onnx(encoder_graph, io, raw)
-        with stages.stage("verify_traced", "verifying the traced graph against PyTorch") as notes:
-            cases = verify.encoder_cases(encoder_graph, defaults.max_length, c.vocab_size, c.type_vocab_size)
-            worst = verify.check_parity(raw, cases, tolerance)
-            notes.append(f"max |ORT - torch| {worst:.2e} over {len(cases)} shapes")
-        fp32 = stage_dir / f"{ENCODER}.onnx"
-        with stages.stage("optimize", "fusing with ONNX Runtime's transformer optimizer") as notes:
-            fusions = optimize.optimize_encoder(raw, fp32, heads, hidden)
-            notes.append(", ".join(f"{k} x{v}" for k, v in fusions.items()) or "no fusions")
-        with stages.stage("verify_optimized", "verifying the optimized graph against PyTorch") as notes:
-            worst = verify.check_parity(fp32, cases, tolerance)
-            notes.append(f"max |ORT - torch| {worst:.2e}")
-        graphs = {
-            ENCODER: graph_spec(fp32, io, _parity(worst, tolerance, cases), optimized=True, fusions=fusions)
-        }
-
-        feed = encode(tokenizer, list(SENTENCES), specials.pad_token_id) if (int8 or fp16) else None
-        if int8:
-            path = stage_dir / f"{ENCODER_INT8}.onnx"
-            with stages.stage("int8", "quantizing to int8 (dynamic, per channel)"):
-                optimize.quantize_int8(fp32, path)
-            parity = _reduced_precision(
-                stages, "int8", path, fp32, encoder_graph, feed, INT8_MIN_COSINE, INT8_RELATIVE_BOUND
-            )
-            graphs[ENCODER_INT8] = graph_spec(path, io, parity, "int8", True, fusions)
-        if fp16:
-            path = stage_dir / f"{ENCODER_FP16}.onnx"
-            with stages.stage("fp16", "converting to float16 (float32 inputs/outputs)"):
-                optimize.convert_fp16(fp32, path)
-            parity = _reduced_precision(
-                stages, "fp16", path, fp32, encoder_graph, feed, FP16_MIN_COSINE, FP16_RELATIVE_BOUND
-            )
-            graphs[ENCODER_FP16] = graph_spec(path, io, parity, "fp16", True, fusions)
-        if attentions:
-            path = stage_dir / f"{ENCODER_ATTENTIONS}.onnx"
-            graph = onnx_export.EncoderAttentionsGraph(checkpoint.encoder).eval()
-            att_io = onnx_export.attentions_io(hidden, c.num_hidden_layers, heads)
-            with stages.stage(
-                "attentions", "tracing and verifying the attention-map graph (unfused)"
-            ) as notes:
-                onnx_export.trace_to_onnx(graph, att_io, path)
-                att_cases = verify.encoder_cases(graph, defaults.max_length, c.vocab_size, c.type_vocab_size)
-                att_worst = verify.check_parity(path, att_cases, tolerance)
-                notes.append(f"max |ORT - torch| {att_worst:.2e}")
-            graphs[ENCODER_ATTENTIONS] = graph_spec(path, att_io, _parity(att_worst, tolerance, att_cases))
-        graphs.update(_export_heads(checkpoint, stages, stage_dir, tolerance))
-
+        ctx = ExportContext(checkpoint, defaults, tokenizer, specials, options, Path(work), stage_dir, shared)
+        graphs = {v.key: build_variant(v, ctx, stages) for v in VARIANTS if v.wanted(ctx)}
         with stages.stage("write", "writing tokenizer and manifest"):
-            tokenizer_path = stage_dir / TOKENIZER_FILE
-            tokenizer.save(str(tokenizer_path))
+            if shared is None:
+                tokenizer.save(str(stage_dir / TOKENIZER_FILE))
+                spec = tokenizer_spec(specials, stage_dir / TOKENIZER_FILE)
+            else:  # a head-only model uses its encoder model's tokenizer (equal, checked above)
+                spec = shared.manifest.tokenizer
+            tasks = tasks_for(checkpoint, defaults, specials, ctx.classifier_input)
             manifest = build_manifest(
                 name=name,
                 version=version,
                 checkpoint=checkpoint,
                 source=source or checkpoint_dir.resolve().name,
-                defaults=defaults,
-                specials=specials,
-                tokenizer_path=tokenizer_path,
+                max_length=defaults.max_length,
+                tokenizer=spec,
+                tasks=tasks,
                 graphs=graphs,
                 seconds=stages.seconds,
+                encoder=shared.reference() if shared is not None else None,
             )
             manifest.write(stage_dir)
     final = out_repo / name / str(version)
-    log(f"wrote {final} ({', '.join(graphs)}) in {sum(stages.seconds.values()):.1f} s")
+    on = f" on encoder {shared.label}" if shared is not None else ""
+    log(f"wrote {final} ({', '.join(graphs)}){on} in {sum(stages.seconds.values()):.1f} s")
     return final

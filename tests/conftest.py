@@ -7,6 +7,10 @@
 - `tiny_repo`: a repository with three tiny random models (hidden 48, 3 heads, vocab 777), each with
   encoder, encoder_int8, encoder_fp16 and encoder_attentions: `tiny-embed` (BertModel with pooler),
   `tiny-mlm` (BertForMaskedLM + mlm_head), `tiny-classifier` (BertForSequenceClassification + classifier_head).
+- `shared_repo`: heads on a shared encoder (schema 2): `tiny-encoder` (the tiny BertModel with pooler; encoder,
+  encoder_int8, encoder_fp16, encoder_attentions) and two head-only models on it, exported with
+  `encoder="tiny-encoder"`: `tiny-shared-mlm` (mlm_head) and `tiny-shared-classifier` (classifier_head holding
+  its own pooler, input cls_hidden_state). Their checkpoints take tiny-encoder's embeddings and layers.
 
 The repositories are shared by every test of the session: treat them as read-only (copy one with
 shutil.copytree before tampering with it).
@@ -14,6 +18,7 @@ shutil.copytree before tampering with it).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,9 @@ import pytest
 from tests.helpers.checkpoints import make_checkpoint
 
 DEFAULT_MODEL_NAME = "all-minilm-l6-v2"
+# Servers started by tests (in-process or `bertserve serve` children) pick a free HTTP port unless a test
+# names one: the default 8080 would collide between servers running at once.
+os.environ.setdefault("BERTSERVE_HTTP_PORT", "0")
 TINY_MODELS = {
     "tiny-embed": "BertModel",
     "tiny-mlm": "BertForMaskedLM",
@@ -68,6 +76,27 @@ def tiny_repo(tmp_path_factory, make_tiny_checkpoint) -> Path:
             attentions=True,
             log=lambda _: None,
         )
+    return repo
+
+
+SHARED_ENCODER = "tiny-encoder"
+SHARED_HEADS = {
+    "tiny-shared-mlm": "BertForMaskedLM",
+    "tiny-shared-classifier": "BertForSequenceClassification",
+}
+
+
+@pytest.fixture(scope="session")
+def shared_repo(tmp_path_factory, make_tiny_checkpoint) -> Path:
+    from bertserve.export.pipeline import export_model
+
+    repo = tmp_path_factory.mktemp("shared-repo")
+    base = make_tiny_checkpoint("BertModel")
+    quiet = dict(log=lambda _: None)
+    export_model(base, repo, name=SHARED_ENCODER, version=1, int8=True, fp16=True, attentions=True, **quiet)
+    for name, kind in SHARED_HEADS.items():
+        checkpoint = make_tiny_checkpoint(kind, seed=1, encoder_from=base)
+        export_model(checkpoint, repo, name=name, version=1, encoder=SHARED_ENCODER, **quiet)
     return repo
 
 

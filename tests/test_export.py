@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bertserve.cli import main
-from bertserve.export import onnx_export, optimize, pipeline
+from bertserve.export import onnx_export, optimize, variants
 from bertserve.export.checkpoint import load_checkpoint
 from bertserve.export.errors import CheckpointError, ExportError
 from bertserve.export.pipeline import export_model
@@ -134,7 +134,7 @@ def test_default_export_matches_transformers(default_repo):
     assert np.abs(real(hidden, mask) - real(reference_hidden, mask)).max() <= TOLERANCE
     assert np.abs(sentence - mean_pool(reference_hidden, mask)).max() <= TOLERANCE
     assert np.abs(pooled - expected.pooler_output.numpy()).max() <= TOLERANCE
-    for key, gate in (("encoder_int8", pipeline.INT8_MIN_COSINE), ("encoder_fp16", pipeline.FP16_MIN_COSINE)):
+    for key, gate in variants.MIN_COSINE.items():
         parity = manifest.graphs[key].parity
         assert parity.cosine_to_fp32 >= gate and parity.max_abs_diff <= parity.tolerance
         reduced = session(directory / manifest.graphs[key].file).run(["sentence_embedding"], feed)[0]
@@ -233,9 +233,9 @@ def test_int8_gate_refuses_bad_quantization_of_minilm(default_repo, tmp_path):
     module = onnx_export.EncoderGraph(load_checkpoint(default_checkpoint_dir()).encoder, "mean").eval()
     feed = encode(load_tokenizer(directory), list(SENTENCES), 0)
     report = compare_reduced_precision(bad, directory / "encoder.onnx", module, feed)
-    assert report.mean_cosine < pipeline.INT8_MIN_COSINE
+    assert report.mean_cosine < variants.MIN_COSINE["encoder_int8"]
     with pytest.raises(ExportError, match=r"mean cosine to fp32 .* < gate 0.99"):
-        check_gate(bad, report, pipeline.INT8_MIN_COSINE)
+        check_gate(bad, report, variants.MIN_COSINE["encoder_int8"])
 
 
 def test_export_refuses_int8_below_gate(tmp_path, make_tiny_checkpoint, monkeypatch):
@@ -249,7 +249,7 @@ def test_export_refuses_int8_below_gate(tmp_path, make_tiny_checkpoint, monkeypa
         scramble_int8_weights(out)
 
     monkeypatch.setattr(optimize, "quantize_int8", scrambled)
-    monkeypatch.setattr(pipeline, "INT8_MIN_COSINE", 0.999)
+    monkeypatch.setitem(variants.MIN_COSINE, "encoder_int8", 0.999)
     repo = tmp_path / "repo"
     with pytest.raises(ExportError, match=r"encoder_int8.onnx: mean cosine to fp32 .* < gate 0.999"):
         export_model(make_tiny_checkpoint("BertModel"), repo, int8=True, log=lambda _: None)

@@ -59,6 +59,18 @@ def randomize_biases_and_norms(model: torch.nn.Module, seed: int) -> None:
                 parameter.copy_(1.0 + torch.randn(parameter.shape, generator=generator) * 0.2)
 
 
+def copy_encoder(model: torch.nn.Module, base_dir: Path) -> None:
+    """Embeddings and layers of the BertModel checkpoint in base_dir into model (its pooler and head kept)."""
+    from safetensors.torch import load_file
+
+    state = {
+        k: v for k, v in load_file(str(base_dir / "model.safetensors")).items() if not k.startswith("pooler.")
+    }
+    bert = model if type(model).__name__ == "BertModel" else model.bert
+    missing, unexpected = bert.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.startswith("pooler.") for k in missing), (missing, unexpected)
+
+
 def write_legacy_bin(model: torch.nn.Module, directory: Path) -> None:
     """Replaces model.safetensors by a pytorch_model.bin holding the full state dict, the tied decoder
     included, plus the `embeddings.position_ids` buffer that old checkpoints carry."""
@@ -80,9 +92,12 @@ def make_checkpoint(
     safetensors: bool = True,
     num_labels: int = 3,
     tokenizer: bool = True,
+    encoder_from: Path | None = None,
     **config_overrides,
 ) -> Path:
-    """Writes a random checkpoint of `kind` into directory (created) and returns it."""
+    """Writes a random checkpoint of `kind` into directory (created) and returns it. `encoder_from`: a
+    BertModel checkpoint whose embeddings and layers this one takes (its head, and pooler, stay its own),
+    as a head trained on a frozen encoder."""
     import transformers
 
     if kind not in KINDS:
@@ -98,6 +113,8 @@ def make_checkpoint(
     torch.manual_seed(seed)
     model = getattr(transformers, kind)(config).eval()
     randomize_biases_and_norms(model, seed)
+    if encoder_from is not None:
+        copy_encoder(model, Path(encoder_from))
     model.save_pretrained(directory)
     if (
         not safetensors

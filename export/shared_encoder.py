@@ -1,0 +1,123 @@
+"""A head exported onto an encoder model already in the repository (`bertserve export --encoder NAME[:VERSION]`).
+
+The head-only version holds its head graphs and a manifest naming the encoder model (name, version and the
+sha256 of its manifest.json). Before anything is written, the export proves that the encoder model computes
+this checkpoint's encoder: its fp32 graph is run by ONNX Runtime on the same shape grid as a full export and
+compared with the checkpoint's PyTorch encoder (last_hidden_state and sentence_embedding, within the
+tolerance); dimensions, max_length, the tokenizer and the embed task must be the encoder model's too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertserve.export import onnx_export, verify
+from bertserve.export.checkpoint import Checkpoint
+from bertserve.export.errors import ExportError
+from bertserve.repository import (
+    ENCODER,
+    MANIFEST_FILE,
+    EncoderRef,
+    Manifest,
+    ModelDimensions,
+    RepositoryError,
+    Tasks,
+    TokenizerSpec,
+    check_file,
+    list_versions,
+    parse_model_spec,
+    read_manifest,
+    sha256_file,
+)
+
+COMPARED_OUTPUTS = ["last_hidden_state", "sentence_embedding"]  # a head checkpoint's pooler may be its own
+
+
+@dataclass(frozen=True)
+class SharedEncoder:
+    directory: Path  # REPO/NAME/VERSION of the encoder model
+    manifest: Manifest
+
+    @property
+    def label(self) -> str:
+        return f"{self.manifest.name}:{self.manifest.version}"
+
+    @property
+    def fp32_path(self) -> Path:
+        return self.directory / self.manifest.graphs[ENCODER].file
+
+    def reference(self) -> EncoderRef:
+        return EncoderRef(
+            name=self.manifest.name,
+            version=self.manifest.version,
+            manifest_sha256=sha256_file(self.directory / MANIFEST_FILE),
+        )
+
+
+def resolve(repo: Path, spec: str) -> SharedEncoder:
+    """The encoder model `spec` (NAME or NAME:VERSION, default its highest version) of `repo`, checked."""
+    try:
+        name, version = parse_model_spec(spec)
+        versions = list_versions(Path(repo) / name)
+        if not versions:
+            raise ExportError(f"--encoder {spec}: {Path(repo) / name} holds no exported version")
+        if version is not None and version not in versions:
+            raise ExportError(
+                f"--encoder {spec}: {Path(repo) / name} has no version {version} (have {versions})"
+            )
+        directory = Path(repo) / name / str(version or versions[-1])
+        manifest = read_manifest(directory)
+        if manifest.encoder is not None:
+            raise ExportError(
+                f"--encoder {spec}: {directory} is head-only (on {manifest.encoder.name}); name its encoder model"
+            )
+        if ENCODER not in manifest.graphs:
+            raise ExportError(f"--encoder {spec}: {directory / MANIFEST_FILE} lists no {ENCODER} graph")
+        check_file(
+            directory / manifest.graphs[ENCODER].file, manifest.graphs[ENCODER].sha256, "graph encoder"
+        )
+        check_file(directory / manifest.tokenizer.file, manifest.tokenizer.sha256, "tokenizer")
+    except RepositoryError as exc:
+        raise ExportError(f"--encoder {spec}: {exc}") from None
+    return SharedEncoder(directory, manifest)
+
+
+def check_compatible(
+    shared: SharedEncoder,
+    dimensions: ModelDimensions,
+    max_length: int,
+    tokenizer: TokenizerSpec,
+    tasks: Tasks,
+) -> None:
+    """The head-only model's manifest fields that must equal the encoder model's (the server checks again)."""
+    theirs = shared.manifest
+    ours = {"dimensions": dimensions, "max_length": max_length, "embed task": tasks.embed}
+    for what, value in ours.items():
+        other = theirs.tasks.embed if what == "embed task" else getattr(theirs, what)
+        if value != other:
+            raise ExportError(
+                f"the checkpoint's {what} differs from encoder {shared.label}'s ({value} vs {other})"
+            )
+    mine, other = tokenizer.model_dump(exclude={"file"}), theirs.tokenizer.model_dump(exclude={"file"})
+    if mine != other:
+        fields = sorted(k for k in mine if mine[k] != other[k])
+        raise ExportError(
+            f"the checkpoint's tokenizer differs from encoder {shared.label}'s in {', '.join(fields)}"
+        )
+
+
+def check_encoder_outputs(
+    shared: SharedEncoder, checkpoint: Checkpoint, pooling: str, tolerance: float
+) -> float:
+    """Max |encoder model's fp32 graph - this checkpoint's PyTorch encoder| over the shape grid."""
+    c = checkpoint.config
+    module = onnx_export.EncoderGraph(checkpoint.encoder, pooling, with_pooler=False).eval()
+    cases = verify.encoder_cases(module, shared.manifest.max_length, c.vocab_size, c.type_vocab_size)
+    worst = verify.max_abs_diff(shared.fp32_path, cases, COMPARED_OUTPUTS)
+    if not worst <= tolerance:
+        raise ExportError(
+            f"the checkpoint's encoder is not encoder {shared.label}'s: {shared.fp32_path} differs from it by "
+            f"{worst:.3g} (> tolerance {tolerance:g}); export it as a full model (without --encoder)"
+        )
+    return worst
