@@ -67,6 +67,22 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
     }
 
 
+def rates(targets: dict, inprocess: dict) -> dict[str, tuple[float | None, str]]:
+    """GOP/s of every target at saturation and of every in-process ceiling, with its precision."""
+    precision_of = {SERVER: "fp32", SERVER_BS1: "fp32", SERVER_INT8: "int8", NAIVE: "fp32"}
+    out: dict[str, tuple[float | None, str]] = {
+        name: (phase and phase["gflops_per_s"], precision_of[name])
+        for name in TARGETS
+        if name in targets
+        for phase in [_saturation_phase(targets, name)]
+    }
+    for precision, corpora in inprocess.items():
+        for corpus in ("mixed", "fixed"):
+            if corpus in corpora:
+                out[f"inprocess-{precision}-{corpus}"] = (corpora[corpus].get("gflops_per_s"), precision)
+    return out
+
+
 # (key, the goal in words, test): from the issue "Make it fast".
 GOALS = [
     ("server_vs_inprocess", ">= 0.90", lambda v: v >= 0.90),

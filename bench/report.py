@@ -113,7 +113,31 @@ def markdown(result: dict) -> str:
         for g in result["goals"]
     ]
     lines += _table(["metric", "goal", "measured", "met"], rows)
-    other = {k: v for k, v in result["ratios"].items() if k not in {g["metric"] for g in result["goals"]}}
+    limits = result["ratios"].get("limits")
+    if limits:
+        theory, kernel = limits["theoretical"], limits["kernel"]
+        lines += ["", "## Physical limits", "",
+                  f"Theoretical: {theory['cores']} cores x {theory['clock_ghz']} GHz ({theory['clock_source']}) x "
+                  f"{theory['fp32_ops_per_cycle_per_core']} fp32 / {theory['int8_ops_per_cycle_per_core']} int8 operations "
+                  f"per cycle per core ({theory['unit']}) = fp32 {_num(theory['fp32_gflops'])} GFLOP/s, int8 "
+                  f"{_num(theory['int8_gops'])} GOP/s. ONNX Runtime's own kernels (best shape): fp32 "
+                  f"{_num(kernel['fp32_gflops'])} GFLOP/s, int8 {_num(kernel['int8_gops'])} GOP/s.", ""]  # fmt: skip
+        rows = [
+            [
+                name,
+                f["precision"],
+                _num(f["gops"]),
+                _num(100 * f["of_theoretical"], 1),
+                _num(100 * f["of_kernel"], 1),
+            ]
+            for name, f in limits["fractions"].items()
+        ]
+        lines += _table(["target", "precision", "GOP/s", "% of theoretical", "% of ORT kernel"], rows)
+    other = {
+        k: v
+        for k, v in result["ratios"].items()
+        if k not in {g["metric"] for g in result["goals"]} and not isinstance(v, dict)
+    }
     lines += ["", *(f"- {k}: {_num(v, 3)}" for k, v in other.items())]
     if result["notes"]:
         lines += ["", "## Notes", "", *(f"- {n}" for n in result["notes"])]

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bertserve.bench import analysis, gemm, inprocess, profile, report
+from bertserve.bench import analysis, gemm, inprocess, limits, profile, report
 from bertserve.bench.corpus import Corpus, fixed_length_corpus, load_tokenizer, mixed_corpus
 from bertserve.bench.flops import corpus_flops, encoder_flops
 from bertserve.bench.loadgen import make_requests
@@ -182,6 +182,16 @@ async def run(config: BenchConfig) -> dict:
         log(
             f"  fp32 GEMM peak {gemm_peak['peak_gflops']:.1f} GFLOP/s ({gemm_peak['peak_library']}, {gemm_peak['peak_shape']})"
         )
+        physical = limits.measure_in_subprocess(
+            config.threads, machine["physical_cores"] or config.threads, dims, config.gemm_seconds_per_shape
+        )
+        theory, kernel = physical["theoretical"], physical["kernel"]
+        log(
+            f"  limits: theoretical fp32 {theory['fp32_gflops']:.0f} GFLOP/s, int8 {theory['int8_gops']:.0f} GOP/s "
+            f"({theory['cores']} cores at {theory['clock_ghz']} GHz); ONNX Runtime kernels fp32 "
+            f"{kernel['fp32_gflops']:.1f}, int8 {kernel['int8_gops']:.1f}"
+        )
+        notes.extend(physical.get("warnings", []))
 
         log(f"[3/5] in-process ceilings (at {time.perf_counter() - started:.0f} s)")
         ceilings = _ceilings(config, model, tokenizer, mixed, fixed)
@@ -213,6 +223,7 @@ async def run(config: BenchConfig) -> dict:
             )
     log(f"[5/5] report (at {time.perf_counter() - started:.0f} s)")
     ratios = analysis.ratios(targets, ceilings, gemm_peak.get("peak_gflops"))
+    ratios["limits"] = physical | {"fractions": limits.fractions(analysis.rates(targets, ceilings), physical)}
     int8_graph = model.int8_manifest.graphs.get(ENCODER_INT8) if model.int8_manifest else None
     server = targets.get(analysis.SERVER, {})
     measured = ratios | {

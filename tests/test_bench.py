@@ -17,6 +17,7 @@ import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
+from bertserve.bench import limits
 from bertserve.bench.corpus import MIXED_CORPUS, fixed_length_corpus, load_tokenizer, mixed_corpus
 from bertserve.bench.flops import encoder_flops
 from bertserve.bench.loadgen import Request, closed_loop, make_requests, open_loop
@@ -63,6 +64,24 @@ def test_flops_formula_matches_torch_flop_counter(tokens):
     assert encoder_flops(dimensions, tokens) == counter.get_total_flops()
 
 
+@pytest.mark.parametrize(
+    ("flags", "vendor", "family", "fp32_per_cycle", "int8_per_cycle"),
+    [
+        ({"avx2", "fma"}, "AuthenticAMD", 25, 32, 128),  # Zen 3: two 256-bit FMA pipes
+        ({"avx2", "avx512f", "avx512_vnni"}, "AuthenticAMD", 25, 32, 256),  # Zen 4: AVX-512 on 256-bit halves
+        ({"avx2", "avx512f", "avx512_vnni"}, "GenuineIntel", 6, 64, 256),  # two 512-bit FMA units
+        ({"avx2", "avx512f", "avx512_vnni", "amx_int8"}, "GenuineIntel", 6, 64, 2048),  # AMX tiles
+    ],
+)
+def test_theoretical_peak_follows_the_widest_unit(flags, vendor, family, fp32_per_cycle, int8_per_cycle):
+    peak = limits.peaks(flags, vendor, family, ghz=2.0, cores=4)
+    assert (peak["fp32_ops_per_cycle_per_core"], peak["int8_ops_per_cycle_per_core"]) == (
+        fp32_per_cycle,
+        int8_per_cycle,
+    )
+    assert peak["fp32_gflops"] == 4 * 2.0 * fp32_per_cycle and peak["int8_gops"] == 4 * 2.0 * int8_per_cycle
+
+
 def test_closed_loop_sends_each_request_once_and_counts_failures():
     seen: list[str] = []
 
@@ -106,6 +125,17 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
         and result["gemm_peak_fraction"] == result["ratios"]["gemm_peak_fraction"]
     )
     assert result["gemm"]["peak_gflops"] > 0
+    limits = result["ratios"]["limits"]
+    theory = limits["theoretical"]
+    assert math.isclose(
+        theory["fp32_gflops"],
+        theory["cores"] * theory["clock_ghz"] * theory["fp32_ops_per_cycle_per_core"],
+        rel_tol=1e-3,
+    )
+    assert limits["kernel"]["fp32_gflops"] > 0 and limits["kernel"]["int8_gops"] > 0
+    assert {"server-fp32", "server-int8", "inprocess-fp32-mixed"} <= set(limits["fractions"])
+    for name, fraction in limits["fractions"].items():  # a limit nothing exceeds
+        assert 0 < fraction["of_theoretical"] <= 1.0 and 0 < fraction["of_kernel"] <= 1.0, name
     assert set(result["targets"]) == set(TARGETS)
     for name, target in result["targets"].items():
         assert target["exit_code"] == 0, name  # every server drained and exited cleanly on SIGTERM

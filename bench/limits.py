@@ -1,0 +1,229 @@
+"""Physical limits a target's throughput is measured against: the machine's theoretical peak and the best
+matrix multiply ONNX Runtime's own kernels reach on it.
+
+Theoretical peak, per precision (operations: a multiply-add counts 2):
+
+    peak = cores x clock x ops_per_cycle_per_core
+
+where cores are the ones the bench lets ONNX Runtime use (its `--threads`, capped by the physical cores),
+the clock is the highest one the machine reports (sysfs `cpuinfo_max_freq`, else /proc/cpuinfo's
+`cpu MHz`; a boost clock the OS does not report is not known, which is why the measured kernels are
+checked against the figure), and ops per cycle come from the widest unit the CPU flags show, in the
+table `UNITS` below (two units per core, as on every x86 server core since Haswell and Zen 1;
+AMD's Zen 4 runs AVX-512 on 256-bit halves, so family 25 counts 256-bit).
+
+Measured-kernel peak: one MatMul (fp32) and one DynamicQuantizeMatMul (int8 weights, the operator ORT's
+dynamic quantization uses) per encoder shape, run by ONNX Runtime with the bench's thread count; the best
+sustained rate over the shapes. Run in a child process (`python -m bertserve.bench.limits ...`) so its
+thread pool never shares a process with the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertserve.bench.processes import BenchError, child_pythonpath
+from bertserve.manifest import ModelDimensions
+
+
+@dataclass(frozen=True)
+class Unit:
+    """The widest vector unit a CPU flag shows: fp32 and int8 multiply-adds per cycle of ONE unit."""
+
+    flag: str
+    fp32_macs: int  # fp32 lanes of one FMA
+    int8_macs: int  # int8 multiply-adds of one instruction (dot-product units, or AVX2's vpmaddubsw)
+    what: str
+
+
+UNITS_PER_CORE = 2  # FMA pipes per x86 server core (Intel since Haswell, AMD since Zen 1): an upper bound
+# Best first: the first unit whose flag the CPU has sets the int8 rate; fp32 comes from the first with FMA.
+UNITS = (
+    Unit("amx_int8", 16, 1024 // UNITS_PER_CORE, "AMX tiles (int8 1024 MACs/cycle/core), AVX-512 FMA"),
+    Unit("avx512_vnni", 16, 64, "AVX-512 FMA and VNNI (vpdpbusd: 64 int8 MACs)"),
+    Unit("avx_vnni", 8, 32, "256-bit FMA and AVX-VNNI (32 int8 MACs)"),
+    Unit("avx512f", 16, 64, "AVX-512 FMA; int8 through vpmaddubsw (64 MACs)"),
+    Unit("avx2", 8, 32, "256-bit FMA; int8 through vpmaddubsw (32 MACs)"),
+    Unit("sse4_1", 4, 16, "128-bit SSE"),
+)
+
+
+def cpu_flags() -> tuple[set[str], str, int | None]:
+    """(flags, vendor, family) from /proc/cpuinfo."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = set(re.search(r"^flags\s*:(.*)$", text, re.M).group(1).split()) if "flags" in text else set()
+    vendor = (re.search(r"^vendor_id\s*:\s*(\S+)", text, re.M) or [None, ""])[1]
+    family = re.search(r"^cpu family\s*:\s*(\d+)", text, re.M)
+    return flags, vendor, int(family.group(1)) if family else None
+
+
+def clock_ghz() -> tuple[float, str]:
+    """The highest clock the OS reports, and where it came from."""
+    sysfs = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    if sysfs.exists():
+        return int(sysfs.read_text()) / 1e6, "cpuinfo_max_freq"
+    mhz = [float(m) for m in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", Path("/proc/cpuinfo").read_text(), re.M)]
+    if not mhz:
+        raise BenchError("cannot tell the CPU clock (no cpufreq, no cpu MHz in /proc/cpuinfo)")
+    return max(mhz) / 1000, "/proc/cpuinfo cpu MHz (boost clocks above it are not reported)"
+
+
+def theoretical(cores: int) -> dict:
+    flags, vendor, family = cpu_flags()
+    ghz, clock_source = clock_ghz()
+    return peaks(flags, vendor, family, ghz, cores) | {"clock_source": clock_source}
+
+
+def peaks(flags: set[str], vendor: str, family: int | None, ghz: float, cores: int) -> dict:
+    """The theoretical fp32 and int8 peaks of `cores` cores at `ghz` with these CPU flags."""
+    unit = next((u for u in UNITS if u.flag in flags), None)
+    if unit is None:
+        raise BenchError("no known vector unit among the CPU flags")
+    fp32_macs = unit.fp32_macs
+    if vendor == "AuthenticAMD" and family == 25 and fp32_macs > 8:  # Zen 4: AVX-512 on 256-bit halves
+        fp32_macs = 8
+    per_cycle_fp32 = UNITS_PER_CORE * fp32_macs * 2
+    per_cycle_int8 = UNITS_PER_CORE * unit.int8_macs * 2
+    return {
+        "cores": cores,
+        "clock_ghz": round(ghz, 3),
+        "unit": unit.what,
+        "fp32_ops_per_cycle_per_core": per_cycle_fp32,
+        "int8_ops_per_cycle_per_core": per_cycle_int8,
+        "fp32_gflops": round(cores * ghz * per_cycle_fp32, 1),
+        "int8_gops": round(cores * ghz * per_cycle_int8, 1),
+        "formula": "cores x clock_ghz x units_per_core (2) x lanes x 2 (a multiply-add is 2 operations)",
+    }
+
+
+def _matmul_graph(m: int, k: int, n: int, int8: bool):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])
+    if int8:
+        weights = [
+            numpy_helper.from_array(rng.integers(-127, 128, (k, n), dtype=np.int8), "b"),
+            numpy_helper.from_array(np.full((n,), 0.01, np.float32), "scale"),
+            numpy_helper.from_array(np.zeros((n,), np.int8), "zero"),
+        ]
+        node = helper.make_node(
+            "DynamicQuantizeMatMul", ["a", "b", "scale", "zero"], ["y"], domain="com.microsoft"
+        )
+        opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    else:
+        weights = [numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32), "b")]
+        node = helper.make_node("MatMul", ["a", "b"], ["y"])
+        opsets = [helper.make_opsetid("", 17)]
+    graph = helper.make_graph([node], "gemm", [a], [y], initializer=weights)
+    return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+
+def _sustained_gops(session, m: int, k: int, n: int, seconds: float) -> float:
+    import numpy as np
+
+    feed = {"a": np.random.default_rng(1).standard_normal((m, k), dtype=np.float32)}
+    session.run(None, feed)  # warm-up
+    calls, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds or calls < 3:
+        session.run(None, feed)
+        calls += 1
+    return 2.0 * m * k * n * calls / elapsed / 1e9
+
+
+def measure_kernels(threads: int, hidden: int, intermediate: int, seconds_per_shape: float) -> dict:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1")  # a kernel's best case
+    shapes = [
+        (rows, k, n)
+        for rows in (512, 2048)
+        for k, n in ((hidden, intermediate), (intermediate, hidden), (hidden, hidden))
+    ]
+    out: dict[str, dict] = {}
+    for precision, int8 in (("fp32", False), ("int8", True)):
+        rates = {}
+        for m, k, n in shapes:
+            session = ort.InferenceSession(
+                _matmul_graph(m, k, n, int8), options, providers=["CPUExecutionProvider"]
+            )
+            rates[f"{m}x{k}x{n}"] = round(_sustained_gops(session, m, k, n, seconds_per_shape), 2)
+        shape, best = max(rates.items(), key=lambda kv: kv[1])
+        out[precision] = {"peak": best, "shape": shape, "by_shape": rates}
+    return {
+        "threads": threads,
+        "fp32_gflops": out["fp32"]["peak"],
+        "int8_gops": out["int8"]["peak"],
+        "operators": {"fp32": "MatMul", "int8": "com.microsoft.DynamicQuantizeMatMul"},
+        "detail": out,
+    }  # fmt: skip
+
+
+def fractions(targets: dict[str, tuple[float | None, str]], limits: dict) -> dict:
+    """Per target (rate in GOP/s, precision): its fraction of the theoretical and of the kernel peak."""
+    key = {"fp32": "fp32_gflops", "int8": "int8_gops"}
+    rows = {}
+    for name, (rate, precision) in targets.items():
+        if rate is None:
+            continue
+        rows[name] = {
+            "precision": precision,
+            "gops": round(rate, 2),
+            "of_theoretical": round(rate / limits["theoretical"][key[precision]], 4),
+            "of_kernel": round(rate / limits["kernel"][key[precision]], 4),
+        }
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--hidden", type=int, required=True)
+    parser.add_argument("--intermediate", type=int, required=True)
+    parser.add_argument("--seconds-per-shape", type=float, default=0.3)
+    args = parser.parse_args()
+    kernel = measure_kernels(args.threads, args.hidden, args.intermediate, args.seconds_per_shape)
+    json.dump(kernel, sys.stdout)
+    sys.stdout.write("\n")
+
+
+def measure_in_subprocess(
+    threads: int, cores: int, dimensions: ModelDimensions, seconds_per_shape: float
+) -> dict:
+    """{"theoretical": ..., "kernel": ...}; the kernels run in a child process pinned to `threads`."""
+    from bertserve.bench.gemm import thread_environment
+
+    argv = [sys.executable, "-m", "bertserve.bench.limits", "--threads", str(threads), "--hidden", str(dimensions.hidden_size),
+            "--intermediate", str(dimensions.intermediate_size), "--seconds-per-shape", str(seconds_per_shape)]  # fmt: skip
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env=thread_environment(threads) | child_pythonpath(),
+        check=False,
+    )
+    if done.returncode != 0:
+        raise BenchError(f"kernel peak measurement failed: {done.stderr.strip().splitlines()[-1:]}")
+    limits = {"theoretical": theoretical(min(threads, cores)), "kernel": json.loads(done.stdout)}
+    for precision, key in (("fp32", "fp32_gflops"), ("int8", "int8_gops")):
+        if limits["kernel"][key] > limits["theoretical"][key]:
+            limits.setdefault("warnings", []).append(
+                f"{precision}: ONNX Runtime's kernel reached {limits['kernel'][key]} above the theoretical "
+                f"{limits['theoretical'][key]}: the CPU runs above the clock it reports"
+            )
+    return limits
+
+
+if __name__ == "__main__":
+    main()
