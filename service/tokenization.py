@@ -2,7 +2,8 @@
 
 `encode` is blocking and meant to run in a worker thread (the library releases the GIL and encodes
 a batch in parallel). Inputs longer than max_length are cut when the request says `truncate`, and
-refused with the limit named otherwise.
+refused with the limit named otherwise. Its memory and time per input are bounded by max_length, not by
+the length of the text (see `ModelTokenizer.encode`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from bertserve.manifest import TokenizerSpec
 from bertserve.service.errors import InvalidInput, StartupError
+from bertserve.service.word_boundaries import WordBoundaries, supports_prefixes
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,40 @@ class EncodedInput:
         return int(self.ids.shape[0])
 
 
+# The first prefix of a long text: this many characters per token the model can take (English averages
+# 4 to 5 characters a token, spaces included, so most texts that fit are tokenized whole at once).
+PREFIX_CHARS_PER_TOKEN = 6
+# Characters given to one encode_batch call: bounds the tokenizer's peak memory (its per-character and
+# per-token buffers) whatever the request holds.
+CHUNK_CHARS = 1 << 17
+COUNT_PIECE_CHARS = 4096
+
+
+def _chunks(lengths: dict[int, int]):
+    """The keys of `lengths` in order, in groups of at most CHUNK_CHARS characters (at least one each)."""
+    chunk: list[int] = []
+    total = 0
+    for key, length in lengths.items():
+        if chunk and total + length > CHUNK_CHARS:
+            yield chunk
+            chunk, total = [], 0
+        chunk.append(key)
+        total += length
+    if chunk:
+        yield chunk
+
+
+def _encoded(encoding: Encoding, truncated: bool) -> EncodedInput:
+    return EncodedInput(
+        ids=np.asarray(encoding.ids, dtype=np.int64),
+        type_ids=np.asarray(encoding.type_ids, dtype=np.int64),
+        truncated=truncated,
+        tokens=encoding.tokens,
+        offsets=encoding.offsets,
+        special=[bool(s) for s in encoding.special_tokens_mask],
+    )
+
+
 class ModelTokenizer:
     def __init__(self, path: Path, spec: TokenizerSpec, max_length: int):
         try:
@@ -45,38 +81,72 @@ class ModelTokenizer:
         self.spec = spec
         self.max_length = max_length
         self.vocab_size = self._whole.get_vocab_size(with_added_tokens=True)
+        added = [t.content for t in self._whole.get_added_tokens_decoder().values()]
+        self._boundaries = WordBoundaries(added) if supports_prefixes(self._whole.to_str()) else None
         for token, expected in ((spec.pad_token, spec.pad_token_id), (spec.mask_token, spec.mask_token_id)):
             actual = self._whole.token_to_id(token)
             if actual is not None and actual != expected:
                 raise StartupError(f"{path}: token {token} has id {actual}, the manifest says {expected}")
 
     def encode(self, texts: list[str], truncate: bool) -> list[EncodedInput]:
-        """Blocking; run it off the event loop."""
-        encodings = self._whole.encode_batch(texts)
-        too_long = [i for i, e in enumerate(encodings) if len(e.ids) > self.max_length]
-        if too_long and not truncate:
-            i = too_long[0]
+        """Blocking; run it off the event loop.
+
+        The work per input is bounded by what the model can take, not by the text: a long text is
+        tokenized as a prefix that ends at a word boundary (see `word_boundaries`), first about
+        PREFIX_CHARS_PER_TOKEN x max_length characters, doubled only while it yields no more than
+        max_length tokens. Its tokens are exactly the first tokens of the whole text, so the prefix decides
+        whether the text is too long and gives the truncated encoding. Texts are tokenized in groups of at
+        most CHUNK_CHARS characters, each turned into bounded `EncodedInput`s before the next.
+        """
+        results: dict[int, EncodedInput] = {}
+        prefix_chars = {i: PREFIX_CHARS_PER_TOKEN * self.max_length for i in range(len(texts))}
+        while prefix_chars:
+            ends = {i: self._prefix_end(texts[i], chars) for i, chars in prefix_chars.items()}
+            longer: dict[int, int] = {}
+            for chunk in _chunks(ends):
+                encodings = self._cutting.encode_batch([texts[i][: ends[i]] for i in chunk])
+                for i, encoding in zip(chunk, encodings, strict=True):
+                    cut = bool(encoding.overflowing)  # more than max_length tokens: so is the whole text
+                    if cut or ends[i] == len(texts[i]):
+                        results[i] = _encoded(encoding, cut)
+                    else:
+                        longer[i] = 2 * ends[i]
+                del encodings
+            prefix_chars = longer
+            refused = [i for i, r in results.items() if r.truncated]
+            if refused and not truncate:  # only inputs before the first too-long one still matter
+                prefix_chars = {i: c for i, c in prefix_chars.items() if i < min(refused)}
+        refused = sorted(i for i, r in results.items() if r.truncated)
+        if refused and not truncate:
+            i = refused[0]
             raise InvalidInput(
-                f"inputs[{i}]: {len(encodings[i].ids)} tokens is more than the model's max_length "
+                f"inputs[{i}]: {self.count_tokens(texts[i])} tokens is more than the model's max_length "
                 f"{self.max_length} (set truncate to cut it)"
             )
-        if too_long:
-            for i, cut in zip(
-                too_long, self._cutting.encode_batch([texts[i] for i in too_long]), strict=True
-            ):
-                encodings[i] = cut
-        cut_set = set(too_long)
-        return [
-            EncodedInput(
-                ids=np.asarray(e.ids, dtype=np.int64),
-                type_ids=np.asarray(e.type_ids, dtype=np.int64),
-                truncated=i in cut_set,
-                tokens=e.tokens,
-                offsets=e.offsets,
-                special=[bool(s) for s in e.special_tokens_mask],
+        return [results[i] for i in range(len(texts))]
+
+    def _prefix_end(self, text: str, chars: int) -> int:
+        if self._boundaries is None or chars >= len(text):
+            return len(text)
+        return self._boundaries.next_cut(text, chars)
+
+    def count_tokens(self, text: str) -> int:
+        """The whole text's tokens (special tokens included), counted in pieces cut at word boundaries."""
+        pieces, start = [], 0
+        while start < len(text):
+            end = (
+                len(text)
+                if self._boundaries is None
+                else self._boundaries.next_cut(text, start + COUNT_PIECE_CHARS)
             )
-            for i, e in enumerate(encodings)
-        ]
+            pieces.append(text[start:end])
+            start = end
+        count = self._whole.num_special_tokens_to_add(is_pair=False)
+        lengths = {k: len(piece) for k, piece in enumerate(pieces)}
+        for chunk in _chunks(lengths):
+            encodings = self._whole.encode_batch([pieces[k] for k in chunk], add_special_tokens=False)
+            count += sum(len(e.ids) for e in encodings)
+        return count
 
     def token_to_id(self, token: str) -> int | None:
         return self._whole.token_to_id(token)
