@@ -20,6 +20,7 @@ from bertserve.service.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_LINE = re.compile(r"serving bertserve\.v1\.Inference on [\d.]+:(\d+), metrics on http://[\d.]+:(\d+)/")
+HTTP_LINE = re.compile(r"serving HTTP on http://[\d.]+:(\d+)/")  # logged just before READY_LINE
 
 
 class ServerThread:
@@ -33,6 +34,7 @@ class ServerThread:
         settings.setdefault("host", "127.0.0.1")
         settings.setdefault("port", 0)
         settings.setdefault("metrics_port", 0)
+        settings.setdefault("http_port", 0)
         self.settings = load_settings(**settings)
         self.server = InferenceServer(self.settings)
         self.loop = asyncio.new_event_loop()
@@ -45,6 +47,10 @@ class ServerThread:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.server.metrics_port}/metrics"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.http_port}"
 
     def call(self, coroutine_function, *args, timeout: float = 120):
         return asyncio.run_coroutine_threadsafe(coroutine_function(*args), self.loop).result(timeout)
@@ -105,11 +111,12 @@ class ServerProcess:
     """`bertserve serve ARGS` as a subprocess."""
 
     def __init__(self, *args: str, env: dict | None = None):
-        self.args = ["serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", *args]
+        self.args = ["serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--http-port", "0", *args]
         self.env = {**os.environ, **(env or {})}
         self.process: subprocess.Popen | None = None
         self.port: int | None = None
         self.metrics_port: int | None = None
+        self.http_port: int | None = None
         self.lines: list[str] = []
         self._ready = threading.Event()
 
@@ -121,9 +128,15 @@ class ServerProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
     def _read(self) -> None:
         for line in self.process.stderr:
             self.lines.append(line)
+            if match := HTTP_LINE.search(line):
+                self.http_port = int(match[1])
             if match := READY_LINE.search(line):
                 self.port, self.metrics_port = int(match[1]), int(match[2])
                 self._ready.set()

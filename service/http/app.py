@@ -1,0 +1,206 @@
+"""The HTTP front: routes, and the one wrapper every routed request goes through (refusal while draining,
+the request timeout, error mapping via `status.py`, metrics, call tracking for the drain).
+
+Each route only translates JSON <-> one call of the inference core (`service/core.py`), so HTTP and gRPC
+calls share batches, limits and error messages. Route tables live in `openai_routes.py`,
+`bertserve_routes.py`, `kserve_routes.py` and `probes.py`; `openapi.py` describes them.
+
+Metrics: `bertserve_requests_total{rpc="http:<path template>", code=<gRPC status name>}` and
+`bertserve_request_duration_seconds{rpc="http:<path template>"}`, e.g. rpc="http:/v1/embeddings"; requests
+refused before routing count as rpc="http:(unread)" (413, 431, 408, 400 malformed) or
+rpc="http:(unrouted)" (404, 405).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+from bertserve.service import errors
+from bertserve.service.core import InferenceCore, deadline_after
+from bertserve.service.http.status import Failure, HttpError, failure_of, failure_of_status, openai_error
+from bertserve.service.http.transport import HttpLimits, HttpServer, Request, Response
+from bertserve.service.metrics import Metrics
+from bertserve.service.rpc_status import Lifecycle
+from bertserve.service.settings import Settings
+
+log = logging.getLogger("bertserve.http")
+
+TIMEOUT_HEADER = "x-request-timeout"  # seconds, decimal (e.g. "2.5"): the call's deadline
+MAX_TIMEOUT_S = 24 * 3600.0
+UNREAD, UNROUTED = "http:(unread)", "http:(unrouted)"
+
+
+@dataclass
+class Call:
+    """One routed request: the request, the path's parameters and the deadline (monotonic seconds)."""
+
+    request: Request
+    params: dict[str, str]
+    deadline: float | None
+
+
+RouteHandler = Callable[["HttpFront", Call], Awaitable[Response]]
+
+
+@dataclass
+class Route:
+    method: str
+    template: str  # "/v2/models/{name}/infer": {name} matches one path segment
+    handler: RouteHandler
+    error_body: Callable[[Failure], Response] = openai_error
+    admitted: bool = True  # False: answered while draining (probes, metadata)
+    summary: str = ""  # for the OpenAPI document
+    pattern: re.Pattern = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pattern = re.compile(
+            "^" + re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(self.template)) + "$"
+        )
+
+    @property
+    def metric_name(self) -> str:
+        return f"http:{self.template}"
+
+
+def request_timeout(request: Request) -> float | None:
+    value = request.headers.get(TIMEOUT_HEADER)
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= MAX_TIMEOUT_S:
+        raise errors.InvalidInput(
+            f"{TIMEOUT_HEADER}: must be seconds, more than 0 and at most {MAX_TIMEOUT_S:.0f} (got {value[:32]!r})"
+        )
+    return seconds
+
+
+class HttpFront:
+    """Routes HTTP requests to the inference core. `ready()` says whether the server is ready (warmed up
+    and not draining); `lifecycle` is shared with the gRPC servicers, so the drain waits for both."""
+
+    def __init__(
+        self,
+        core: InferenceCore,
+        settings: Settings,
+        metrics: Metrics,
+        lifecycle: Lifecycle,
+        ready: Callable[[], bool],
+    ):
+        from bertserve.service.http import bertserve_routes, kserve_routes, openai_routes, probes
+
+        self.core, self.settings, self.metrics, self.lifecycle, self.ready = (
+            core,
+            settings,
+            metrics,
+            lifecycle,
+            ready,
+        )
+        self.started_at = int(time.time())
+        self.routes: list[Route] = [
+            *probes.ROUTES,
+            *openai_routes.ROUTES,
+            *bertserve_routes.ROUTES,
+            *kserve_routes.ROUTES,
+        ]
+        self._static = {(r.method, r.template): r for r in self.routes if "{" not in r.template}
+        self._templated = [r for r in self.routes if "{" in r.template]
+        self.limits = HttpLimits(
+            max_body_bytes=settings.max_message_bytes,
+            max_connections=settings.http_max_connections,
+            header_timeout_s=settings.http_read_timeout_s,
+            body_timeout_s=settings.http_read_timeout_s,
+            keep_alive_s=settings.http_keep_alive_s,
+        )
+        self.server = HttpServer(self.handle, self.limits, self._refused)
+
+    def _refused(self, status: int, message: str) -> Response:
+        failure = failure_of_status(status, message)
+        self.metrics.requests.labels(UNREAD, failure.code).inc()
+        return openai_error(failure)
+
+    def match(self, request: Request) -> tuple[Route, dict[str, str]]:
+        route = self._static.get((request.method, request.path))
+        if route is not None:
+            return route, {}
+        allowed = []
+        for candidate in (*self._static.values(), *self._templated):
+            found = candidate.pattern.match(request.path)
+            if found is None:
+                continue
+            if candidate.method == request.method:
+                return candidate, {k: unquote(v) for k, v in found.groupdict().items()}
+            allowed.append(candidate.method)
+        if allowed:
+            raise HttpError(
+                405,
+                f"method {request.method[:16]} is not allowed on {request.path[:128]}",
+                [("allow", ", ".join(allowed))],
+            )
+        raise HttpError(404, f"path: no route {request.path[:128]!r} (see /openapi.json)")
+
+    async def handle(self, request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            route, params = self.match(request)
+        except HttpError as exc:
+            failure = failure_of(exc)
+            self.metrics.requests.labels(UNROUTED, failure.code).inc()
+            return openai_error(failure)
+        name, code = route.metric_name, "OK"
+        if route.admitted and not self.lifecycle.accepting:
+            failure = failure_of(errors.ShuttingDown("the server is shutting down; retry elsewhere"))
+            self.metrics.requests.labels(name, failure.code).inc()
+            return route.error_body(failure)
+        self.lifecycle.enter()
+        scope = None
+        try:
+            timeout = request_timeout(request)
+            call = Call(request, params, deadline_after(timeout))
+            async with asyncio.timeout(timeout) as scope:
+                response = await route.handler(self, call)
+            if len(response.body) > self.settings.max_message_bytes:
+                raise errors.InvalidInput(
+                    f"response: {len(response.body)} bytes is more than max_message_bytes "
+                    f"{self.settings.max_message_bytes}; ask for less in one call (fewer or shorter inputs, "
+                    "a smaller top_k, encoding_format base64)"
+                )
+            return response
+        except asyncio.CancelledError:  # the client disconnected
+            code = "CANCELLED"
+            raise
+        except Exception as exc:
+            if isinstance(exc, TimeoutError) and scope is not None and scope.expired():
+                failure = Failure(
+                    504, "DEADLINE_EXCEEDED", f"{TIMEOUT_HEADER}: the request's deadline passed"
+                )
+            else:
+                failure = failure_of(exc)
+                if not isinstance(exc, errors.ServiceError | HttpError):
+                    log.exception("%s failed", name)
+            code = failure.code
+            return route.error_body(failure)
+        finally:
+            self.lifecycle.leave()
+            self.metrics.requests.labels(name, code).inc()
+            self.metrics.request_duration.labels(name).observe(time.perf_counter() - started)
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> int:
+        return await self.server.start(host, port)
+
+    def drain(self) -> None:
+        self.server.drain()
+
+    async def stop(self) -> None:
+        await self.server.stop()

@@ -1,0 +1,146 @@
+"""The OpenAPI 3.1 document of the HTTP routes (served at /openapi.json), built from the route tables and
+the request schemas below, so a route cannot be missing from it."""
+
+from __future__ import annotations
+
+from bertserve import __version__
+from bertserve.service.http.app import TIMEOUT_HEADER, Route
+
+STRING_OR_STRINGS = {
+    "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]
+}
+STRINGS = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+MODEL = {"type": "string", "description": "a served model; absent: the default model for the task"}
+TRUNCATE = {"type": "boolean", "default": False, "description": "cut inputs longer than max_length"}
+TOP_K = {"type": "integer", "minimum": 1}
+INDICES = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+
+
+def _object(required: list[str], **properties) -> dict:
+    return {"type": "object", "required": required, "additionalProperties": False, "properties": properties}
+
+
+REQUEST_SCHEMAS = {
+    "/v1/embeddings": _object(
+        ["input"],
+        input=STRING_OR_STRINGS,
+        model=MODEL,
+        encoding_format={"enum": ["float", "base64"], "default": "float"},
+        dimensions={"type": "integer", "description": "only the model's own dimension is accepted"},
+        user={"type": "string", "description": "ignored"},
+        truncate=TRUNCATE,
+    ),
+    "/bertserve/v1/embed": _object(
+        ["inputs"], inputs=STRINGS, model=MODEL, normalize={"type": "boolean"}, truncate=TRUNCATE
+    ),
+    "/bertserve/v1/fill-mask": _object(
+        ["inputs"], inputs=STRINGS, model=MODEL, top_k=TOP_K, truncate=TRUNCATE
+    ),
+    "/bertserve/v1/classify": _object(
+        ["inputs"],
+        inputs=STRINGS,
+        model=MODEL,
+        top_k=TOP_K,
+        raw_scores={"type": "boolean"},
+        truncate=TRUNCATE,
+    ),
+    "/bertserve/v1/tokenize": _object(["inputs"], inputs=STRINGS, model=MODEL, truncate=TRUNCATE),
+    "/bertserve/v1/attention": _object(
+        ["input"], input={"type": "string"}, model=MODEL, layers=INDICES, heads=INDICES, truncate=TRUNCATE
+    ),
+    "/bertserve/v1/info": _object([]),
+}
+KSERVE_INFER = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "id": {"type": "string"},
+        "parameters": {
+            "type": "object",
+            "description": "normalize, truncate, top_k, raw_scores, binary_data_output",
+        },
+        "inputs": {
+            "type": "array",
+            "description": 'exactly one tensor: {"name": "text", "datatype": "BYTES", "shape": [n], "data": [...]}',
+            "items": {"type": "object"},
+        },
+        "outputs": {"type": "array", "items": {"type": "object"}},
+    },
+}
+ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {
+                        "message": {"type": "string"},
+                        "type": {"type": "string"},
+                        "param": {"type": ["string", "null"]},
+                        "code": {"type": "string", "description": "the gRPC status name"},
+                    },
+                },
+                {"type": "string", "description": "KServe v2 routes"},
+            ]
+        }
+    },
+}
+ERROR_STATUSES = {
+    "400": "invalid argument (the message names the field and the limit)",
+    "404": "unknown model or route",
+    "413": "request body over max_message_bytes",
+    "415": "unsupported content type",
+    "422": "the model lacks the task (FAILED_PRECONDITION)",
+    "429": "queue full; retry after Retry-After seconds",
+    "503": "draining; retry elsewhere",
+    "504": f"the {TIMEOUT_HEADER} deadline passed",
+}
+
+
+def _operation(route: Route) -> dict:
+    operation: dict = {
+        "summary": route.summary,
+        "operationId": f"{route.method.lower()}{route.template.replace('/', '_').replace('{', '').replace('}', '')}",
+        "parameters": [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in route.pattern.groupindex
+        ],
+        "responses": {
+            "200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}},
+            **{
+                status: {"description": text, "content": {"application/json": {"schema": ERROR}}}
+                for status, text in ERROR_STATUSES.items()
+            },
+        },
+    }
+    if route.admitted:
+        operation["parameters"].append(
+            {
+                "name": TIMEOUT_HEADER,
+                "in": "header",
+                "required": False,
+                "schema": {"type": "number", "exclusiveMinimum": 0},
+                "description": "the call's deadline in seconds; 504 when it passes",
+            }
+        )
+    schema = KSERVE_INFER if route.template.endswith("/infer") else REQUEST_SCHEMAS.get(route.template)
+    if route.method == "POST" and schema is not None:
+        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+    return operation
+
+
+def document(routes: list[Route]) -> dict:
+    paths: dict[str, dict] = {}
+    for route in routes:
+        paths.setdefault(route.template, {})[route.method.lower()] = _operation(route)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "bertserve HTTP API",
+            "version": __version__,
+            "description": "OpenAI-compatible embeddings, bertserve.v1 over JSON, KServe v2 REST, probes. "
+            "Errors: status codes as in docs/architecture.md (HTTP).",
+        },
+        "paths": paths,
+    }
