@@ -14,21 +14,37 @@ import sys
 
 from bertserve import __version__
 
-# module -> subcommands it registers (listed here so `bertserve --help` needs no heavy import).
-COMMAND_MODULES: dict[str, tuple[str, ...]] = {
-    "bertserve.export.commands": ("export",),
-    "bertserve.export.heads.commands": ("train-heads", "assemble-heads"),
-    "bertserve.service.commands": (
-        "serve",
-        "embed",
-        "fill-mask",
-        "classify",
-        "tokenize",
-        "info",
-        "attention",
-    ),
-    "bertserve.bench.commands": ("bench",),
+# module -> {subcommand: one-line description}: listed here so `bertserve --help` imports neither torch
+# (export side) nor grpc (serving side); the modules use `describe(command)` for their own help.
+COMMAND_MODULES: dict[str, dict[str, str]] = {
+    "bertserve.export.commands": {
+        "export": "export a BERT checkpoint to a verified ONNX model repository",
+    },
+    "bertserve.export.heads.commands": {
+        "train-heads": "train the WordNet fill-mask and classification heads on the frozen default encoder",
+        "assemble-heads": "build the two WordNet head checkpoints from the committed weights",
+    },
+    "bertserve.service.commands": {
+        "serve": "serve a model repository over gRPC, with Prometheus metrics",
+        "embed": "client: sentence embeddings of texts",
+        "fill-mask": "client: the likeliest tokens for each mask in texts",
+        "classify": "client: labels with scores for texts",
+        "tokenize": "client: the model's tokens of texts, with ids and offsets",
+        "info": "client: the server's models, tasks, limits and versions",
+        "attention": "client: draw one attention head's map of a text (PNG)",
+    },
+    "bertserve.bench.commands": {
+        "bench": "benchmark the server against same-run baselines",
+    },
 }
+
+
+def describe(command: str) -> str:
+    """The one-line description of a subcommand (COMMAND_MODULES)."""
+    for commands in COMMAND_MODULES.values():
+        if command in commands:
+            return commands[command]
+    raise KeyError(command)
 
 
 # Third-party modules that only an extra installs (pyproject.toml) -> that extra.
@@ -60,8 +76,8 @@ def build_parser(only_module: str | None = None) -> argparse.ArgumentParser:
         if only_module is None or module == only_module:
             importlib.import_module(module).register(subparsers)
         else:  # placeholders keep --help complete without importing the module
-            for command in commands:
-                subparsers.add_parser(command, help=f"(see `bertserve {command} --help`)")
+            for command, description in commands.items():
+                subparsers.add_parser(command, help=description)
     return parser
 
 

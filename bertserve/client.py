@@ -1,24 +1,71 @@
-"""An importable Python client for the bertserve gRPC API.
+"""The Python client of the bertserve gRPC API: a thin layer over the generated stubs that returns typed
+results (bertserve/client_results.py: dataclasses, numpy arrays).
 
     from bertserve.client import Client
     with Client("127.0.0.1:50051") as client:
         client.wait_until_serving()
-        vectors = client.embed(["hello world"]).embeddings[0].values
+        result = client.embed(["hello world", "goodbye"])
+        result.vectors  # float32 array [2, dimension]
 
-Failures raise `grpc.RpcError` with the server's status code and message.
+Failures raise `grpc.RpcError` with the server's status code and message. `client.stub` is the raw
+`bertserve.v1.Inference` stub (protobuf replies, futures) for what the typed methods do not cover.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bertserve import client_results as results
+from bertserve import client_stream
+from bertserve.client_results import (
+    AttentionMap,
+    AttentionMaps,
+    Classification,
+    Classifications,
+    Embeddings,
+    FilledMasks,
+    FillMaskResult,
+    LabelScore,
+    Limits,
+    MaskCandidate,
+    MaskPrediction,
+    Metadata,
+    ModelInfo,
+    ServerInfo,
+    Token,
+    Tokenization,
+    TokenizedInput,
+)
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc
 
 SERVICE_NAME = "bertserve.v1.Inference"
+
+__all__ = [
+    "SERVICE_NAME",
+    "AttentionMap",
+    "AttentionMaps",
+    "Classification",
+    "Classifications",
+    "Client",
+    "Embeddings",
+    "FillMaskResult",
+    "FilledMasks",
+    "LabelScore",
+    "Limits",
+    "MaskCandidate",
+    "MaskPrediction",
+    "Metadata",
+    "ModelInfo",
+    "ServerInfo",
+    "Token",
+    "TokenizedInput",
+    "Tokenization",
+]
 
 
 class Client:
@@ -62,11 +109,42 @@ class Client:
         normalize: bool | None = None,
         truncate: bool = False,
         timeout: float | None = None,
-    ) -> pb.EmbedResponse:
+    ) -> Embeddings:
+        """One vector per input; `normalize` None: the model's default (ModelInfo.normalize_default)."""
         request = pb.EmbedRequest(inputs=list(inputs), model=model, truncate=truncate)
         if normalize is not None:
             request.normalize = normalize
-        return self.stub.Embed(request, timeout=self._timeout(timeout))
+        return results.embeddings(self.stub.Embed(request, timeout=self._timeout(timeout)))
+
+    def embed_stream(
+        self,
+        texts: Iterable[str],
+        *,
+        batch_size: int = client_stream.DEFAULT_BATCH_SIZE,
+        model: str = "",
+        normalize: bool | None = None,
+        truncate: bool = False,
+        timeout: float | None = None,
+        max_requests_in_flight: int = client_stream.DEFAULT_REQUESTS_IN_FLIGHT,
+    ) -> Iterator[np.ndarray]:
+        """Bulk embedding over one EmbedStream call: one float32 vector per text, in input order, for an
+        iterable of any length (consumed lazily, `batch_size` texts per request). A failed request
+        raises client_stream.StreamRequestError (a grpc.RpcError) naming its first input."""
+        return client_stream.embed_stream(
+            self.stub,
+            texts,
+            batch_size=batch_size,
+            model=model,
+            normalize=normalize,
+            truncate=truncate,
+            timeout=self._timeout(timeout),
+            max_requests_in_flight=max_requests_in_flight,
+        )
+
+    def embed_stream_batches(self, texts: Iterable[str], **options) -> Iterator[np.ndarray]:
+        """As `embed_stream`, one float32 array [n, dimension] per `batch_size` texts (fewer copies)."""
+        options.setdefault("timeout", self.timeout)
+        return client_stream.embed_stream_batches(self.stub, texts, **options)
 
     def fill_mask(
         self,
@@ -76,11 +154,12 @@ class Client:
         top_k: int | None = None,
         truncate: bool = False,
         timeout: float | None = None,
-    ) -> pb.FillMaskResponse:
+    ) -> FilledMasks:
+        """Per input, per mask, the top_k candidates (None: the server's default, 5)."""
         request = pb.FillMaskRequest(inputs=list(inputs), model=model, truncate=truncate)
         if top_k is not None:
             request.top_k = top_k
-        return self.stub.FillMask(request, timeout=self._timeout(timeout))
+        return results.filled_masks(self.stub.FillMask(request, timeout=self._timeout(timeout)))
 
     def classify(
         self,
@@ -91,19 +170,20 @@ class Client:
         raw_scores: bool = False,
         truncate: bool = False,
         timeout: float | None = None,
-    ) -> pb.ClassifyResponse:
+    ) -> Classifications:
+        """Per input, labels best first (top_k None: all of them)."""
         request = pb.ClassifyRequest(
             inputs=list(inputs), model=model, raw_scores=raw_scores, truncate=truncate
         )
         if top_k is not None:
             request.top_k = top_k
-        return self.stub.Classify(request, timeout=self._timeout(timeout))
+        return results.classifications(self.stub.Classify(request, timeout=self._timeout(timeout)))
 
     def tokenize(
         self, inputs: Sequence[str], *, model: str = "", truncate: bool = False, timeout: float | None = None
-    ) -> pb.TokenizeResponse:
+    ) -> Tokenization:
         request = pb.TokenizeRequest(inputs=list(inputs), model=model, truncate=truncate)
-        return self.stub.Tokenize(request, timeout=self._timeout(timeout))
+        return results.tokenization(self.stub.Tokenize(request, timeout=self._timeout(timeout)))
 
     def attention(
         self,
@@ -114,16 +194,16 @@ class Client:
         heads: Sequence[int] = (),
         truncate: bool = False,
         timeout: float | None = None,
-    ) -> pb.AttentionResponse:
-        """Attention probabilities of one input; empty `layers`/`heads`: all of them. Each map's
-        `probabilities` is row-major (sequence_length x sequence_length), see `attention_matrix`."""
+    ) -> AttentionMaps:
+        """Attention probabilities of one input; empty `layers`/`heads`: all of them. Each map is a
+        [sequence_length, sequence_length] array (row = query token); `.matrix(layer, head)` picks one."""
         request = pb.AttentionRequest(
             input=text, model=model, layers=list(layers), heads=list(heads), truncate=truncate
         )
-        return self.stub.Attention(request, timeout=self._timeout(timeout))
+        return results.attention_maps(self.stub.Attention(request, timeout=self._timeout(timeout)))
 
-    def info(self, *, timeout: float | None = None) -> pb.InfoResponse:
-        return self.stub.Info(pb.InfoRequest(), timeout=self._timeout(timeout))
+    def info(self, *, timeout: float | None = None) -> ServerInfo:
+        return results.server_info(self.stub.Info(pb.InfoRequest(), timeout=self._timeout(timeout)))
 
     def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:
         """ "SERVING", "NOT_SERVING", ... for the server ("") or a service name."""
@@ -141,13 +221,3 @@ class Client:
         except grpc.RpcError as exc:
             raise TimeoutError(f"not SERVING within {timeout}s: {exc.code().name}") from None
         raise TimeoutError(f"not SERVING within {timeout}s")
-
-
-def attention_matrix(response: pb.AttentionResponse, layer: int, head: int) -> list[list[float]]:
-    """One map of an Attention response as rows (query token) of columns (key token)."""
-    n = response.sequence_length
-    for item in response.maps:
-        if item.layer == layer and item.head == head:
-            values = list(item.probabilities)
-            return [values[row * n : (row + 1) * n] for row in range(n)]
-    raise KeyError(f"the response holds no map for layer {layer} head {head}")

@@ -25,21 +25,30 @@ def _index(text: str) -> int:
 
 
 def register(subparsers) -> None:
+    from bertserve.cli import describe
+    from bertserve.service.commands import add_connection_flags
+
     parser = subparsers.add_parser(
         "attention",
-        help="client: draw one attention head's map for a text (PNG)",
+        help=describe("attention"),
         description="Ask the server's Attention RPC for one layer and head, and draw it as a heatmap.",
     )
-    parser.add_argument("text", metavar="TEXT")
-    parser.add_argument("--address", default="127.0.0.1:50051", metavar="HOST:PORT")
+    parser.add_argument("text", metavar="TEXT", help="the text whose attention map to draw")
+    add_connection_flags(parser)
     parser.add_argument(
-        "--model", default="", help="model name (default: the server's default for Attention)"
+        "--model",
+        default="",
+        metavar="NAME",
+        help="model to ask (default: the server's default for Attention, see `bertserve info`)",
     )
-    parser.add_argument("--layer", type=_index, required=True, help="layer, from 0")
-    parser.add_argument("--head", type=_index, required=True, help="head, from 0")
+    parser.add_argument("--layer", type=_index, required=True, metavar="L", help="layer, from 0")
+    parser.add_argument("--head", type=_index, required=True, metavar="H", help="head, from 0")
     parser.add_argument("--out", type=Path, required=True, metavar="PNG", help="image file to write")
-    parser.add_argument("--truncate", action="store_true", help="cut a text longer than max_length")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds")
+    parser.add_argument(
+        "--truncate",
+        action="store_true",
+        help="cut a text longer than the model's max_length instead of refusing it",
+    )
     parser.set_defaults(run=run)
 
 
@@ -83,9 +92,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"bertserve attention: {MATPLOTLIB_MISSING}", file=sys.stderr)
         return 1
     import grpc
-    import numpy as np
 
-    from bertserve.client import Client, attention_matrix
+    from bertserve.client import Client
 
     try:
         with Client(args.address, timeout=args.timeout) as client:
@@ -95,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     except grpc.RpcError as exc:
         print(f"bertserve attention: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
-    matrix = np.asarray(attention_matrix(response, args.layer, args.head), dtype=np.float32)  # (T, T)
+    matrix = response.matrix(args.layer, args.head)  # (T, T)
     labels = [token.text for token in response.tokens]
     meta = response.metadata
     title = f"{meta.model} v{meta.model_version}: layer {args.layer}, head {args.head}"

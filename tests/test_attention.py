@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from bertserve.cli import main
-from bertserve.client import Client, attention_matrix
+from bertserve.client import Client
 from bertserve.manifest import ENCODER_ATTENTIONS, Manifest
 from bertserve.service.attention import check_response_size
 from tests.helpers.checkpoints import load_reference
@@ -91,7 +91,7 @@ def test_selected_layers_and_heads_in_request_order(client):
     some = client.attention(TEXT, model="tiny-embed", layers=[1, 0], heads=[2])
     assert [(m.layer, m.head) for m in some.maps] == [(1, 2), (0, 2)]
     for layer, head in ((1, 2), (0, 2)):
-        assert attention_matrix(some, layer, head) == attention_matrix(full, layer, head)
+        assert np.array_equal(some.matrix(layer, head), full.matrix(layer, head))
 
 
 def test_default_model_and_info(client):
@@ -149,7 +149,7 @@ def test_attention_alongside_batched_calls(client):
         first = as_array(maps[0].result())
         for future in maps:
             assert np.array_equal(as_array(future.result()), first)
-        assert all(len(f.result().embeddings) == 4 for f in embeds)
+        assert all(len(f.result().vectors) == 4 for f in embeds)
 
 
 def png_size(path) -> tuple[int, int]:

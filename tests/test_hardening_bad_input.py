@@ -497,4 +497,4 @@ def test_after_every_bad_input_the_server_is_serving_and_never_said_internal(ser
     assert metric(samples, "bertserve_requests_total", code="INVALID_ARGUMENT") >= 30
     with Client(server.address, timeout=30) as client:
         assert client.health() == "SERVING"
-        assert len(client.embed(["still answering"]).embeddings) == 1
+        assert len(client.embed(["still answering"]).vectors) == 1

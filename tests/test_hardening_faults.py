@@ -148,7 +148,7 @@ def test_an_onnx_runtime_failure_fails_only_the_calls_in_that_batch(failing_repo
             assert any(code == "OK" for code, _ in outcomes.values())
             # The server keeps serving: health, a normal call, and the failures counted as INTERNAL.
             assert client.health() == "SERVING"
-            assert len(client.embed(["the cat sat"]).embeddings) == 1
+            assert len(client.embed(["the cat sat"]).vectors) == 1
             failed_calls = sum(code == "INTERNAL" for code, _ in outcomes.values())
             assert (
                 metric(scrape(server.metrics_url), "bertserve_requests_total", code="INTERNAL")

@@ -32,7 +32,7 @@ def test_the_message_size_limit_is_a_setting(tiny_repo):
     ):
         assert client.info().limits.max_message_bytes == LIMIT
         under = texts_of_bytes(LIMIT - 20_000)
-        assert len(client.embed(under, truncate=True).embeddings) == len(under)
+        assert len(client.embed(under, truncate=True).vectors) == len(under)
         with pytest.raises(grpc.RpcError) as refused:
             client.embed(texts_of_bytes(LIMIT + 20_000), truncate=True)
         assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED

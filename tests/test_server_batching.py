@@ -29,7 +29,7 @@ def test_64_concurrent_calls_equal_one_batched_call(tiny_server):
             for t in texts
         ]
         singles = [f.result() for f in futures]
-    one = np.array([e.values for e in batched.embeddings])
+    one = batched.vectors
     many = np.array([s.embeddings[0].values for s in singles])
     assert np.abs(one - many).max() <= 1e-5
     assert [s.metadata.input_tokens[0] for s in singles] == list(batched.metadata.input_tokens)

@@ -36,11 +36,11 @@ def test_embed_equals_transformers_mean_pooling(client, make_tiny_checkpoint):
     assert info.pooling == "mean"
     expected = reference_embeddings(make_tiny_checkpoint("BertModel"), SENTENCES, "mean")
     raw = client.embed(SENTENCES, model="tiny-embed", normalize=False)
-    got = np.array([e.values for e in raw.embeddings])
+    got = raw.vectors
     assert got.shape == (3, 48) and raw.dimension == 48
     assert np.abs(got - expected).max() <= 1e-4
     unit = client.embed(SENTENCES, model="tiny-embed", normalize=True)
-    got_unit = np.array([e.values for e in unit.embeddings])
+    got_unit = unit.vectors
     expected_unit = expected / np.linalg.norm(expected, axis=1, keepdims=True)
     assert np.abs(got_unit - expected_unit).max() <= 1e-4
     meta = raw.metadata
@@ -168,10 +168,10 @@ def test_reduced_precision_encoders_serve_close_embeddings(tiny_repo, tiny_serve
     from tests.helpers.server import ServerThread
 
     with Client(tiny_server.address, timeout=30) as fp32_client:
-        reference = np.array([e.values for e in fp32_client.embed(SENTENCES, model="tiny-embed").embeddings])
+        reference = fp32_client.embed(SENTENCES, model="tiny-embed").vectors
     server = ServerThread(model_repo=tiny_repo, models=["tiny-embed"], precision=precision)
     with server, Client(server.address, timeout=30) as client:
         assert client.info().models[0].precision == precision
-        got = np.array([e.values for e in client.embed(SENTENCES).embeddings])
+        got = client.embed(SENTENCES).vectors
     cosine = (got * reference).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(reference, axis=1)
     assert cosine.min() > 0.98

@@ -87,4 +87,4 @@ def test_tls_and_mutual_tls(tiny_repo, pki):
             ca, (pki / "client-key.pem").read_bytes(), (pki / "client.pem").read_bytes()
         )
         with Client(server.address, credentials=identified) as client:
-            assert len(client.embed(["a cat"]).embeddings) == 1
+            assert len(client.embed(["a cat"]).vectors) == 1
