@@ -3,7 +3,8 @@
 async handler, `handler(Request) -> Response`.
 
 Hostile clients meet these bounds (`HttpLimits`; tests/test_http_robustness.py):
-- more than `max_connections` open connections: the new one gets 503 and is closed;
+- `max_connections` open connections: a new one closes the connection idle for longest (waiting between
+  requests, or still sending one); when every connection is being answered, the new one gets 503;
 - request line and headers over `max_header_bytes` (or `MAX_HEADERS` fields): 431, closed;
 - a body over `max_body_bytes`: 413 as soon as Content-Length says so (the body is never read), or as
   soon as the counted bytes of a chunked body pass the limit; closed;
@@ -117,17 +118,17 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        if len(self.server.connections) >= self.limits.max_connections:
+        if len(self.server.connections) >= self.limits.max_connections and not self.server.evict_idle():
             self.server.refused_connections += 1
             message = f"too many connections (max {self.limits.max_connections}); retry later"
             self._fail(503, message, [("retry-after", "1")])
             return
-        self.server.connections.add(self)
+        self.server.connections[self] = None
         self._arm(self.limits.header_timeout_s, None)  # a connection that never sends a request
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        self.server.connections.discard(self)
+        self.server.connections.pop(self, None)
         self._disarm()
         self._writable.set()
         if self.task is not None and not self.task.done():
@@ -161,7 +162,7 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.in_message = True
         self._reset_message()
-        if not self._busy:
+        if not self.busy:
             self._arm(self.limits.header_timeout_s, "request headers")
 
     def _count_header_bytes(self, size: int) -> None:
@@ -190,7 +191,7 @@ class _Connection(asyncio.Protocol):
             )
         if self.headers.get("expect", "").lower() == "100-continue" and not self.server.draining:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if not self._busy:
+        if not self.busy:
             self._arm(self.limits.body_timeout_s, "request body")
 
     def on_body(self, body: bytes) -> None:
@@ -221,7 +222,8 @@ class _Connection(asyncio.Protocol):
     # --- answering -----------------------------------------------------------------------------------
 
     @property
-    def _busy(self) -> bool:
+    def busy(self) -> bool:
+        """A request of this connection is being answered (or waits its turn)."""
         return self.task is not None
 
     async def _answer_pending(self) -> None:
@@ -236,7 +238,7 @@ class _Connection(asyncio.Protocol):
                 close = not keep_alive or self.server.draining
                 await self._write(_serialize(response, close))
                 if close:
-                    self._close()
+                    self.close()
                     return
         finally:
             self.task = None
@@ -268,10 +270,10 @@ class _Connection(asyncio.Protocol):
 
     def _timed_out(self, waiting_for: str | None) -> None:
         self.timer = None
-        if self._busy:
+        if self.busy:
             return
         if waiting_for is None or not self.in_message:
-            self._close()  # idle: nothing was asked, nothing to answer
+            self.close()  # idle: nothing was asked, nothing to answer
         else:
             self.server.timed_out_requests += 1
             self._fail(408, f"{waiting_for}: not received within the server's read timeout")
@@ -284,16 +286,16 @@ class _Connection(asyncio.Protocol):
         response = self.server.reject_response(status, message)
         response.headers.extend(headers or [])
         self.transport.write(_serialize(response, close=True))
-        self._close()
+        self.close()
 
-    def _close(self) -> None:
+    def close(self) -> None:
         self.closing = True
         self._disarm()
         self.transport.close()
 
     def close_if_idle(self) -> None:
-        if not self._busy and not self.in_message:
-            self._close()
+        if not self.busy and not self.in_message:
+            self.close()
 
 
 class HttpServer:
@@ -311,9 +313,10 @@ class HttpServer:
         self.handler = handler
         self.limits = limits
         self.reject_response = reject_response
-        self.connections: set[_Connection] = set()
+        self.connections: dict[_Connection, None] = {}  # in the order they were opened
         self.draining = False  # answers carry "connection: close"
         self.refused_connections = 0
+        self.evicted_connections = 0
         self.timed_out_requests = 0
         self.rejected: dict[int, int] = {}  # status -> requests refused before reaching the handler
         self._server: asyncio.Server | None = None
@@ -325,6 +328,16 @@ class HttpServer:
             lambda: _Connection(self), host, port, reuse_address=True, backlog=1024
         )
         return self._server.sockets[0].getsockname()[1]
+
+    def evict_idle(self) -> bool:
+        """Closes the oldest connection that is not being answered; False when there is none."""
+        for connection in self.connections:
+            if not connection.busy:
+                self.evicted_connections += 1
+                self.connections.pop(connection)
+                connection.close()
+                return True
+        return False
 
     def drain(self) -> None:
         """Answers from now on close their connection; idle connections are closed now."""
