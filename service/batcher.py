@@ -1,14 +1,22 @@
-"""Dynamic batching, one batcher per model, in the manner of text-embeddings-inference's queue.
+"""Dynamic batching, one queue owner per encoder, in the manner of text-embeddings-inference's queue.
 
-One owner task holds the queue. Callers `submit` their tokenized inputs (one `WorkItem` each) and
-await the items' futures; admission is decided at once (a full queue raises `Overloaded`). The owner
-cuts batches by a token budget (padded length x inputs), a maximum batch size and a maximum queue
-delay: it waits for more inputs only until the oldest queued input has waited `max_queue_delay`, or
-until a batch is full. Inside that window inputs are grouped by length so padding stays small, and the
-oldest input is always in the next batch (no starvation). A call's inputs may land in several batches;
-each result goes to its own future, so the caller gets them back in order. Inputs whose caller
-cancelled or whose deadline passed are dropped before compute and counted. The model runs in a worker
-thread so the event loop keeps accepting; nothing here polls with sleeps.
+One owner task holds the queue of an encoder graph (shared by every model and task that runs on it).
+Callers `submit` their tokenized inputs (one `WorkItem` each, naming its model and task) and await the
+items' futures; admission is decided at once (a full queue raises `Overloaded`, a deadline the queue
+ahead cannot meet raises `DeadlineTooShort`). The owner cuts batches by a token budget (padded length x
+inputs), a maximum batch size and a maximum queue delay: it waits for more inputs only until the oldest
+queued input has waited `max_queue_delay`, or until a batch is full. Inside that window inputs are grouped
+by length so padding stays small, and the oldest input is always in the next batch (no starvation). A
+call's inputs may land in several batches; each result goes to its own future, so the caller gets them
+back in order. Inputs whose caller cancelled or whose deadline passed are dropped before compute and
+counted.
+
+Exclusive jobs (Attention runs: one input through another graph) are admitted by the same owner
+(`submit_exclusive`, their own limit `max_queue_exclusive`) and run on the same worker thread; the owner
+alternates, so a batch waits behind at most one exclusive job and never shares the cores with one.
+
+Compute runs in a worker thread so the event loop keeps accepting. Queue time is measured up to the
+moment the worker starts the compute, inference time inside the worker. Nothing here polls with sleeps.
 """
 
 from __future__ import annotations
@@ -18,18 +26,20 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from bertserve.service.batch_policy import CostEstimate, cut_batch
 from bertserve.service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
 from bertserve.service.tasks import TaskOptions
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Batcher", "BatchLimits", "BatchObserver", "BatchStats", "ItemResult", "WorkItem", "cut_batch"]
 
 # gRPC may end a call a few milliseconds before its deadline as the server computes it; a call ended
 # this close to its deadline is counted as expired rather than cancelled.
@@ -44,6 +54,7 @@ class BatchLimits:
     max_queue_delay_s: float
     max_queue_inputs: int
     max_padding_ratio: float = float("inf")  # padded tokens / real tokens a batch may reach
+    max_queue_exclusive: int = 256  # exclusive jobs (attention runs) waiting
 
 
 @dataclass(eq=False)
@@ -56,6 +67,7 @@ class WorkItem:
     future: asyncio.Future
     deadline: float | None = None  # time.monotonic() seconds
     mask_positions: np.ndarray | None = None  # fill_mask only
+    model: Any = None  # the model whose head this row needs (ServedModel); None: the compute's only model
     enqueued_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -63,11 +75,22 @@ class WorkItem:
         return int(self.ids.shape[0])
 
 
+@dataclass(eq=False)
+class ExclusiveJob:
+    """One call that runs alone on the worker thread (an attention run)."""
+
+    run: Callable[[], Any]
+    tokens: int
+    future: asyncio.Future
+    deadline: float | None
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+
 @dataclass(frozen=True)
 class ItemResult:
-    value: Any  # what the model's compute function returned for this input
-    queue_s: float
-    inference_s: float
+    value: Any  # what the compute function returned for this input
+    queue_s: float  # from admission until the worker started the compute
+    inference_s: float  # the compute, measured in the worker
     batch_id: int
 
 
@@ -78,6 +101,7 @@ class BatchStats:
     real_tokens: int
     queue_s: list[float]
     inference_s: float
+    exclusive: bool = False  # an exclusive job (attention run), not an encoder batch
 
 
 class BatchObserver:
@@ -88,47 +112,11 @@ class BatchObserver:
     def batch_done(self, stats: BatchStats) -> None: ...
 
 
-def cut_batch(
-    pending: Sequence[WorkItem], max_size: int, max_tokens: int, max_padding_ratio: float = float("inf")
-) -> list[int]:
-    """Indices into `pending` (arrival order) of the next batch.
-
-    The oldest input (index 0) is always taken. Then, in length order, the batch grows towards its
-    shorter or longer neighbour, whichever adds less padding, while padded length x count stays within
-    `max_tokens`, padded tokens within `max_padding_ratio` x real tokens, and the count within
-    `max_size`. A single input longer than the budget goes alone.
-    """
-    order = sorted(range(len(pending)), key=lambda i: (pending[i].length, i))
-    lo = hi = order.index(0)
-    longest = real = pending[0].length
-    count = 1
-
-    def fits(new_longest: int, new_real: int) -> bool:
-        padded = new_longest * (count + 1)
-        return padded <= max_tokens and padded <= max_padding_ratio * new_real
-
-    while count < max_size:
-        best: tuple[int, int, str] | None = None  # (added padding, arrival index, side)
-        if lo > 0:
-            shorter = pending[order[lo - 1]]
-            if fits(longest, real + shorter.length):
-                best = (longest - shorter.length, order[lo - 1], "lo")
-        if hi + 1 < len(order):
-            longer = pending[order[hi + 1]]
-            if fits(longer.length, real + longer.length):
-                candidate = ((longer.length - longest) * count, order[hi + 1], "hi")
-                if best is None or candidate[:2] < best[:2]:
-                    best = candidate
-        if best is None:
-            break
-        if best[2] == "lo":
-            lo -= 1
-        else:
-            hi += 1
-            longest = pending[order[hi]].length
-        real += pending[best[1]].length
-        count += 1
-    return sorted(order[lo : hi + 1])
+def _timed(fn: Callable[..., Any], *args) -> tuple[Any, float, float]:
+    """Runs in the worker: (result, start in time.monotonic(), seconds of compute)."""
+    started = time.monotonic()
+    value = fn(*args)
+    return value, started, time.monotonic() - started
 
 
 class Batcher:
@@ -147,54 +135,81 @@ class Batcher:
         self._observer = observer or BatchObserver()
         self._incoming: deque[WorkItem] = deque()  # appended by submit, taken by the owner
         self._pending: list[WorkItem] = []  # owned by the owner task, arrival order
-        self._depth = 0  # inputs queued (incoming + pending), not yet computing
+        self._exclusive: deque[ExclusiveJob] = deque()
+        self._depth = 0  # batch inputs queued (incoming + pending), not yet computing
         self._queued_tokens = 0
         self._wakeup = asyncio.Event()
         self._closing = False
         self._batches = 0
-        self._seconds_per_token: float | None = None  # moving average of compute time per padded token
+        self._last_was_exclusive = False
+        self.cost = CostEstimate()
         self._owner: asyncio.Task | None = None
 
     @property
     def depth(self) -> int:
-        return self._depth
+        """Inputs waiting: batch inputs and exclusive jobs."""
+        return self._depth + len(self._exclusive)
 
     def start(self) -> None:
         self._owner = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.name}")
 
     def estimated_wait_s(self, extra_tokens: int = 0) -> float | None:
-        if self._seconds_per_token is None:
+        """Seconds until `extra_tokens` more would be computed: the queued batch tokens and theirs, at the
+        recent cost per padded token (None before the first batch)."""
+        per_token = self.cost.seconds_per_token
+        if per_token is None:
             return None
-        return (self._queued_tokens + extra_tokens) * self._seconds_per_token
+        return (self._queued_tokens + extra_tokens) * per_token
 
-    def submit(self, items: list[WorkItem]) -> None:
-        """Admits all of a call's inputs or none; results arrive on each item's future."""
+    def _check_admission(self, n: int, tokens: int, deadline: float | None) -> None:
         if self._closing:
             raise ShuttingDown(f"model {self.name}: the server is shutting down")
-        n = len(items)
         if self._depth + n > self.limits.max_queue_inputs:
             raise Overloaded(
                 f"model {self.name}: queue holds {self._depth} of max_queue_inputs "
                 f"{self.limits.max_queue_inputs} inputs; this call adds {n}; retry later"
             )
-        tokens = sum(item.length for item in items)
-        deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
+        if deadline is None or self._queued_tokens == 0:  # nothing ahead: never refused for its deadline
+            return
         wait = self.estimated_wait_s(tokens)
         # Refused only when even a fraction of the estimate would miss the deadline: the estimate is rough.
-        if (
-            deadline is not None
-            and wait is not None
-            and time.monotonic() + EARLY_REFUSAL_SHARE * wait > deadline
-        ):
+        if wait is not None and time.monotonic() + EARLY_REFUSAL_SHARE * wait > deadline:
             raise DeadlineTooShort(
                 f"model {self.name}: the deadline is {max(0.0, deadline - time.monotonic()):.3f}s away, "
                 f"the queue ahead needs about {wait:.3f}s"
             )
+
+    def submit(self, items: list[WorkItem]) -> None:
+        """Admits all of a call's inputs or none; results arrive on each item's future."""
+        tokens = sum(item.length for item in items)
+        deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
+        self._check_admission(len(items), tokens, deadline)
         self._incoming.extend(items)
-        self._depth += n
+        self._depth += len(items)
         self._queued_tokens += tokens
-        self._observer.queue_depth(self._depth)
+        self._observer.queue_depth(self.depth)
         self._wakeup.set()
+
+    async def submit_exclusive(
+        self, run: Callable[[], Any], tokens: int, deadline: float | None
+    ) -> ItemResult:
+        """Admits `run` (blocking, run on the worker thread alone) and awaits its result. Full: Overloaded;
+        cancelled while queued: it never runs."""
+        if self._closing:
+            raise ShuttingDown(f"model {self.name}: the server is shutting down")
+        if len(self._exclusive) >= self.limits.max_queue_exclusive:
+            raise Overloaded(
+                f"model {self.name}: {len(self._exclusive)} attention calls are queued, "
+                f"max_queue_attention {self.limits.max_queue_exclusive}; retry later"
+            )
+        job = ExclusiveJob(run, tokens, asyncio.get_running_loop().create_future(), deadline)
+        self._exclusive.append(job)
+        self._observer.queue_depth(self.depth)
+        self._wakeup.set()
+        try:
+            return await job.future
+        finally:
+            job.future.cancel()  # the owner skips a job whose caller went away
 
     async def close(self) -> None:
         """Refuses new inputs, finishes the queued ones, then stops the owner."""
@@ -214,12 +229,17 @@ class Batcher:
             self._owner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._owner
+        self._fail_queued(ShuttingDown(f"model {self.name}: the server stopped"))
+
+    def _fail_queued(self, error: Exception) -> None:
         self._take_incoming()
-        for item in self._pending:
-            if not item.future.done():
-                item.future.set_exception(ShuttingDown(f"model {self.name}: the server stopped"))
+        for waiting in (*self._pending, *self._exclusive):
+            if not waiting.future.done():
+                waiting.future.set_exception(error)
         self._unqueue(self._pending)
         self._pending = []
+        self._exclusive.clear()
+        self._observer.queue_depth(self.depth)
 
     async def _run(self) -> None:
         while True:
@@ -228,23 +248,24 @@ class Batcher:
                     return
             except Exception:  # a bug here must not leave callers waiting forever
                 log.exception("model %s: batcher error; failing the queued inputs", self.name)
-                self._take_incoming()
-                for item in self._pending:
-                    if not item.future.done():
-                        item.future.set_exception(InferenceFailed(f"model {self.name}: batcher error"))
-                self._unqueue(self._pending)
-                self._pending = []
+                self._fail_queued(InferenceFailed(f"model {self.name}: batcher error"))
 
     async def _step(self) -> bool:
-        """One turn of the owner: wait, or cut and run one batch. True when closed and empty."""
+        """One turn of the owner: wait, or run one exclusive job or one batch. True when closed and empty.
+
+        Turns alternate when both kinds wait: after an exclusive job, a queued batch goes first."""
         self._take_incoming()
         self._drop_dead()
+        if self._exclusive and not (self._last_was_exclusive and self._pending):
+            self._last_was_exclusive = True
+            await self._execute_exclusive(self._exclusive.popleft())
+            return False
         if not self._pending:
             if self._closing:
                 return True
             await self._wait_for_wakeup(None)
             return False
-        if not self._closing and not self._batch_full():
+        if not self._closing and not self._exclusive and not self._batch_full():
             remaining = self._pending[0].enqueued_at + self.limits.max_queue_delay_s - time.monotonic()
             if remaining > 0:
                 await self._wait_for_wakeup(remaining)
@@ -256,6 +277,7 @@ class Batcher:
         taken = set(chosen)
         batch = [self._pending[i] for i in chosen]
         self._pending = [item for i, item in enumerate(self._pending) if i not in taken]
+        self._last_was_exclusive = False
         await self._execute(batch)
         return False
 
@@ -273,27 +295,38 @@ class Batcher:
     def _unqueue(self, items: list[WorkItem]) -> None:
         self._depth -= len(items)
         self._queued_tokens -= sum(item.length for item in items)
-        self._observer.queue_depth(self._depth)
+        self._observer.queue_depth(self.depth)
+
+    def _classify_dead(self, waiting: list, now: float) -> tuple[list, list, list]:
+        live, cancelled, expired = [], [], []
+        for one in waiting:
+            if one.future.done():  # the caller went away: it cancelled, or gRPC ended it at its deadline
+                near_deadline = one.deadline is not None and one.deadline <= now + DEADLINE_SLACK_S
+                (expired if near_deadline else cancelled).append(one)
+            elif one.deadline is not None and one.deadline <= now:
+                expired.append(one)
+                one.future.set_exception(DeadlineTooShort("the deadline passed while the input was queued"))
+            else:
+                live.append(one)
+        return live, cancelled, expired
 
     def _drop_dead(self) -> None:
         now = time.monotonic()
-        live, cancelled, expired = [], [], []
-        for item in self._pending:
-            if item.future.done():  # the caller went away: it cancelled, or gRPC ended it at its deadline
-                near_deadline = item.deadline is not None and item.deadline <= now + DEADLINE_SLACK_S
-                (expired if near_deadline else cancelled).append(item)
-            elif item.deadline is not None and item.deadline <= now:
-                expired.append(item)
-                item.future.set_exception(DeadlineTooShort("the deadline passed while the input was queued"))
-            else:
-                live.append(item)
+        live, cancelled, expired = self._classify_dead(self._pending, now)
         if cancelled or expired:
             self._pending = live
             self._unqueue(cancelled + expired)
-            if cancelled:
-                self._observer.dropped("cancelled", len(cancelled))
-            if expired:
-                self._observer.dropped("deadline", len(expired))
+        if self._exclusive:
+            live_jobs, cancelled_jobs, expired_jobs = self._classify_dead(list(self._exclusive), now)
+            if cancelled_jobs or expired_jobs:
+                self._exclusive = deque(live_jobs)
+                cancelled += cancelled_jobs
+                expired += expired_jobs
+                self._observer.queue_depth(self.depth)
+        if cancelled:
+            self._observer.dropped("cancelled", len(cancelled))
+        if expired:
+            self._observer.dropped("deadline", len(expired))
 
     def _batch_full(self) -> bool:
         if len(self._pending) >= self.limits.max_batch_size:
@@ -301,35 +334,57 @@ class Batcher:
         longest = max(item.length for item in self._pending)
         return longest * (len(self._pending) + 1) > self.limits.max_batch_tokens
 
+    async def _in_worker(
+        self, waiting: list, fn: Callable[..., Any], *args
+    ) -> tuple[Any, float, float] | None:
+        """`fn(*args)` on the worker, timed there; None when it failed (the futures are failed)."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, _timed, fn, *args)
+        except asyncio.CancelledError:  # abort(): the grace period is over
+            for one in waiting:
+                if not one.future.done():
+                    one.future.set_exception(ShuttingDown(f"model {self.name}: the server stopped"))
+            raise
+        except Exception as exc:
+            log.exception("model %s: a run of %d inputs failed", self.name, len(waiting))
+            error = exc if isinstance(exc, InferenceFailed) else None
+            for one in waiting:
+                if not one.future.done():
+                    one.future.set_exception(
+                        error or InferenceFailed(f"model {self.name}: inference failed: {exc}")
+                    )
+            return None
+
     async def _execute(self, batch: list[WorkItem]) -> None:
         self._unqueue(batch)
         self._batches += 1
         batch_id = self._batches
-        started = time.monotonic()
-        queue_s = [started - item.enqueued_at for item in batch]
-        loop = asyncio.get_running_loop()
-        try:
-            values = await loop.run_in_executor(self._executor, self._compute, batch)
-        except asyncio.CancelledError:  # abort(): the grace period is over
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(ShuttingDown(f"model {self.name}: the server stopped"))
-            raise
-        except Exception as exc:
-            log.exception("model %s: batch %d of %d inputs failed", self.name, batch_id, len(batch))
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(InferenceFailed(f"model {self.name}: inference failed: {exc}"))
+        timed = await self._in_worker(batch, self._compute, batch)
+        if timed is None:
             return
-        inference_s = time.monotonic() - started
+        values, started, inference_s = timed
         padded = max(item.length for item in batch) * len(batch)
-        per_token = inference_s / padded
-        self._seconds_per_token = (
-            per_token if self._seconds_per_token is None else 0.8 * self._seconds_per_token + 0.2 * per_token
-        )
+        self.cost.add(inference_s, padded)
+        queue_s = [max(0.0, started - item.enqueued_at) for item in batch]
         for item, value, waited in zip(batch, values, queue_s, strict=True):
             if not item.future.done():
                 item.future.set_result(ItemResult(value, waited, inference_s, batch_id))
         self._observer.batch_done(
             BatchStats(len(batch), padded, sum(item.length for item in batch), queue_s, inference_s)
+        )
+
+    async def _execute_exclusive(self, job: ExclusiveJob) -> None:
+        self._observer.queue_depth(self.depth)
+        self._batches += 1
+        batch_id = self._batches
+        timed = await self._in_worker([job], job.run)
+        if timed is None:
+            return
+        value, started, inference_s = timed
+        waited = max(0.0, started - job.enqueued_at)
+        if not job.future.done():
+            job.future.set_result(ItemResult(value, waited, inference_s, batch_id))
+        self._observer.batch_done(
+            BatchStats(1, job.tokens, job.tokens, [waited], inference_s, exclusive=True)
         )

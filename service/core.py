@@ -28,19 +28,18 @@ import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
+from importlib.metadata import version as package_version
 from typing import TypeVar
 
-import grpc
 import numpy as np
 import onnxruntime
 import tokenizers
-from google import protobuf
 
 from bertserve import __version__
 from bertserve.service.attention import check_response_size, select_indices
-from bertserve.service.batcher import ItemResult, WorkItem
+from bertserve.service.batcher import Batcher, BatchLimits, ItemResult, WorkItem
 from bertserve.service.encoders import EncoderGroup
-from bertserve.service.errors import InvalidInput, ModelNotFound
+from bertserve.service.errors import InvalidInput
 from bertserve.service.loop_lag import LoopLagMonitor
 from bertserve.service.metrics import Metrics
 from bertserve.service.model_registry import ModelRegistry
@@ -52,7 +51,6 @@ from bertserve.service.results import (
     FillMaskResult,
     LabelScore,
     Limits,
-    MaskPrediction,
     ModelInfo,
     ServerInfo,
     TokenizeResult,
@@ -100,17 +98,28 @@ class InferenceCore:
     def __init__(
         self,
         registry: ModelRegistry,
-        encoders: list[EncoderGroup],
         settings: Settings,
         metrics: Metrics,
         cpu_executor: Executor,
     ):
         self.registry = registry
-        self.encoders = encoders
+        self.encoders: list[EncoderGroup] = registry.encoders
         self.settings = settings
         self.metrics = metrics
         self._cpu = cpu_executor  # tokenization, decoding and large responses, off the event loop
         self.loop_lag = LoopLagMonitor(metrics)
+        s = settings
+        limits = BatchLimits(
+            s.max_batch_size,
+            s.max_batch_tokens,
+            s.max_queue_delay_ms / 1000,
+            s.max_queue_inputs,
+            s.max_padding_ratio,
+            s.max_queue_attention,
+        )
+        for group in self.encoders:  # one queue owner per encoder, shared by its models and tasks
+            observer = metrics.observer(group.name, group.graph_key)
+            group.batcher = Batcher(group.name, group.compute, limits, group.executor, observer)
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -120,18 +129,17 @@ class InferenceCore:
             group.batcher.start()
         self.loop_lag.start()
 
-    async def warm_up(self) -> None:
-        """One batch through every model's graphs, so the first real call pays no first-run cost."""
-        loop = asyncio.get_running_loop()
-        for group in self.encoders:
-            await loop.run_in_executor(group.executor, group.warm_up)
-
     async def close(self, finish_queued: bool = True) -> None:
         """Refuses new calls; finishes the queued ones (or fails them with ShuttingDown at once)."""
         for group in self.encoders:
             if group.batcher.running:
                 await (group.batcher.close() if finish_queued else group.batcher.abort())
         await self.loop_lag.stop()
+
+    def shutdown_threads(self) -> None:
+        """Stops the encoders' worker threads (after `close`); a computing batch finishes in the background."""
+        for group in self.encoders:
+            group.executor.shutdown(wait=False, cancel_futures=True)
 
     async def off_loop(self, fn: Callable[..., T], *args) -> T:
         """Runs `fn(*args)` on the CPU pool (e.g. building and serializing a large response)."""
@@ -239,7 +247,7 @@ class InferenceCore:
         maps_count = len(chosen_layers) * len(chosen_heads)
         check_response_size(maps_count, e.length, self.settings.max_message_bytes)
         self.metrics.inputs.labels(served.name, "attention").inc()
-        run = served.attention.bind(e.ids, e.type_ids, chosen_layers, chosen_heads)
+        run = served.attention.bind(e.ids, e.type_ids, chosen_layers, chosen_heads, served.name)
         result = await served.encoder.batcher.submit_exclusive(run, e.length, deadline)
         return AttentionResult(
             tokens=e,
@@ -296,17 +304,15 @@ class InferenceCore:
         versions = {
             "onnxruntime": onnxruntime.__version__,
             "tokenizers": tokenizers.__version__,
-            "grpcio": grpc.__version__,
-            "protobuf": protobuf.__version__,
+            "grpcio": package_version("grpcio"),
+            "protobuf": package_version("protobuf"),
         }
         models = [self._model_info(m) for m in self.registry.ordered]
         return ServerInfo(__version__, models, limits, versions)
 
     def model_info(self, name: str) -> ModelInfo:
-        """The named loaded model's information (ModelNotFound otherwise)."""
-        if name not in self.registry.by_name:
-            raise ModelNotFound(f"model: no model named {name[:64]!r} is loaded")
-        return self._model_info(self.registry.by_name[name])
+        """The named loaded model's information (ModelNotFound otherwise; "" = the first model)."""
+        return self._model_info(self.registry.resolve(name, None))
 
     def _model_info(self, model: ServedModel) -> ModelInfo:
         manifest, tasks, dims = model.manifest, model.manifest.tasks, model.manifest.dimensions
@@ -385,4 +391,3 @@ class InferenceCore:
         finally:
             for future in futures:  # after a failure, the owner skips what is still queued
                 future.cancel()
-

@@ -38,3 +38,21 @@ class InferenceFailed(ServiceError):
 
 class StartupError(Exception):
     """The server cannot start: a bad model repository, settings or runtime. The message is one clear line."""
+
+
+QUOTE_LIMIT = 64  # characters of client data a status message quotes
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """Client data shortened for a status message: repr() cut at `limit` characters (its size named), a
+    long sequence cut to its first items. A message never grows with what the client sent."""
+    if isinstance(value, list | tuple):
+        shown = ", ".join(quote(v, limit // 4) for v in value[:8])
+        more = f", ... ({len(value)} items)" if len(value) > 8 else ""
+        return f"[{shown}{more}]"
+    if isinstance(value, str | bytes) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} {'characters' if isinstance(value, str) else 'bytes'})"
+    text = repr(value)
+    if len(text) > limit:
+        return f"{text[:limit]}... ({len(text)} characters)"
+    return text

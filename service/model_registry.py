@@ -1,15 +1,88 @@
-"""The models a server holds, and which one answers a request that names none."""
+"""The models a server holds, the encoder groups they run on, and which model answers a request that
+names none. `load` reads the repository and creates every ONNX Runtime session, each encoder graph
+(and attention graph) once per sha256."""
 
 from __future__ import annotations
 
-from bertserve.service.errors import ModelNotFound, TaskUnavailable
+import logging
+
+from bertserve.manifest import ENCODER_ATTENTIONS
+from bertserve.service.attention import AttentionGraph
+from bertserve.service.encoders import EncoderGroup
+from bertserve.service.errors import ModelNotFound, StartupError, TaskUnavailable
+from bertserve.service.repository import ModelFiles, discover
+from bertserve.service.runtime import GraphSession
 from bertserve.service.served_model import ServedModel
+from bertserve.service.settings import Settings
 from bertserve.service.tasks import Task
+
+log = logging.getLogger(__name__)
+
+
+def _encoder_identity(files: ModelFiles) -> tuple[str, str, str]:
+    """(graph path, sha256, name of the model the encoder belongs to) for the chosen precision."""
+    path = getattr(files, "encoder_path", None) or files.graph_path(files.encoder_key)
+    sha256 = getattr(files, "encoder_sha256", None) or files.manifest.graphs[files.encoder_key].sha256
+    return str(path), sha256, getattr(files, "encoder_name", files.name)
+
+
+def _encoder_names(found: list[ModelFiles]) -> dict[str, str]:
+    """sha256 -> the name an encoder goes by (in Info, CallMeta and the batch metrics' `model` label): the
+    model the repository says it belongs to (a head-only model names it). Among byte-identical copies in
+    several full models: the first model, in the server's order, that has no head (the plain encoder
+    model), else the first model that uses it."""
+    names: dict[str, str] = {}
+    for headless_first in (True, False):
+        for files in found:
+            _, sha256, owner = _encoder_identity(files)
+            tasks = files.manifest.tasks
+            if headless_first and (owner != files.name or tasks.fill_mask or tasks.classify):
+                continue
+            names.setdefault(sha256, owner)
+    return names
+
+
+def load(settings: Settings) -> ModelRegistry:
+    """Blocking: checks the repository and creates every session; encoders deduplicated by sha256."""
+
+    def session(path: str) -> GraphSession:
+        return GraphSession(path, settings.provider, settings.intra_op_threads, settings.inter_op_threads)
+
+    found = discover(settings.model_repo, settings.model_specs(), settings.precision)
+    names = _encoder_names(found)
+    groups: dict[str, EncoderGroup] = {}
+    attention_graphs: dict[str, AttentionGraph] = {}
+    models = []
+    for files in found:
+        if settings.max_batch_tokens < files.manifest.max_length:
+            raise StartupError(
+                f"setting max_batch_tokens ({settings.max_batch_tokens}) is less than model "
+                f"{files.name}'s max_length {files.manifest.max_length}"
+            )
+        path, sha256, _ = _encoder_identity(files)
+        if sha256 not in groups:
+            pad_id = files.manifest.tokenizer.pad_token_id
+            groups[sha256] = EncoderGroup(names[sha256], sha256, files.encoder_key, session(path), pad_id)
+        group = groups[sha256]
+        attention = None
+        if ENCODER_ATTENTIONS in files.manifest.graphs:
+            key = files.manifest.graphs[ENCODER_ATTENTIONS].sha256
+            if key not in attention_graphs:
+                attention_graphs[key] = AttentionGraph(
+                    session(str(files.graph_path(ENCODER_ATTENTIONS))), files.name
+                )
+            attention = attention_graphs[key]
+        model = ServedModel(files, session, group, attention)
+        group.models.append(model)
+        models.append(model)
+        log.info("model %s runs on encoder %s (sha256 %s...)", model.name, group.name, sha256[:12])
+    return ModelRegistry(models, list(groups.values()))
 
 
 class ModelRegistry:
-    def __init__(self, models: list[ServedModel]):
+    def __init__(self, models: list[ServedModel], encoders: list[EncoderGroup] | None = None):
         self.ordered = list(models)  # the order of the `models` setting, else by name
+        self.encoders = list(encoders or [])  # each distinct encoder graph once, in first-use order
         self.by_name = {m.name: m for m in models}
         # The default for a task: the first model (in order) that has it.
         self.defaults: dict[Task, ServedModel] = {}

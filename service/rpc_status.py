@@ -38,10 +38,25 @@ class Lifecycle:
     """Whether new calls are accepted, and how many are in flight (the drain waits for zero)."""
 
     def __init__(self) -> None:
-        self.accepting = True
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._draining = asyncio.Event()  # set once new calls are refused (streams stop reading then)
+
+    @property
+    def accepting(self) -> bool:
+        return not self._draining.is_set()
+
+    @accepting.setter
+    def accepting(self, value: bool) -> None:
+        if value:
+            self._draining.clear()
+        else:
+            self._draining.set()
+
+    async def wait_draining(self) -> None:
+        """Returns once new calls are refused (`accepting` set to False)."""
+        await self._draining.wait()
 
     def enter(self) -> None:
         self.in_flight += 1
@@ -72,8 +87,32 @@ def parse_request(request_type: type[Message], data: bytes) -> Message:
         ) from None
 
 
-def check_response_size(response: Message, limit: int) -> None:
-    size = response.ByteSize()
+MAX_STATUS_MESSAGE_BYTES = 1024  # gRPC carries the message in a header; a long one breaks the call
+
+
+def status_message(message: str) -> str:
+    """`message` capped at MAX_STATUS_MESSAGE_BYTES (UTF-8): a status message that quotes client data
+    must never exceed gRPC's metadata limit (the client would see RESOURCE_EXHAUSTED "Stream removed"
+    while the metrics counted the code the server meant)."""
+    data = message.encode("utf-8")
+    if len(data) <= MAX_STATUS_MESSAGE_BYTES:
+        return message
+    cut = data[: MAX_STATUS_MESSAGE_BYTES - 40].decode("utf-8", "ignore")
+    return f"{cut}... (message cut from {len(data)} bytes)"
+
+
+def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
+    """The call's deadline as the core takes it: absolute time.monotonic() seconds, or None."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+def serialized(response: Message | bytes) -> bytes:
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
+def check_response_size(response: Message | bytes, limit: int) -> None:
+    size = len(response) if isinstance(response, bytes) else response.ByteSize()
     if size > limit:
         raise errors.InvalidInput(
             f"response: {size} bytes is more than max_message_bytes {limit}; ask for less in one call "
@@ -89,6 +128,9 @@ def rpc(name: str, request_type: type[Message] | None = None) -> Callable[[Handl
     call is counted as failed (gRPC would drop it on sending, after the metrics said OK).
     With `request_type`, a request that arrives as bytes (see `servicer.add_to_server`) is parsed here,
     so an undecodable message (bad wire format, invalid UTF-8) is INVALID_ARGUMENT, not UNKNOWN.
+    The method returns a message or its serialized bytes (large responses are serialized off the event
+    loop by the servicer); the handler returns bytes: register it with `response_serializer=None`.
+    Status messages are capped (`status_message`), so the client sees the code the metrics count.
     """
 
     def wrap(method: Handler) -> Handler:
@@ -106,7 +148,7 @@ def rpc(name: str, request_type: type[Message] | None = None) -> Callable[[Handl
             try:
                 if request_type is not None and isinstance(request, bytes):
                     request = parse_request(request_type, request)
-                response = await method(self, request, context)
+                response = serialized(await method(self, request, context))
                 check_response_size(response, self.settings.max_message_bytes)
                 return response
             except errors.ServiceError as exc:
@@ -123,7 +165,7 @@ def rpc(name: str, request_type: type[Message] | None = None) -> Callable[[Handl
                 lifecycle.leave()
                 self.metrics.requests.labels(name, code.name).inc()
                 self.metrics.request_duration.labels(name).observe(time.perf_counter() - started)
-            await context.abort(code, message)
+            await context.abort(code, status_message(message))
 
         return handler
 
@@ -138,7 +180,7 @@ def parsing(request_type: type[Message], method: Handler) -> Handler:
         try:
             message = parse_request(request_type, request)
         except errors.InvalidInput as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_message(str(exc)))
         return await method(message, context)
 
     return handler

@@ -1,37 +1,43 @@
-"""One loaded model: tokenizer, ONNX sessions, its batcher, and the compute function the batcher runs.
+"""One loaded model: tokenizer, its heads, its attention graph, and the encoder group it runs on.
 
-`compute` runs in the batcher's worker thread: it pads the batch, runs the encoder once for every task
-in the batch (asking only for the outputs those tasks need), then the small heads on just the rows that
-need them, and returns one result per input.
+The encoder itself belongs to an `EncoderGroup` (service/encoders.py), which may serve several models;
+`finish` is what the group's compute calls for this model's rows of a batch (blocking, on the group's
+worker thread): the task's post-processing and this model's head on just those rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Executor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertserve.manifest import ENCODER_ATTENTIONS, Manifest
+from bertserve.manifest import Manifest
 from bertserve.service.attention import AttentionGraph
 from bertserve.service.batcher import Batcher, WorkItem
 from bertserve.service.repository import ModelFiles
+from bertserve.service.results import MaskPrediction
 from bertserve.service.runtime import GraphSession
 from bertserve.service.tasks import Task
 from bertserve.service.tasks.classify import label_scores
 from bertserve.service.tasks.embed import finish_embeddings
 from bertserve.service.tasks.fill_mask import MaskTop, gather_mask_states, top_k
-from bertserve.service.tokenization import ModelTokenizer
+from bertserve.service.tokenization import EncodedInput, ModelTokenizer
 
-TASK_OUTPUT = {
-    Task.EMBED: "sentence_embedding",
-    Task.FILL_MASK: "last_hidden_state",
-    Task.CLASSIFY: "pooler_output",
-}
+if TYPE_CHECKING:
+    from bertserve.service.encoders import EncoderGroup
+
+CLS_HIDDEN_STATE = "cls_hidden_state"  # a head-only classifier's input: last_hidden_state[:, 0, :]
 
 
 class ServedModel:
-    def __init__(self, files: ModelFiles, session_factory: Callable[[str], GraphSession]):
+    def __init__(
+        self,
+        files: ModelFiles,
+        session_factory: Callable[[str], GraphSession],
+        encoder: EncoderGroup,
+        attention: AttentionGraph | None,
+    ):
         self.files = files
         self.manifest: Manifest = files.manifest
         self.name = files.name
@@ -39,7 +45,7 @@ class ServedModel:
         self.tokenizer = ModelTokenizer(
             files.tokenizer_path, self.manifest.tokenizer, self.manifest.max_length
         )
-        self.encoder = session_factory(str(files.graph_path(files.encoder_key)))
+        self.encoder = encoder
         tasks = self.manifest.tasks
         self.mlm_head = (
             session_factory(str(files.graph_path(tasks.fill_mask.graph))) if tasks.fill_mask else None
@@ -47,17 +53,12 @@ class ServedModel:
         self.classifier_head = (
             session_factory(str(files.graph_path(tasks.classify.graph))) if tasks.classify else None
         )
-        # Attention maps, when the repository holds the graph (see service/attention.py).
-        self.attention = (
-            AttentionGraph(session_factory(str(files.graph_path(ENCODER_ATTENTIONS))), self.name)
-            if ENCODER_ATTENTIONS in self.manifest.graphs
-            else None
-        )
-        self.batcher: Batcher | None = None  # set by the server
-        self.executor: Executor | None = None  # the worker thread the batcher computes on; set by the server
+        # What the classifier head reads: the encoder's pooler_output, or (head-only classifiers that hold
+        # their own pooler) the [CLS] row of last_hidden_state.
+        self._classifier_input = getattr(tasks.classify, "encoder_output", "pooler_output")
+        self.attention = attention  # the encoder_attentions graph, if any (see service/attention.py)
         self.tasks = [t for t in Task if getattr(tasks, t.value) is not None]
         spec = self.manifest.tokenizer
-        self._pad_id = spec.pad_token_id
         self._skip_when_decoding = {
             i
             for i in (
@@ -69,6 +70,11 @@ class ServedModel:
         }
 
     @property
+    def batcher(self) -> Batcher:
+        """The queue owner of this model's encoder (shared with every model on that encoder)."""
+        return self.encoder.batcher
+
+    @property
     def provider(self) -> str:
         return self.encoder.provider
 
@@ -76,38 +82,42 @@ class ServedModel:
     def precision(self) -> str:
         return self.manifest.graphs[self.files.encoder_key].precision
 
-    def compute(self, batch: list[WorkItem]) -> list[object]:
-        """Blocking; runs in the batcher's worker thread."""
-        size, longest = len(batch), max(item.length for item in batch)
-        input_ids = np.full((size, longest), self._pad_id, dtype=np.int64)  # (B, T)
-        attention_mask = np.zeros((size, longest), dtype=np.int64)  # (B, T)
-        token_type_ids = np.zeros((size, longest), dtype=np.int64)  # (B, T)
-        for row, item in enumerate(batch):
-            input_ids[row, : item.length] = item.ids
-            attention_mask[row, : item.length] = 1
-            token_type_ids[row, : item.length] = item.type_ids
-        rows_by_task: dict[Task, list[int]] = {}
-        for row, item in enumerate(batch):
-            rows_by_task.setdefault(item.options.task, []).append(row)
-        outputs = self.encoder.run(
-            {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids},
-            [TASK_OUTPUT[task] for task in rows_by_task],
-        )
-        results: list[object] = [None] * size
-        if rows := rows_by_task.get(Task.EMBED):
+    def encoder_output(self, task: Task) -> str:
+        """The encoder output this model's `task` reads."""
+        if task is Task.EMBED:
+            return "sentence_embedding"
+        if task is Task.FILL_MASK or self._classifier_input == CLS_HIDDEN_STATE:
+            return "last_hidden_state"
+        return "pooler_output"
+
+    def finish(
+        self,
+        task: Task,
+        batch: list[WorkItem],
+        rows: list[int],
+        outputs: dict[str, np.ndarray],
+        results: list,
+    ) -> None:
+        """Blocking: this model's `task` on `rows` of the batch, from the encoder's `outputs`, into `results`."""
+        if task is Task.EMBED:
             normalize = np.array([batch[r].options.normalize for r in rows])
             vectors = finish_embeddings(outputs["sentence_embedding"][rows], normalize)  # (n, H)
             for vector, row in zip(vectors, rows, strict=True):
                 results[row] = vector
-        if rows := rows_by_task.get(Task.FILL_MASK):
+        elif task is Task.FILL_MASK:
             self._fill_masks(batch, rows, outputs["last_hidden_state"], results)
-        if rows := rows_by_task.get(Task.CLASSIFY):
-            pooled = np.ascontiguousarray(outputs["pooler_output"][rows])  # (n, H)
-            logits = self.classifier_head.run({"pooler_output": pooled}, ["logits"])["logits"]  # (n, L)
-            problem_type = self.manifest.tasks.classify.problem_type
-            for logit_row, row in zip(logits, rows, strict=True):
-                results[row] = label_scores(logit_row, problem_type, batch[row].options.raw_scores)
-        return results
+        else:
+            self._classify(batch, rows, outputs, results)
+
+    def _classify(self, batch: list[WorkItem], rows: list[int], outputs: dict, results: list) -> None:
+        if self._classifier_input == CLS_HIDDEN_STATE:
+            feed = {CLS_HIDDEN_STATE: np.ascontiguousarray(outputs["last_hidden_state"][rows, 0])}  # (n, H)
+        else:
+            feed = {"pooler_output": np.ascontiguousarray(outputs["pooler_output"][rows])}  # (n, H)
+        logits = self.classifier_head.run(feed, ["logits"])["logits"]  # (n, L)
+        problem_type = self.manifest.tasks.classify.problem_type
+        for logit_row, row in zip(logits, rows, strict=True):
+            results[row] = label_scores(logit_row, problem_type, batch[row].options.raw_scores)
 
     def _fill_masks(self, batch: list[WorkItem], rows: list[int], hidden: np.ndarray, results: list) -> None:
         owners = np.concatenate([np.full(len(batch[r].mask_positions), r) for r in rows])  # (N,)
@@ -121,6 +131,27 @@ class ServedModel:
             ids, scores = top_k(logits[start : start + count], item.options.top_k)  # (count, k)
             start += count
             results[row] = [MaskTop(int(p), ids[m], scores[m]) for m, p in enumerate(item.mask_positions)]
+
+    def mask_predictions(
+        self, encoded: list[EncodedInput], tops: list[list[MaskTop]], sequences: bool
+    ) -> list[list[MaskPrediction]]:
+        """Blocking (decodes): the typed fill-mask answer, per input, per mask."""
+        filled = self.filled_sequences([e.ids for e in encoded], tops) if sequences else None
+        out = []
+        for i, masks in enumerate(tops):
+            out.append(
+                [
+                    MaskPrediction(
+                        position=mask.position,
+                        token_ids=mask.token_ids,
+                        tokens=[self.tokenizer.id_to_token(int(t)) for t in mask.token_ids],
+                        scores=mask.scores,
+                        sequences=filled[i][m] if filled is not None else None,
+                    )
+                    for m, mask in enumerate(masks)
+                ]
+            )
+        return out
 
     def filled_sequences(self, inputs: list[np.ndarray], masks: list[list[MaskTop]]) -> list[list[list[str]]]:
         """Per input, per mask, per candidate: the input's text with that mask filled (other masks kept)."""

@@ -13,63 +13,28 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from bertserve.service.batcher import Batcher, BatchLimits, WorkItem
+from bertserve.service import model_registry
+from bertserve.service.core import InferenceCore
+from bertserve.service.encoders import EncoderGroup
 from bertserve.service.errors import StartupError
 from bertserve.service.kserve import servicer as kserve
 from bertserve.service.metrics import Metrics
-from bertserve.service.model_registry import ModelRegistry
-from bertserve.service.repository import discover
 from bertserve.service.rpc_status import Lifecycle, parsing
-from bertserve.service.runtime import GraphSession
 from bertserve.service.served_model import ServedModel
 from bertserve.service.servicer import InferenceServicer
 from bertserve.service.servicer import add_to_server as add_inference_servicer
 from bertserve.service.settings import Settings
-from bertserve.service.tasks import Task, TaskOptions
-from bertserve.service.tasks.fill_mask import mask_positions
 from bertserve.v1 import inference_pb2
 
 log = logging.getLogger("bertserve.server")
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name  # bertserve.v1.Inference
-WARM_UP_TEXT = "The server warms up before it reports serving."
 
 
-def load_models(settings: Settings) -> list[ServedModel]:
-    """Blocking: checks the repository and creates every ONNX Runtime session."""
-
-    def session(path: str) -> GraphSession:
-        return GraphSession(path, settings.provider, settings.intra_op_threads, settings.inter_op_threads)
-
-    files = discover(settings.model_repo, settings.model_specs(), settings.precision)
-    models = [ServedModel(f, session) for f in files]
-    for model in models:
-        longest = model.manifest.max_length
-        if settings.max_batch_tokens < longest:
-            raise StartupError(
-                f"setting max_batch_tokens ({settings.max_batch_tokens}) is less than model "
-                f"{model.name}'s max_length {longest}"
-            )
-    return models
-
-
-def _warm_up(model: ServedModel) -> None:
-    """Blocking: one batch through every task's graphs, so the first real call pays no first-run cost."""
-    encoded = model.tokenizer.encode([WARM_UP_TEXT], truncate=True)[0]
-    items = []
-    for task in model.tasks:
-        positions = None
-        ids = encoded.ids
-        if task is Task.FILL_MASK:
-            ids = ids.copy()
-            ids[1] = model.manifest.tasks.fill_mask.mask_token_id
-            positions = mask_positions(ids, model.manifest.tasks.fill_mask.mask_token_id)
-        items.append(
-            WorkItem(ids, encoded.type_ids, TaskOptions(task), future=None, mask_positions=positions)
-        )
-    model.compute(items)
-    if model.attention is not None:
-        model.attention.run(encoded.ids, encoded.type_ids, [0], [0])
+def _warm_up(encoder: EncoderGroup) -> None:
+    """Blocking: one batch through every graph of the encoder's models, so the first real call pays no
+    first-run cost."""
+    encoder.warm_up()
 
 
 def add_health_servicer(health: HealthServicer, server: grpc.aio.Server) -> None:
@@ -99,9 +64,9 @@ class InferenceServer:
         self.port: int | None = None
         self.metrics_port: int | None = None
         self.models: list[ServedModel] = []
+        self.core: InferenceCore | None = None  # the protocol-free inference core every front calls
         self._server: grpc.aio.Server | None = None
         self._cpu = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bertserve-cpu")
-        self._model_threads: list[ThreadPoolExecutor] = []
 
     async def _set_health(self, status: int) -> None:
         for service in ("", SERVICE_NAME):
@@ -122,21 +87,10 @@ class InferenceServer:
         s = self.settings
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        self.models = await loop.run_in_executor(self._cpu, load_models, s)
-        registry = ModelRegistry(self.models)
-        limits = BatchLimits(
-            s.max_batch_size,
-            s.max_batch_tokens,
-            s.max_queue_delay_ms / 1000,
-            s.max_queue_inputs,
-            s.max_padding_ratio,
-        )
+        registry = await loop.run_in_executor(self._cpu, model_registry.load, s)
+        self.models = registry.ordered
+        self.core = InferenceCore(registry, s, self.metrics, self._cpu)
         for model in self.models:
-            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bertserve-{model.name}")
-            self._model_threads.append(executor)
-            observer = self.metrics.observer(model.name, model.files.encoder_key)
-            model.batcher = Batcher(model.name, model.compute, limits, executor, observer)
-            model.executor = executor
             self.metrics.model_info.labels(
                 model.name,
                 str(model.version),
@@ -145,12 +99,13 @@ class InferenceServer:
                 ",".join(t.value for t in model.tasks),
             ).set(1)
             log.info(
-                "model %s v%s: tasks %s, %s on %s",
+                "model %s v%s: tasks %s, %s on %s, encoder %s",
                 model.name,
                 model.version,
                 ",".join(t.value for t in model.tasks),
                 model.precision,
                 model.provider,
+                model.encoder.name,
             )
 
         size_options = [
@@ -158,9 +113,9 @@ class InferenceServer:
             ("grpc.max_send_message_length", s.max_message_bytes),
         ]
         self._server = grpc.aio.server(options=size_options)
-        servicer = InferenceServicer(registry, s, self.metrics, self.lifecycle, self._cpu)
-        add_inference_servicer(servicer, self._server)
-        kserve_service = kserve.add_to_server(servicer, self.health, self._server)  # KServe v2 protocol
+        add_inference_servicer(InferenceServicer(self.core, self.lifecycle), self._server)
+        # the KServe v2 protocol, on the same port and core
+        kserve_service = kserve.add_to_server(self.core, self.health, self.lifecycle, self._server)
         add_health_servicer(self.health, self._server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         reflection.enable_server_reflection(
@@ -184,8 +139,7 @@ class InferenceServer:
         if self.port == 0:
             raise StartupError(f"setting port: cannot listen on {address}")
         await self._server.start()
-        for model in self.models:
-            model.batcher.start()
+        await self.core.start()
         if s.metrics_port >= 0:
             try:
                 self.metrics_port = self.metrics.serve_http(s.host, s.metrics_port)
@@ -193,8 +147,8 @@ class InferenceServer:
                 raise StartupError(
                     f"setting metrics_port: cannot listen on {s.host}:{s.metrics_port}: {exc}"
                 ) from None
-        for model, executor in zip(self.models, self._model_threads, strict=True):
-            await loop.run_in_executor(executor, _warm_up, model)
+        for encoder in self.core.encoders:
+            await loop.run_in_executor(encoder.executor, _warm_up, encoder)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("ready in %.1fs", time.perf_counter() - started)
 
@@ -213,11 +167,11 @@ class InferenceServer:
 
     async def stop(self, finish_queued: bool = True) -> None:
         self.lifecycle.accepting = False
-        for model in self.models:
-            if model.batcher is not None and model.batcher.running:
-                await (model.batcher.close() if finish_queued else model.batcher.abort())
+        if self.core is not None:
+            await self.core.close(finish_queued)
         if self._server is not None:
             await self._server.stop(grace=1.0)
         self.metrics.stop_http()
-        for executor in (*self._model_threads, self._cpu):
-            executor.shutdown(wait=False, cancel_futures=True)
+        if self.core is not None:
+            self.core.shutdown_threads()
+        self._cpu.shutdown(wait=False, cancel_futures=True)

@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     # 2 ms of waiting cost about 5 ms at p50 for a lone call and gave no throughput.
     max_queue_delay_ms: float = Field(0.0, ge=0, le=10_000)
     max_queue_inputs: int = Field(1024, ge=1, le=1_000_000)
+    # Attention calls waiting per encoder (each runs alone, alternating with batches; beyond: RESOURCE_EXHAUSTED).
+    max_queue_attention: int = Field(256, ge=1, le=100_000)
     max_inputs_per_request: int = Field(256, ge=1, le=100_000)
     max_input_chars: int = Field(20_000, ge=1, le=10_000_000)
     max_masks_per_input: int = Field(32, ge=1, le=1024)

@@ -27,7 +27,7 @@ def gated_server(tiny_repo):
     with ServerThread(model_repo=tiny_repo, models=["tiny-embed"], max_queue_inputs=4) as server:
         model = server.server.models[0]
         state = {"computing": threading.Event(), "release": threading.Event(), "seen": []}
-        real_compute = model.compute
+        real_compute = model.batcher._compute
 
         def gated(batch):
             state["computing"].set()

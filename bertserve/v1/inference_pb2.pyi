@@ -183,7 +183,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "tasks", "default_for", "dimension", "max_length", "vocab_size", "num_layers", "precision", "provider", "pooling", "normalize_default", "mask_token", "labels", "problem_type")
+    __slots__ = ("name", "version", "tasks", "default_for", "dimension", "max_length", "vocab_size", "num_layers", "precision", "provider", "pooling", "normalize_default", "mask_token", "labels", "problem_type", "encoder")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +199,7 @@ class ModelInfo(_message.Message):
     MASK_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ENCODER_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     tasks: _containers.RepeatedScalarFieldContainer[str]
@@ -214,10 +215,11 @@ class ModelInfo(_message.Message):
     mask_token: str
     labels: _containers.RepeatedScalarFieldContainer[str]
     problem_type: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., dimension: _Optional[int] = ..., max_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., pooling: _Optional[str] = ..., normalize_default: _Optional[bool] = ..., mask_token: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., problem_type: _Optional[str] = ...) -> None: ...
+    encoder: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., dimension: _Optional[int] = ..., max_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., pooling: _Optional[str] = ..., normalize_default: _Optional[bool] = ..., mask_token: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., problem_type: _Optional[str] = ..., encoder: _Optional[str] = ...) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_inputs_per_request", "max_input_chars", "max_message_bytes", "max_batch_size", "max_batch_tokens", "max_queue_inputs", "max_queue_delay_ms", "max_masks_per_input", "max_padding_ratio")
+    __slots__ = ("max_inputs_per_request", "max_input_chars", "max_message_bytes", "max_batch_size", "max_batch_tokens", "max_queue_inputs", "max_queue_delay_ms", "max_masks_per_input", "max_padding_ratio", "max_queue_attention")
     MAX_INPUTS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_CHARS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +229,7 @@ class Limits(_message.Message):
     MAX_QUEUE_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_MASKS_PER_INPUT_FIELD_NUMBER: _ClassVar[int]
     MAX_PADDING_RATIO_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_ATTENTION_FIELD_NUMBER: _ClassVar[int]
     max_inputs_per_request: int
     max_input_chars: int
     max_message_bytes: int
@@ -236,7 +239,8 @@ class Limits(_message.Message):
     max_queue_delay_ms: float
     max_masks_per_input: int
     max_padding_ratio: float
-    def __init__(self, max_inputs_per_request: _Optional[int] = ..., max_input_chars: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_queue_inputs: _Optional[int] = ..., max_queue_delay_ms: _Optional[float] = ..., max_masks_per_input: _Optional[int] = ..., max_padding_ratio: _Optional[float] = ...) -> None: ...
+    max_queue_attention: int
+    def __init__(self, max_inputs_per_request: _Optional[int] = ..., max_input_chars: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_queue_inputs: _Optional[int] = ..., max_queue_delay_ms: _Optional[float] = ..., max_masks_per_input: _Optional[int] = ..., max_padding_ratio: _Optional[float] = ..., max_queue_attention: _Optional[int] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
     __slots__ = ("server_version", "models", "limits", "versions")
@@ -296,3 +300,37 @@ class AttentionResponse(_message.Message):
     maps: _containers.RepeatedCompositeFieldContainer[AttentionMap]
     metadata: ResponseMetadata
     def __init__(self, tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., sequence_length: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., maps: _Optional[_Iterable[_Union[AttentionMap, _Mapping]]] = ..., metadata: _Optional[_Union[ResponseMetadata, _Mapping]] = ...) -> None: ...
+
+class EmbedStreamRequest(_message.Message):
+    __slots__ = ("id", "inputs", "model", "normalize", "truncate", "stop_on_error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    STOP_ON_ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    normalize: bool
+    truncate: bool
+    stop_on_error: bool
+    def __init__(self, id: _Optional[int] = ..., inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ..., stop_on_error: _Optional[bool] = ...) -> None: ...
+
+class StreamError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class EmbedStreamResponse(_message.Message):
+    __slots__ = ("id", "result", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    result: EmbedResponse
+    error: StreamError
+    def __init__(self, id: _Optional[int] = ..., result: _Optional[_Union[EmbedResponse, _Mapping]] = ..., error: _Optional[_Union[StreamError, _Mapping]] = ...) -> None: ...

@@ -1,9 +1,9 @@
 """The KServe v2 / Open Inference Protocol servicer (`inference.GRPCInferenceService`), served on the same
 port as bertserve.v1.Inference.
 
-ModelInfer takes the texts of a BYTES tensor "text" and runs them through the bertserve.v1 servicer's own
-inference path (validation, tokenization, the model's batcher, the tasks), so both protocols share
-batches, limits, metrics and error mapping. Outputs by task:
+ModelInfer takes the texts of a BYTES tensor "text" and makes one inference-core call per task it needs
+(service/core.py: validation, tokenization, the encoder's shared batches, the tasks), so every protocol
+shares batches, limits and metrics; domain errors are mapped by `rpc_status`. Outputs by task:
 
     embed     "embedding"       FP32  [n, dimension]  (request parameter "normalize": bool)
     classify  "labels"          BYTES [n, k]          best first (request parameters "top_k": int64,
@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Coroutine
 
 import grpc
 import numpy as np
@@ -34,14 +35,19 @@ from grpc_health.v1._async import HealthServicer
 
 from bertserve import __version__
 from bertserve.kserve import open_inference_pb2 as pb
-from bertserve.kserve import open_inference_pb2_grpc
-from bertserve.service.errors import InvalidInput, ModelNotFound
+from bertserve.service.core import DEFAULT_FILL_MASK_TOP_K, InferenceCore
+from bertserve.service.errors import InvalidInput, ModelNotFound, quote
 from bertserve.service.kserve.tensors import TEXT_INPUT, OutputTensor, parameter, read_texts, write_outputs
-from bertserve.service.rpc_status import parse_request, rpc
-from bertserve.service.served_model import ServedModel
-from bertserve.service.servicer import DEFAULT_FILL_MASK_TOP_K, CallOutcome, InferenceServicer
-from bertserve.service.tasks import Task, TaskOptions
-from bertserve.service.tasks.classify import ranked
+from bertserve.service.results import ClassifyResult, FillMaskResult, ModelInfo
+from bertserve.service.rpc_status import (
+    Lifecycle,
+    deadline_of,
+    parse_request,
+    rpc,
+    serialized,
+    status_message,
+)
+from bertserve.service.tasks import Task
 from bertserve.service.validation import check_top_k
 
 # inference.GRPCInferenceService
@@ -55,6 +61,8 @@ OUTPUTS_OF_TASK = {
     Task.FILL_MASK: ("mask_tokens", "mask_scores", "mask_sequences"),
 }
 DEFAULT_TASKS = (Task.EMBED, Task.CLASSIFY)  # a request that names no outputs gets these tasks' outputs
+# RPCs that go through `rpc_status.rpc`: their handlers return serialized bytes.
+BYTES_REPLIES = ("ServerMetadata", "ModelMetadata", "RepositoryIndex", "ModelInfer")
 
 
 def probe(name: str, request_type: type):
@@ -80,52 +88,57 @@ def probe(name: str, request_type: type):
             finally:
                 self.metrics.requests.labels(name, code.name).inc()
                 self.metrics.request_duration.labels(name).observe(time.perf_counter() - started)
-            await context.abort(code, message)
+            await context.abort(code, status_message(message))
 
         return handler
 
     return wrap
 
 
-def tensor_metadata(model: ServedModel) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+def tensor_metadata(model: ModelInfo) -> list[pb.ModelMetadataResponse.TensorMetadata]:
     meta = pb.ModelMetadataResponse.TensorMetadata
     outputs = []
-    if spec := model.manifest.tasks.embed:
-        outputs.append(meta(name="embedding", datatype="FP32", shape=[-1, spec.dimension]))
-    if model.manifest.tasks.classify:
+    if Task.EMBED.value in model.tasks:
+        outputs.append(meta(name="embedding", datatype="FP32", shape=[-1, model.dimension]))
+    if Task.CLASSIFY.value in model.tasks:
         outputs.append(meta(name="labels", datatype="BYTES", shape=[-1, -1]))
         outputs.append(meta(name="label_scores", datatype="FP32", shape=[-1, -1]))
-    if model.manifest.tasks.fill_mask:
+    if Task.FILL_MASK.value in model.tasks:
         outputs.append(meta(name="mask_tokens", datatype="BYTES", shape=[-1, -1]))
         outputs.append(meta(name="mask_scores", datatype="FP32", shape=[-1, -1]))
         outputs.append(meta(name="mask_sequences", datatype="BYTES", shape=[-1, -1]))
     return outputs
 
 
-def model_outputs(model: ServedModel) -> dict[str, Task]:
-    return {name: task for task in model.tasks if task in OUTPUTS_OF_TASK for name in OUTPUTS_OF_TASK[task]}
+def model_outputs(model: ModelInfo) -> dict[str, Task]:
+    return {
+        name: task
+        for task in Task
+        if task.value in model.tasks and task in OUTPUTS_OF_TASK
+        for name in OUTPUTS_OF_TASK[task]
+    }
 
 
-class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, inference: InferenceServicer, health: HealthServicer):
-        self.inference = inference
-        self.registry = inference.registry
-        self.settings = inference.settings
-        self.metrics = inference.metrics
-        self.lifecycle = inference.lifecycle
+class OpenInferenceServicer:
+    def __init__(self, core: InferenceCore, health: HealthServicer, lifecycle: Lifecycle):
+        self.core = core
+        self.settings = core.settings  # rpc_status.rpc reads settings, metrics, lifecycle
+        self.metrics = core.metrics
+        self.lifecycle = lifecycle
         self.health = health
 
     async def _server_ready(self, context) -> bool:
         answer = await self.health.Check(health_pb2.HealthCheckRequest(service=""), context)
         return answer.status == health_pb2.HealthCheckResponse.SERVING
 
-    def _model(self, name: str, version: str) -> ServedModel:
+    def _model(self, name: str, version: str) -> ModelInfo:
         if not name:
-            raise InvalidInput(f"model_name: required (loaded: {', '.join(self.registry.by_name)})")
-        model = self.registry.resolve(name, None)
+            loaded = ", ".join(m.name for m in self.core.info().models)
+            raise InvalidInput(f"model_name: required (loaded: {loaded})")
+        model = self.core.model_info(name)
         if version and version != str(model.version):
             raise ModelNotFound(
-                f"model {model.name}: version {version[:32]!r} is not loaded ({model.version} is)"
+                f"model {model.name}: version {quote(version, 32)} is not loaded ({model.version} is)"
             )
         return model
 
@@ -139,7 +152,7 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
 
     @probe("ModelReady", pb.ModelReadyRequest)
     async def ModelReady(self, request: pb.ModelReadyRequest, context) -> pb.ModelReadyResponse:
-        model = self.registry.by_name.get(request.name)
+        model = next((m for m in self.core.info().models if m.name == request.name), None)
         known = model is not None and request.version in ("", str(model.version))
         return pb.ModelReadyResponse(ready=known and await self._server_ready(context))
 
@@ -150,20 +163,20 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
     @rpc("ModelMetadata", pb.ModelMetadataRequest)
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context) -> pb.ModelMetadataResponse:
         model = self._model(request.name, request.version)
-        manifest = model.manifest
         properties = {
-            "tasks": ",".join(t.value for t in model.tasks),
-            "max_length": str(manifest.max_length),
+            "tasks": ",".join(t for t in model.tasks if t != "attention"),
+            "max_length": str(model.max_length),
             "precision": model.precision,
             "provider": model.provider,
+            "encoder": model.encoder,
         }
-        if manifest.tasks.embed:
-            properties["normalize_default"] = str(manifest.tasks.embed.normalize).lower()
-            properties["pooling"] = manifest.tasks.embed.pooling
-        if classify := manifest.tasks.classify:
-            properties["labels"] = ",".join(classify.id2label[i] for i in sorted(classify.id2label))
-        if fill_mask := manifest.tasks.fill_mask:
-            properties["mask_token"] = fill_mask.mask_token
+        if Task.EMBED.value in model.tasks:
+            properties["normalize_default"] = str(model.normalize_default).lower()
+            properties["pooling"] = model.pooling
+        if Task.CLASSIFY.value in model.tasks:
+            properties["labels"] = ",".join(model.labels)
+        if Task.FILL_MASK.value in model.tasks:
+            properties["mask_token"] = model.mask_token
         return pb.ModelMetadataResponse(
             name=model.name,
             versions=[str(model.version)],
@@ -181,12 +194,12 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
         state = "READY" if ready else "UNAVAILABLE"
         models = [
             pb.RepositoryIndexResponse.ModelIndex(name=m.name, version=str(m.version), state=state)
-            for m in self.registry.ordered
+            for m in self.core.info().models
             if ready or not request.ready
         ]
         return pb.RepositoryIndexResponse(models=models)
 
-    def _requested(self, model: ServedModel, request: pb.ModelInferRequest) -> list[str]:
+    def _requested(self, model: ModelInfo, request: pb.ModelInferRequest) -> list[str]:
         available = model_outputs(model)
         if not request.outputs:
             return [name for name, task in available.items() if task in DEFAULT_TASKS]
@@ -194,11 +207,11 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
         for i, name in enumerate(names):
             if name not in available:
                 raise InvalidInput(
-                    f"outputs[{i}].name: model {model.name} has no output {name[:64]!r} "
+                    f"outputs[{i}].name: model {model.name} has no output {quote(name)} "
                     f"(outputs: {', '.join(available) or 'none'})"
                 )
         if len(set(names)) != len(names):
-            raise InvalidInput(f"outputs: an output is requested twice ({names})")
+            raise InvalidInput(f"outputs: an output is requested twice ({quote(names)})")
         for i, output in enumerate(request.outputs):
             if "classification" in output.parameters:  # what tritonclient sends for class_count
                 raise InvalidInput(
@@ -207,80 +220,97 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
                 )
         return names
 
-    def _options(self, model: ServedModel, task: Task, request: pb.ModelInferRequest) -> TaskOptions:
+    def _task_call(
+        self, model: ModelInfo, task: Task, texts: list[str], request: pb.ModelInferRequest, names, context
+    ) -> Coroutine:
+        """The core call for `task`, with the request parameters checked (their names in messages)."""
+        truncate = parameter(request, "truncate", bool, False)
+        deadline = deadline_of(context)
         if task is Task.EMBED:
-            normalize = parameter(request, "normalize", bool, model.manifest.tasks.embed.normalize)
-            return TaskOptions(Task.EMBED, normalize=normalize)
+            normalize = parameter(request, "normalize", bool, None)
+            return self.core.embed(
+                model.name, texts, truncate=truncate, normalize=normalize, deadline=deadline
+            )
         if task is Task.FILL_MASK:
             top_k = parameter(request, "top_k", int, DEFAULT_FILL_MASK_TOP_K)
-            check_top_k(top_k, model.tokenizer.vocab_size, "parameters['top_k']", "vocabulary size")
-            return TaskOptions(Task.FILL_MASK, top_k=top_k)
-        labels = len(model.manifest.tasks.classify.id2label)
+            check_top_k(top_k, model.vocab_size, "parameters['top_k']", "vocabulary size")
+            sequences = "mask_sequences" in names
+            return self.core.fill_mask(
+                model.name, texts, truncate=truncate, top_k=top_k, sequences=sequences, deadline=deadline
+            )
         top_k = parameter(request, "top_k", int, 0)
         if top_k:
-            check_top_k(top_k, labels, "parameters['top_k']", "number of labels")
-        return TaskOptions(
-            Task.CLASSIFY, top_k=top_k, raw_scores=parameter(request, "raw_scores", bool, False)
+            check_top_k(top_k, len(model.labels), "parameters['top_k']", "number of labels")
+        raw_scores = parameter(request, "raw_scores", bool, False)
+        return self.core.classify(
+            model.name,
+            texts,
+            truncate=truncate,
+            top_k=top_k or None,
+            raw_scores=raw_scores,
+            deadline=deadline,
         )
 
     @rpc("ModelInfer", pb.ModelInferRequest)
-    async def ModelInfer(self, request: pb.ModelInferRequest, context) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: pb.ModelInferRequest, context) -> bytes:
         model = self._model(request.model_name, request.model_version)
         texts = read_texts(request, self.settings.max_inputs_per_request)
-        truncate = parameter(request, "truncate", bool, False)
         names = self._requested(model, request)
         available = model_outputs(model)
         tasks = list(dict.fromkeys(available[name] for name in names))
-        options = [self._options(model, task, request) for task in tasks]
-        # Every task's inputs are submitted at once, so they can share a batch (one encoder run).
-        outcomes = await asyncio.gather(
-            *(self.inference.infer(model, texts, truncate, option, context) for option in options),
-            return_exceptions=True,
-        )
+        calls = [self._task_call(model, task, texts, request, names, context) for task in tasks]
+        # Every task's inputs are admitted at once, so they can share a batch (one encoder run).
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
         tensors: dict[str, OutputTensor] = {}
-        for task, option, outcome in zip(tasks, options, outcomes, strict=True):
+        for task, outcome in zip(tasks, outcomes, strict=True):
             if task is Task.EMBED:
-                tensors["embedding"] = OutputTensor("embedding", "FP32", _stack(outcome.values))
+                tensors["embedding"] = OutputTensor("embedding", "FP32", outcome.vectors)
             elif task is Task.CLASSIFY:
-                tensors.update(_classify_tensors(model, option, outcome))
+                tensors.update(_classify_tensors(outcome))
             else:
-                tensors.update(await self._fill_mask_tensors(model, outcome, "mask_sequences" in names))
-        response = pb.ModelInferResponse(
-            model_name=model.name, model_version=str(model.version), id=request.id
-        )
-        write_outputs(response, [tensors[name] for name in names], raw=bool(request.raw_input_contents))
-        return response
+                tensors.update(_fill_mask_tensors(model, outcome, "mask_sequences" in names))
+        outputs = [tensors[name] for name in names]
+        reply = functools.partial(_response, model, request.id, outputs, bool(request.raw_input_contents))
+        if sum(t.values.size for t in outputs) * 4 > OFF_LOOP_BYTES:
+            return await self.core.off_loop(reply)
+        return reply()
 
-    async def _fill_mask_tensors(self, model: ServedModel, outcome: CallOutcome, sequences: bool) -> dict:
-        for i, masks in enumerate(outcome.values):
-            if len(masks) != 1:
-                raise InvalidInput(
-                    f"inputs[{TEXT_INPUT!r}][{i}]: {len(masks)} {model.manifest.tasks.fill_mask.mask_token} "
-                    "tokens; this protocol takes exactly one per input (bertserve.v1 FillMask takes more)"
-                )
-        tops = [masks[0] for masks in outcome.values]
-        tokens = [[model.tokenizer.id_to_token(int(i)).encode() for i in top.token_ids] for top in tops]
-        tensors = {
-            "mask_tokens": OutputTensor("mask_tokens", "BYTES", _object_array(tokens)),
-            "mask_scores": OutputTensor("mask_scores", "FP32", _stack([top.scores for top in tops])),
-        }
-        if sequences:
-            filled = await self.inference.off_loop(
-                model.filled_sequences, [e.ids for e in outcome.encoded], outcome.values
+
+OFF_LOOP_BYTES = 64 * 1024  # responses estimated above this are built and serialized off the event loop
+
+
+def _response(model: ModelInfo, request_id: str, outputs: list[OutputTensor], raw: bool) -> bytes:
+    response = pb.ModelInferResponse(model_name=model.name, model_version=str(model.version), id=request_id)
+    write_outputs(response, outputs, raw=raw)
+    return serialized(response)
+
+
+def _fill_mask_tensors(model: ModelInfo, outcome: FillMaskResult, sequences: bool) -> dict:
+    for i, masks in enumerate(outcome.masks):
+        if len(masks) != 1:
+            raise InvalidInput(
+                f"inputs[{TEXT_INPUT!r}][{i}]: {len(masks)} {model.mask_token} "
+                "tokens; this protocol takes exactly one per input (bertserve.v1 FillMask takes more)"
             )
-            texts = [[text.encode() for text in per_input[0]] for per_input in filled]
-            tensors["mask_sequences"] = OutputTensor("mask_sequences", "BYTES", _object_array(texts))
-        return tensors
+    tops = [masks[0] for masks in outcome.masks]
+    tensors = {
+        "mask_tokens": OutputTensor(
+            "mask_tokens", "BYTES", _object_array([[t.encode() for t in top.tokens] for top in tops])
+        ),
+        "mask_scores": OutputTensor("mask_scores", "FP32", _stack([top.scores for top in tops])),
+    }
+    if sequences:
+        texts = [[text.encode() for text in top.sequences] for top in tops]
+        tensors["mask_sequences"] = OutputTensor("mask_sequences", "BYTES", _object_array(texts))
+    return tensors
 
 
-def _classify_tensors(model: ServedModel, option: TaskOptions, outcome: CallOutcome) -> dict:
-    spec = model.manifest.tasks.classify
-    best = [ranked(scores, option.top_k) for scores in outcome.values]
-    labels = [[spec.id2label.get(i, str(i)).encode() for i, _ in row] for row in best]
-    scores = [[score for _, score in row] for row in best]
+def _classify_tensors(outcome: ClassifyResult) -> dict:
+    labels = [[s.label.encode() for s in row] for row in outcome.labels]
+    scores = [[s.score for s in row] for row in outcome.labels]
     return {
         "labels": OutputTensor("labels", "BYTES", _object_array(labels)),
         "label_scores": OutputTensor("label_scores", "FP32", _stack(scores)),
@@ -298,19 +328,22 @@ def _object_array(rows: list[list[bytes]]) -> np.ndarray:
     return out
 
 
-def add_to_server(inference: InferenceServicer, health: HealthServicer, server: grpc.aio.Server) -> str:
-    """Registers the servicer next to `inference` on `server`; returns the service's full name.
+def add_to_server(
+    core: InferenceCore, health: HealthServicer, lifecycle: Lifecycle, server: grpc.aio.Server
+) -> str:
+    """Registers the servicer on `server`; returns the service's full name.
 
     Requests are passed on as bytes and parsed by `probe`/`rpc`, so that an undecodable request gets
-    INVALID_ARGUMENT (the generated registration would answer UNKNOWN)."""
-    servicer = OpenInferenceServicer(inference, health)
-    handlers = {
-        method.name: grpc.unary_unary_rpc_method_handler(
+    INVALID_ARGUMENT (the generated registration would answer UNKNOWN); ModelInfer returns its response
+    serialized (large ones off the event loop), the others their message."""
+    servicer = OpenInferenceServicer(core, health, lifecycle)
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        response_type = getattr(pb, method.output_type.name)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, method.name),
             request_deserializer=None,
-            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+            response_serializer=None if method.name in BYTES_REPLIES else response_type.SerializeToString,
         )
-        for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
-    }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     return SERVICE_NAME

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertserve.kserve import open_inference_pb2 as pb
-from bertserve.service.errors import InvalidInput
+from bertserve.service.errors import InvalidInput, quote
 
 TEXT_INPUT = "text"
 LENGTH_PREFIX = struct.Struct("<I")  # BYTES elements in raw contents: uint32 little-endian length, then bytes
@@ -44,20 +44,22 @@ def encode_bytes_elements(elements: Sequence[bytes]) -> bytes:
 def _element_count(shape: Sequence[int], field: str) -> int:
     if len(shape) == 1 or (len(shape) == 2 and shape[1] == 1):
         if shape[0] < 1:
-            raise InvalidInput(f"{field}.shape: needs at least one element (got {list(shape)})")
+            raise InvalidInput(f"{field}.shape: needs at least one element (got {quote(list(shape))})")
         return int(shape[0])
-    raise InvalidInput(f"{field}.shape: must be [n] or [n, 1] (got {list(shape)})")
+    raise InvalidInput(f"{field}.shape: must be [n] or [n, 1] (got {quote(list(shape))})")
 
 
 def read_texts(request: pb.ModelInferRequest, max_inputs: int) -> list[str]:
     """The texts of the request's single BYTES input tensor "text", from typed or raw contents."""
     names = [tensor.name for tensor in request.inputs]
     if names != [TEXT_INPUT]:
-        raise InvalidInput(f"inputs: expected exactly one input tensor {TEXT_INPUT!r} (BYTES), got {names}")
+        raise InvalidInput(
+            f"inputs: expected exactly one input tensor {TEXT_INPUT!r} (BYTES), got {quote(names)}"
+        )
     tensor = request.inputs[0]
     field = f"inputs[{TEXT_INPUT!r}]"
     if tensor.datatype != "BYTES":
-        raise InvalidInput(f"{field}.datatype: must be BYTES (UTF-8 text), got {tensor.datatype!r}")
+        raise InvalidInput(f"{field}.datatype: must be BYTES (UTF-8 text), got {quote(tensor.datatype)}")
     count = _element_count(tensor.shape, field)
     if count > max_inputs:
         raise InvalidInput(f"{field}.shape: {count} inputs is more than max_inputs_per_request {max_inputs}")
@@ -72,7 +74,9 @@ def read_texts(request: pb.ModelInferRequest, max_inputs: int) -> list[str]:
     else:
         elements = list(tensor.contents.bytes_contents)
     if len(elements) != count:
-        raise InvalidInput(f"{field}: shape {list(tensor.shape)} needs {count} elements, got {len(elements)}")
+        raise InvalidInput(
+            f"{field}: shape {quote(list(tensor.shape))} needs {count} elements, got {len(elements)}"
+        )
     texts = []
     for i, element in enumerate(elements):
         try:

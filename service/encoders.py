@@ -1,0 +1,83 @@
+"""Encoder groups: each distinct encoder graph is loaded once and serves every model that runs on it.
+
+Models share a group when their encoder graph for the chosen precision has the same sha256: a head-only
+model that names an encoder model, or an older repository whose models hold byte-identical copies. A
+group owns the encoder's ONNX session, one worker thread and one queue owner (`Batcher`): Embed,
+FillMask and Classify calls of all its models share batches; `compute` runs the encoder ONCE per batch,
+asking only for the outputs the batch's rows need, then each model's head on that model's rows.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from bertserve.service.batcher import Batcher, WorkItem
+from bertserve.service.runtime import GraphSession
+from bertserve.service.tasks import Task, TaskOptions
+from bertserve.service.tasks.fill_mask import mask_positions
+
+if TYPE_CHECKING:
+    from bertserve.service.served_model import ServedModel
+
+WARM_UP_TEXT = "The server warms up before it reports serving."
+
+
+class EncoderGroup:
+    def __init__(self, name: str, sha256: str, graph_key: str, session: GraphSession, pad_id: int):
+        self.name = name  # the model whose encoder this is (first in order for byte-identical copies)
+        self.sha256 = sha256
+        self.graph_key = graph_key  # encoder, encoder_int8 or encoder_fp16
+        self.session = session
+        self.pad_id = pad_id
+        self.models: list[ServedModel] = []  # in the server's order
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bertserve-{name}")
+        self.batcher: Batcher | None = None  # set by the core
+
+    @property
+    def provider(self) -> str:
+        return self.session.provider
+
+    def compute(self, batch: list[WorkItem]) -> list[object]:
+        """Blocking; runs on the group's worker thread. One encoder run for every row of the batch."""
+        size, longest = len(batch), max(item.length for item in batch)
+        input_ids = np.full((size, longest), self.pad_id, dtype=np.int64)  # (B, T)
+        attention_mask = np.zeros((size, longest), dtype=np.int64)  # (B, T)
+        token_type_ids = np.zeros((size, longest), dtype=np.int64)  # (B, T)
+        rows: dict[tuple[ServedModel, Task], list[int]] = {}
+        for row, item in enumerate(batch):
+            input_ids[row, : item.length] = item.ids
+            attention_mask[row, : item.length] = 1
+            token_type_ids[row, : item.length] = item.type_ids
+            model = item.model if item.model is not None else self.models[0]
+            rows.setdefault((model, item.options.task), []).append(row)
+        wanted = list(dict.fromkeys(model.encoder_output(task) for model, task in rows))
+        outputs = self.session.run(
+            {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids},
+            wanted,
+        )
+        results: list[object] = [None] * size
+        for (model, task), task_rows in rows.items():
+            model.finish(task, batch, task_rows, outputs, results)
+        return results
+
+    def warm_up(self) -> None:
+        """Blocking: one batch through every model's heads, and each attention graph once."""
+        items = []
+        for model in self.models:
+            encoded = model.tokenizer.encode([WARM_UP_TEXT], truncate=True)[0]
+            for task in model.tasks:
+                ids, positions = encoded.ids, None
+                if task is Task.FILL_MASK:
+                    ids = ids.copy()
+                    ids[1] = model.manifest.tasks.fill_mask.mask_token_id
+                    positions = mask_positions(ids, model.manifest.tasks.fill_mask.mask_token_id)
+                items.append(
+                    WorkItem(ids, encoded.type_ids, TaskOptions(task), None, None, positions, model=model)
+                )
+            if model.attention is not None:
+                model.attention.run(encoded.ids, encoded.type_ids, [0], [0])
+        if items:
+            self.compute(items)
