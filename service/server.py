@@ -14,6 +14,8 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from bertserve.service import model_registry
+from bertserve.service.admission import Admission
+from bertserve.service.admission import server_options as admission_options
 from bertserve.service.core import InferenceCore
 from bertserve.service.encoders import EncoderGroup
 from bertserve.service.errors import StartupError
@@ -112,7 +114,10 @@ class InferenceServer:
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
         ]
-        self._server = grpc.aio.server(options=size_options)
+        self.admission = Admission(s.concurrent_rpcs_limit(), self.metrics)
+        self._server = grpc.aio.server(
+            options=size_options + admission_options(self.admission.limit), interceptors=[self.admission]
+        )
         add_inference_servicer(InferenceServicer(self.core, self.lifecycle), self._server)
         # the KServe v2 protocol, on the same port and core
         kserve_service = kserve.add_to_server(self.core, self.health, self.lifecycle, self._server)

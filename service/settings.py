@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     # 2 ms of waiting cost about 5 ms at p50 for a lone call and gave no throughput.
     max_queue_delay_ms: float = Field(0.0, ge=0, le=10_000)
     max_queue_inputs: int = Field(1024, ge=1, le=1_000_000)
+    # gRPC calls in flight at once (grpc.health.v1 Check excepted); beyond it a call is refused at once with
+    # RESOURCE_EXHAUSTED and counted (service/admission.py). 0 = twice max_queue_inputs: a full queue of
+    # one-input calls and as many again being tokenized or answered.
+    max_concurrent_rpcs: int = Field(0, ge=0, le=1_000_000)
     # Attention calls waiting per encoder (each runs alone, alternating with batches; beyond: RESOURCE_EXHAUSTED).
     max_queue_attention: int = Field(256, ge=1, le=100_000)
     max_inputs_per_request: int = Field(256, ge=1, le=100_000)
@@ -98,6 +102,10 @@ class Settings(BaseSettings):
             if path is not None and not path.is_file():
                 raise ValueError(f"{name}: no such file: {path}")
         return self
+
+    def concurrent_rpcs_limit(self) -> int:
+        """`max_concurrent_rpcs`, with 0 resolved to twice max_queue_inputs."""
+        return self.max_concurrent_rpcs or 2 * self.max_queue_inputs
 
     def model_specs(self) -> list[tuple[str, int | None]]:
         """`models` parsed into (name, version or None for the highest)."""
