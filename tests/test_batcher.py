@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from bertserve.service.batch_policy import CostEstimate
 from bertserve.service.batcher import Batcher, BatchLimits, BatchObserver, WorkItem, cut_batch
 from bertserve.service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
 from bertserve.service.tasks import Task, TaskOptions
@@ -279,3 +280,104 @@ def test_abort_fails_computing_and_queued_inputs():
             assert batcher.depth == 0
 
     run(main())
+
+
+# --- exclusive jobs (attention runs) and the cost estimate -------------------------------------------
+
+
+def test_exclusive_jobs_alternate_with_batches_and_report_true_times():
+    """A batch queued behind five attention runs waits for at most one of them; its queue time is that
+    wait and its inference time its own compute."""
+
+    async def main():
+        gate, order = threading.Event(), []
+
+        def compute(batch):
+            gate.wait(5)
+            order.append("batch")
+            return echo_tags(batch)
+
+        def attention_run(k):
+            def run():
+                time.sleep(0.1)
+                order.append(f"attention{k}")
+                return k
+
+            return run
+
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher("m", compute, limits(max_queue_delay_s=0), pool)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            blocker = item(3, future=loop.create_future())
+            batcher.submit([blocker])
+            runs = [
+                asyncio.ensure_future(batcher.submit_exclusive(attention_run(k), 10, None)) for k in range(5)
+            ]
+            await asyncio.sleep(0.01)
+            assert batcher.depth == 5
+            queued = item(4, tag=7, future=loop.create_future())
+            batcher.submit([queued])
+            gate.set()
+            result = await queued.future
+            assert order[:3] == ["batch", "attention0", "batch"]
+            assert result.value == 7 and result.queue_s >= 0.09 and result.inference_s < 0.05
+            assert [r.value for r in await asyncio.gather(*runs)] == list(range(5))
+            assert all(r.inference_s >= 0.09 for r in await asyncio.gather(*runs))
+            # the estimate comes from batches only: two batches that took about nothing
+            assert batcher.cost.seconds_per_token < 0.01
+            await batcher.close()
+
+    run(main())
+
+
+def test_exclusive_queue_limit_and_cancelled_job_never_runs():
+    async def main():
+        gate, ran = threading.Event(), []
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(
+                "m", lambda b: (gate.wait(5), echo_tags(b))[1], limits(max_queue_exclusive=2), pool
+            )
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            batcher.submit([item(3, future=loop.create_future())])  # holds the worker
+            await asyncio.sleep(0.02)
+            kept = asyncio.ensure_future(batcher.submit_exclusive(lambda: ran.append("kept"), 5, None))
+            dropped = asyncio.ensure_future(batcher.submit_exclusive(lambda: ran.append("dropped"), 5, None))
+            await asyncio.sleep(0.01)
+            with pytest.raises(Overloaded, match="max_queue_attention 2"):
+                await batcher.submit_exclusive(lambda: None, 5, None)
+            dropped.cancel()
+            gate.set()
+            await kept
+            await batcher.close()
+            assert ran == ["kept"] and batcher.depth == 0
+
+    run(main())
+
+
+def test_never_refused_for_its_deadline_with_nothing_ahead():
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher("m", echo_tags, limits(), pool)
+            batcher.start()
+            for _ in range(16):
+                batcher.cost.add(seconds=100.0, padded_tokens=1)  # a planted, absurdly slow period
+            loop = asyncio.get_running_loop()
+            big = [item(256, future=loop.create_future(), deadline=time.monotonic() + 30) for _ in range(64)]
+            batcher.submit(big)  # empty queue: accepted although the estimate says 1.6 million seconds
+            await asyncio.gather(*(one.future for one in big))
+            await batcher.close()
+
+    run(main())
+
+
+def test_cost_estimate_follows_recent_batches():
+    estimate = CostEstimate(window=16)
+    assert estimate.seconds_per_token is None
+    for _ in range(16):
+        estimate.add(2.0, 100)  # a slow period: 20 ms per token
+    assert estimate.seconds_per_token == pytest.approx(0.02)
+    for _ in range(9):  # a majority of the window at 0.1 ms per token
+        estimate.add(0.01, 100)
+    assert estimate.seconds_per_token == pytest.approx(0.0001)
