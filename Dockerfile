@@ -72,7 +72,7 @@ COPY --from=wheel /wheels /wheels
 RUN pip install --no-cache-dir --no-deps /wheels/bertserve-*.whl \
     && pip install --no-cache-dir "onnxruntime-gpu>=1.20" "tokenizers>=0.20" "numpy>=1.26" "grpcio>=1.81.1" \
         "grpcio-health-checking>=1.81,<1.82" "grpcio-reflection>=1.81,<1.82" "protobuf>=6.33.5,<7" \
-        "pydantic>=2.6" "pydantic-settings>=2.2" "prometheus-client>=0.20" \
+        "pydantic>=2.6" "pydantic-settings>=2.2" "prometheus-client>=0.20" "httptools>=0.6" \
     && rm -rf /wheels
 # Every library the CUDA provider links (libcuda.so.1 comes from the host driver at run time) and cuDNN 9
 # must resolve in this image.

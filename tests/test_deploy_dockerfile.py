@@ -7,8 +7,10 @@ fresh venv and runs the HEALTHCHECK command against the server started there.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 
 import pytest
 import tomllib
@@ -60,13 +62,76 @@ def test_stages_and_default_target(dockerfile):
     assert stages["cpu"].base == stages["exporter"].base == "${PYTHON_IMAGE}"
 
 
-def test_exporter_installs_torch_pinned_like_the_makefile_and_exports_the_default_model(dockerfile):
+def test_exporter_installs_torch_pinned_like_the_makefile(dockerfile):
     global_args, stages = dockerfile
     pinned_in_makefile = re.search(r"^TORCH_VERSION :?= ([0-9.]+)$", (ROOT / "Makefile").read_text(), re.M)[1]
     assert global_args["TORCH_VERSION"] == pinned_in_makefile
     runs = " ".join(stages["exporter"].all("RUN"))
     assert '--index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"' in runs
-    assert "bertserve export --default --out /models --int8 --fp16" in runs
+
+
+# Stands in for `bertserve` when the exporter stage's RUN lines are run here: records each call and writes
+# what the real command would name (REPO/NAME/1/manifest.json for export, checkpoint folders for
+# assemble-heads), so the shell around the calls (loops, variables, &&) really runs.
+FAKE_BERTSERVE = """\
+import json, os, sys
+from pathlib import Path
+args = sys.argv[1:]
+with open(os.environ["BERTSERVE_CALLS"], "a") as log:
+    log.write(json.dumps(args) + "\\n")
+def value(flag):
+    return args[args.index(flag) + 1] if flag in args else None
+if args[0] == "export":
+    name = value("--name") or (DEFAULT if "--default" in args else Path(value("--checkpoint")).name)
+    (Path(value("--out")) / name / "1").mkdir(parents=True)
+    (Path(value("--out")) / name / "1" / "manifest.json").write_text("{}")
+elif args[0] == "assemble-heads":
+    for head in HEADS:
+        (Path(value("--out")) / head).mkdir(parents=True)
+"""
+
+
+def test_exporter_stage_writes_every_default_model_and_the_runtime_stages_copy_them(dockerfile, tmp_path):
+    """The exporter's RUN lines that call `bertserve`, run by sh with a recording stand-in and /models
+    moved into tmp_path: the repository they write holds every default model (README: the encoder and
+    the two WordNet head models), and each runtime stage copies that repository and serves it."""
+    from bertserve.export.default_model import DEFAULT_MODEL_NAME
+    from bertserve.export.heads.assemble import CLASSIFIER_NAME, FILL_MASK_NAME
+
+    _, stages = dockerfile
+    bin_dir, models = tmp_path / "bin", tmp_path / "models"
+    bin_dir.mkdir()
+    fake = bin_dir / "bertserve"
+    fake.write_text(
+        f"#!{sys.executable}\nDEFAULT = {DEFAULT_MODEL_NAME!r}\nHEADS = {[CLASSIFIER_NAME, FILL_MASK_NAME]!r}\n"
+        + FAKE_BERTSERVE
+    )
+    fake.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "BERTSERVE_CALLS": str(tmp_path / "calls"),
+    }
+    exports = [
+        run for run in stages["exporter"].all("RUN") if re.search(r"\bbertserve (export|assemble)", run)
+    ]
+    assert exports, "the exporter stage runs no `bertserve export`"
+    for run in exports:
+        script = re.sub(r"(?<![\w/.])/models\b", str(models), run)
+        result = subprocess.run(
+            ["sh", "-e", "-c", script], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+    written = {path.parent.parent.name for path in models.glob("*/*/manifest.json")}
+    assert written == {DEFAULT_MODEL_NAME, CLASSIFIER_NAME, FILL_MASK_NAME}
+    calls = [json.loads(line) for line in (tmp_path / "calls").read_text().splitlines()]
+    default_export = next(c for c in calls if c[:2] == ["export", "--default"])
+    assert {"--int8", "--fp16"} <= set(default_export)  # CPUs serve int8, the cuda image fp16
+    for target in RUNTIME_STAGES:
+        copies = [c for c in stages[target].all("COPY") if c.startswith("--from=exporter")]
+        assert [c.split()[-2:] for c in copies] == [["/models", "/models"]], target
+        env_lines = " ".join(stages[target].all("ENV"))
+        assert "BERTSERVE_MODEL_REPO=/models" in env_lines and "BERTSERVE_MODELS=" not in env_lines, target
 
 
 @pytest.mark.parametrize("target", RUNTIME_STAGES)
