@@ -82,6 +82,20 @@ class Metrics:
             registry=r,
         )
         self.inputs = Counter("bertserve_inputs", "inputs accepted", ["model", "task"], registry=r)
+        # EmbedStream (service/streaming.py): requests_total{rpc="EmbedStream"} counts streams by final code
+        self.streams_open = Gauge("bertserve_streams_open", "EmbedStream calls in progress", registry=r)
+        self.stream_inputs_in_flight = Histogram(
+            "bertserve_stream_inputs_in_flight",
+            "a stream's inputs in flight (admitted, not yet answered and sent), observed at each admission",
+            buckets=SIZE_BUCKETS + (1024, 4096),
+            registry=r,
+        )
+        self.stream_requests = Counter(
+            "bertserve_stream_requests",
+            "EmbedStream requests (stream messages) answered",
+            ["code"],
+            registry=r,
+        )
         self.dropped = Counter(
             "bertserve_dropped", "inputs dropped before compute", ["model", "reason"], registry=r
         )

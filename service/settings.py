@@ -54,6 +54,11 @@ class Settings(BaseSettings):
     # Attention calls waiting per encoder (each runs alone, alternating with batches; beyond: RESOURCE_EXHAUSTED).
     max_queue_attention: int = Field(256, ge=1, le=100_000)
     max_inputs_per_request: int = Field(256, ge=1, le=100_000)
+    # EmbedStream: inputs of one stream admitted and not yet answered and sent (service/streaming.py). The
+    # server reads the stream's next request only when it fits, so a stream runs in constant memory and a
+    # unary caller waits behind at most this many of a stream's inputs. A request larger than this runs
+    # alone.
+    max_stream_inputs_in_flight: int = Field(64, ge=1, le=100_000)
     max_input_chars: int = Field(20_000, ge=1, le=10_000_000)
     max_masks_per_input: int = Field(32, ge=1, le=1024)
     max_message_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=1 << 30)

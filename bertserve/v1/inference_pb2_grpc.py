@@ -64,6 +64,11 @@ class InferenceStub:
                 request_serializer=bertserve_dot_v1_dot_inference__pb2.AttentionRequest.SerializeToString,
                 response_deserializer=bertserve_dot_v1_dot_inference__pb2.AttentionResponse.FromString,
                 _registered_method=True)
+        self.EmbedStream = channel.stream_stream(
+                '/bertserve.v1.Inference/EmbedStream',
+                request_serializer=bertserve_dot_v1_dot_inference__pb2.EmbedStreamRequest.SerializeToString,
+                response_deserializer=bertserve_dot_v1_dot_inference__pb2.EmbedStreamResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -112,6 +117,20 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EmbedStream(self, request_iterator, context):
+        """Bulk embedding: the client streams requests (each with its own id and inputs), the server streams
+        one response per request back, with that id, as each finishes (not necessarily in request order).
+        Flow control: the server holds at most max_stream_inputs_in_flight of the stream's inputs at once
+        (admitted to the same queue as unary calls) and reads the next request only when one is answered and
+        its response sent, so a client that stops reading slows its own stream down. A failed request gets a
+        response with its id and `error`; the stream goes on unless the first request set stop_on_error.
+        While the server drains, it reads no more requests, answers those it read, then ends the stream with
+        UNAVAILABLE (resend the requests whose ids got no response elsewhere).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +163,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Attention,
                     request_deserializer=bertserve_dot_v1_dot_inference__pb2.AttentionRequest.FromString,
                     response_serializer=bertserve_dot_v1_dot_inference__pb2.AttentionResponse.SerializeToString,
+            ),
+            'EmbedStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.EmbedStream,
+                    request_deserializer=bertserve_dot_v1_dot_inference__pb2.EmbedStreamRequest.FromString,
+                    response_serializer=bertserve_dot_v1_dot_inference__pb2.EmbedStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +332,33 @@ class Inference:
             '/bertserve.v1.Inference/Attention',
             bertserve_dot_v1_dot_inference__pb2.AttentionRequest.SerializeToString,
             bertserve_dot_v1_dot_inference__pb2.AttentionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EmbedStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/bertserve.v1.Inference/EmbedStream',
+            bertserve_dot_v1_dot_inference__pb2.EmbedStreamRequest.SerializeToString,
+            bertserve_dot_v1_dot_inference__pb2.EmbedStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

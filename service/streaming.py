@@ -1,0 +1,249 @@
+"""EmbedStream: bulk embedding over one bidirectional gRPC stream, with flow control.
+
+The client streams EmbedStreamRequests (each with its own id and inputs); every request becomes one
+`core.embed` call, admitted to the encoder's queue like any unary call, and its response (with the id)
+is sent as soon as it is ready. Two loops per stream:
+
+- the reader reads the next request only while the stream's inputs in flight (admitted, not yet answered
+  AND sent) are below `max_stream_inputs_in_flight` (`InputWindow`); a request that does not fit waits
+  until it does (a request larger than the window runs alone). A client that stops reading blocks the
+  writer, the window stays full, the reader stops reading, and HTTP/2 flow control stops the client's
+  sends: the stream holds a bounded number of inputs whatever its length or its reader's pace.
+- the writer sends answers in the order they finish and frees their inputs in the window.
+
+A failed request is answered with its id and a StreamError (code + message, as the unary RPC's status);
+the stream goes on, unless its first request set `stop_on_error` (then the stream ends with that code).
+An undecodable request ends the stream with INVALID_ARGUMENT once what was read is answered. While the
+server drains, the reader stops, what was read is answered, and the stream ends with UNAVAILABLE. A
+cancelled stream (client cancel, deadline) cancels its requests' queued work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from bertserve.service import errors, wire
+from bertserve.service import v1_messages as messages
+from bertserve.service.batcher import DEADLINE_SLACK_S
+from bertserve.service.core import InferenceCore
+from bertserve.service.rpc_status import Lifecycle, deadline_of, parse_request, status_message, status_of
+from bertserve.v1 import inference_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+RPC_NAME = "EmbedStream"
+RESULT_FIELD = pb.EmbedStreamResponse.DESCRIPTOR.fields_by_name["result"].number
+OFF_LOOP_BYTES = 64 * 1024  # answers estimated above this are serialized on the CPU pool
+
+
+class InputWindow:
+    """A stream's inputs in flight, at most `limit` (a request larger than `limit` is admitted alone)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.in_flight = 0
+        self._changed = asyncio.Condition()
+
+    async def wait_room(self) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.in_flight < self.limit)
+
+    async def acquire(self, inputs: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.in_flight == 0 or self.in_flight + inputs <= self.limit)
+            self.in_flight += inputs
+
+    async def release(self, inputs: int) -> None:
+        async with self._changed:
+            self.in_flight -= inputs
+            self._changed.notify_all()
+
+
+@dataclass(frozen=True)
+class _Answer:
+    request_id: int
+    inputs: int  # window share, freed once sent
+    payload: bytes  # serialized EmbedStreamResponse
+    code: grpc.StatusCode
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class _ReadingEnded:
+    """The reader is done: the client half-closed (code OK), the server drains, or a request was bad."""
+
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    message: str = ""
+
+
+class _StreamEnded(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def error_payload(request_id: int, code: grpc.StatusCode, message: str) -> bytes:
+    error = pb.StreamError(code=code.value[0], message=status_message(message))
+    return pb.EmbedStreamResponse(id=request_id, error=error).SerializeToString()
+
+
+def result_payload(request_id: int, result) -> bytes:
+    head = pb.EmbedStreamResponse(id=request_id).SerializeToString()
+    return head + wire.length_delimited(RESULT_FIELD, messages.embed(result))
+
+
+class _Stream:
+    """One EmbedStream call: its reader, writer, window and requests in progress."""
+
+    def __init__(self, core: InferenceCore, lifecycle: Lifecycle, context: grpc.aio.ServicerContext):
+        self.core, self.lifecycle, self.context = core, lifecycle, context
+        self.settings, self.metrics = core.settings, core.metrics
+        self.window = InputWindow(self.settings.max_stream_inputs_in_flight)
+        self.deadline = deadline_of(context)
+        self.answers: asyncio.Queue[_Answer | _ReadingEnded] = asyncio.Queue()
+        self.working: set[asyncio.Task] = set()  # requests admitted, not yet answered
+        self.stop_on_error = False
+        self.answered = 0
+
+    async def run(self) -> tuple[grpc.StatusCode, str]:
+        reader = asyncio.ensure_future(self._read())
+        draining = asyncio.ensure_future(self._watch_drain(reader))
+        try:
+            return await self._write()
+        finally:
+            for task in (reader, draining, *self.working):
+                task.cancel()
+            # let cancelled reads and requests unwind (the core cancels their queued inputs)
+            await asyncio.gather(reader, draining, *self.working, return_exceptions=True)
+
+    async def _watch_drain(self, reader: asyncio.Task) -> None:
+        await self.lifecycle.wait_draining()
+        if not reader.done():
+            reader.cancel()
+            self.answers.put_nowait(
+                _ReadingEnded(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the server is draining: requests read so far were answered; resend those without "
+                    "an answer elsewhere",
+                )
+            )
+
+    async def _read(self) -> None:
+        try:
+            await self._read_requests()
+        except Exception as exc:  # not cancellation: a failure of ours, reported as the stream's status
+            log.exception("EmbedStream reader failed")
+            self.answers.put_nowait(
+                _ReadingEnded(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+            )
+
+    async def _read_requests(self) -> None:
+        first = True
+        while True:
+            await self.window.wait_room()
+            data = await self.context.read()
+            if data is grpc.aio.EOF:
+                self.answers.put_nowait(_ReadingEnded())
+                return
+            try:
+                request = parse_request(pb.EmbedStreamRequest, data)
+            except errors.InvalidInput as exc:
+                self.answers.put_nowait(_ReadingEnded(grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
+                return
+            if first:
+                self.stop_on_error, first = request.stop_on_error, False
+            inputs = max(1, len(request.inputs))
+            await self.window.acquire(inputs)
+            self.metrics.stream_inputs_in_flight.observe(self.window.in_flight)
+            task = asyncio.ensure_future(self._answer(request, inputs))
+            self.working.add(task)
+            task.add_done_callback(self.working.discard)
+
+    async def _answer(self, request: pb.EmbedStreamRequest, inputs: int) -> None:
+        code, message = grpc.StatusCode.OK, ""
+        try:
+            result = await self.core.embed(
+                request.model,
+                request.inputs,
+                truncate=request.truncate,
+                normalize=request.normalize if request.HasField("normalize") else None,
+                deadline=self.deadline,
+            )
+            if result.vectors.nbytes > OFF_LOOP_BYTES:
+                payload = await self.core.off_loop(result_payload, request.id, result)
+            else:
+                payload = result_payload(request.id, result)
+            limit = self.settings.max_message_bytes
+            if len(payload) > limit:
+                raise errors.InvalidInput(
+                    f"response: {len(payload)} bytes is more than max_message_bytes {limit}; send fewer "
+                    "inputs per request"
+                )
+        except errors.ServiceError as exc:
+            code, message = status_of(exc), str(exc)
+        except Exception as exc:
+            log.exception("EmbedStream request %d failed", request.id)
+            code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}"
+        if code != grpc.StatusCode.OK:
+            payload = error_payload(request.id, code, message)
+        self.answers.put_nowait(_Answer(request.id, inputs, payload, code, message))
+
+    async def _write(self) -> tuple[grpc.StatusCode, str]:
+        ended: _ReadingEnded | None = None
+        while ended is None or self.working or not self.answers.empty():
+            item = await self.answers.get()
+            if isinstance(item, _ReadingEnded):
+                ended = ended or item  # the first reason counts (drain after a half-close changes nothing)
+                continue
+            await self.context.write(item.payload)
+            self.answered += 1
+            self.metrics.stream_requests.labels(item.code.name).inc()
+            await self.window.release(item.inputs)
+            if item.code != grpc.StatusCode.OK and self.stop_on_error:
+                return item.code, f"request id {item.request_id}: {item.message} (stop_on_error)"
+        return ended.code, ended.message
+
+
+class EmbedStreamHandler:
+    """The EmbedStream method handler (stream-stream, requests and responses as bytes)."""
+
+    def __init__(self, core: InferenceCore, lifecycle: Lifecycle):
+        self.core, self.lifecycle, self.metrics = core, lifecycle, core.metrics
+
+    async def handle(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        """A coroutine function (gRPC tells handlers apart by that); requests are read with `context.read()`."""
+        started = time.perf_counter()
+        if not self.lifecycle.accepting:
+            self.metrics.requests.labels(RPC_NAME, grpc.StatusCode.UNAVAILABLE.name).inc()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry elsewhere")
+        code, message = grpc.StatusCode.OK, ""
+        self.lifecycle.enter()
+        self.metrics.streams_open.inc()
+        try:
+            code, message = await _Stream(self.core, self.lifecycle, context).run()
+        except asyncio.CancelledError:  # the client cancelled, or the stream's deadline passed
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining <= DEADLINE_SLACK_S
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            raise
+        except Exception as exc:
+            log.exception("EmbedStream failed")
+            code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}"
+        finally:
+            self.lifecycle.leave()
+            self.metrics.streams_open.dec()
+            self.metrics.requests.labels(RPC_NAME, code.name).inc()
+            self.metrics.request_duration.labels(RPC_NAME).observe(time.perf_counter() - started)
+        if code != grpc.StatusCode.OK:
+            await context.abort(code, status_message(message))
+
+
+def method_handler(core: InferenceCore, lifecycle: Lifecycle) -> grpc.RpcMethodHandler:
+    return grpc.stream_stream_rpc_method_handler(
+        EmbedStreamHandler(core, lifecycle).handle, request_deserializer=None, response_serializer=None
+    )
