@@ -19,6 +19,7 @@ from bertserve.service.admission import server_options as admission_options
 from bertserve.service.core import InferenceCore
 from bertserve.service.encoders import EncoderGroup
 from bertserve.service.errors import StartupError
+from bertserve.service.http.app import HttpFront
 from bertserve.service.kserve import servicer as kserve
 from bertserve.service.metrics import Metrics
 from bertserve.service.rpc_status import Lifecycle, parsing
@@ -65,6 +66,9 @@ class InferenceServer:
         self.health = HealthServicer()
         self.port: int | None = None
         self.metrics_port: int | None = None
+        self.http: HttpFront | None = None  # HTTP beside gRPC (service/http/), through the same core
+        self.http_port: int | None = None
+        self.serving = False  # warmed up (HTTP readiness = serving and not draining)
         self.models: list[ServedModel] = []
         self.core: InferenceCore | None = None  # the protocol-free inference core every front calls
         self._server: grpc.aio.Server | None = None
@@ -152,15 +156,30 @@ class InferenceServer:
                 raise StartupError(
                     f"setting metrics_port: cannot listen on {s.host}:{s.metrics_port}: {exc}"
                 ) from None
+        if s.http_port >= 0:
+            self.http = HttpFront(self.core, s, self.metrics, self.lifecycle, self._ready)
+            try:
+                self.http_port = await self.http.start(s.host, s.http_port)
+            except OSError as exc:
+                raise StartupError(
+                    f"setting http_port: cannot listen on {s.host}:{s.http_port}: {exc}"
+                ) from None
+            log.info("serving HTTP on http://%s:%d/", s.host, self.http_port)
         for encoder in self.core.encoders:
             await loop.run_in_executor(encoder.executor, _warm_up, encoder)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self.serving = True
         log.info("ready in %.1fs", time.perf_counter() - started)
+
+    def _ready(self) -> bool:
+        return self.serving and self.lifecycle.accepting
 
     async def drain(self) -> bool:
         """NOT_SERVING at once, new calls refused, accepted calls finished within the grace period.
         Returns True when every accepted call finished in time."""
         self.lifecycle.accepting = False
+        if self.http is not None:
+            self.http.drain()  # readiness false; answers close their connections; idle ones closed now
         await self.health.enter_graceful_shutdown()
         grace = self.settings.grace_period_s
         log.info("draining: %d calls in flight, grace period %.1fs", self.lifecycle.in_flight, grace)
@@ -176,6 +195,8 @@ class InferenceServer:
             await self.core.close(finish_queued)
         if self._server is not None:
             await self._server.stop(grace=1.0)
+        if self.http is not None:
+            await self.http.stop()
         self.metrics.stop_http()
         if self.core is not None:
             self.core.shutdown_threads()

@@ -19,7 +19,6 @@ shutil.copytree before tampering with it).
 from __future__ import annotations
 
 import os
-import os
 from pathlib import Path
 
 import pytest
@@ -27,9 +26,6 @@ import pytest
 from tests.helpers.checkpoints import make_checkpoint
 
 DEFAULT_MODEL_NAME = "all-minilm-l6-v2"
-# Servers started by tests (in-process or `bertserve serve` children) pick a free HTTP port unless a test
-# names one: the default 8080 would collide between servers running at once.
-os.environ.setdefault("BERTSERVE_HTTP_PORT", "0")
 # Servers started by tests (in-process or `bertserve serve` children) pick a free HTTP port unless a test
 # names one: the default 8080 would collide between servers running at once.
 os.environ.setdefault("BERTSERVE_HTTP_PORT", "0")

@@ -1,0 +1,55 @@
+"""The README's HTTP examples run: every `curl` line of its HTTP section and its `openai` client example,
+against a live server on the tiny repository (the README's model names mapped to the tiny ones)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+
+from tests.helpers.server import ROOT
+
+MODELS = {
+    "all-minilm-l6-v2": "tiny-embed",
+    "wordnet-fill-mask": "tiny-mlm",
+    "wordnet-noun-category": "tiny-classifier",
+}
+
+
+def http_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("\n## HTTP\n")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def localized(text: str, base_url: str) -> str:
+    for readme_name, tiny_name in MODELS.items():
+        text = text.replace(readme_name, tiny_name)
+    return text.replace("http://localhost:8080", base_url).replace("localhost:8080", base_url)
+
+
+def curl_commands() -> list[str]:
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", http_section(), re.S):
+        joined = block.replace("\\\n", " ")
+        commands += [line.strip() for line in joined.splitlines() if line.strip().startswith("curl ")]
+    return commands
+
+
+def test_readme_curl_examples_run(tiny_server):
+    commands = curl_commands()
+    assert len(commands) >= 8
+    for command in commands:
+        argv = shlex.split(localized(command, tiny_server.http_url))
+        argv[1:1] = ["--fail-with-body", "--max-time", "30"]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, (command, result.stdout, result.stderr)
+        assert isinstance(json.loads(result.stdout), dict), command
+
+
+def test_readme_openai_example_runs(tiny_server, capsys):
+    (code,) = re.findall(r"```python\n(.*?)```", http_section(), re.S)
+    exec(compile(localized(code, tiny_server.http_url), "README.md", "exec"), {})
+    count, dimension, tokens = capsys.readouterr().out.split()
+    assert (count, dimension) == ("2", "48") and int(tokens) > 4

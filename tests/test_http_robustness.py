@@ -1,0 +1,193 @@
+"""Hostile HTTP clients over raw sockets: oversize bodies (413 before reading them), huge headers (431),
+slow headers and bodies (408), idle and excess connections, malformed requests, pipelining; the server
+keeps answering HTTP and gRPC. Each bound is set small here, so each test fails without its bound."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+
+import grpc
+import pytest
+
+from bertserve.v1 import inference_pb2 as pb
+from bertserve.v1 import inference_pb2_grpc
+from tests.helpers.server import ServerThread
+
+MAX_BYTES = 65536
+READ_TIMEOUT_S = 0.5
+MAX_CONNECTIONS = 16
+HEALTH = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repo):
+    with ServerThread(
+        model_repo=tiny_repo,
+        models=["tiny-embed"],
+        max_message_bytes=MAX_BYTES,
+        http_read_timeout_s=READ_TIMEOUT_S,
+        http_keep_alive_s=READ_TIMEOUT_S,
+        http_max_connections=MAX_CONNECTIONS,
+    ) as running:
+        yield running
+
+
+def connect(server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.server.http_port), timeout=10)
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+def status_of(reply: bytes) -> int:
+    return int(reply.split(b" ", 2)[1])
+
+
+def exchange(server, data: bytes) -> bytes:
+    with connect(server) as sock:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(data)  # the server may answer and close before reading it all: what we test for
+        return read_all(sock)
+
+
+def assert_healthy(server) -> None:
+    with connect(server) as sock:
+        sock.sendall(HEALTH.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+        assert status_of(read_all(sock)) == 200
+    with grpc.insecure_channel(server.address) as channel:
+        assert inference_pb2_grpc.InferenceStub(channel).Info(pb.InfoRequest(), timeout=10).models
+
+
+def post_head(length: int | None = None, extra: str = "") -> bytes:
+    framing = f"Content-Length: {length}\r\n" if length is not None else "Transfer-Encoding: chunked\r\n"
+    return f"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{framing}{extra}\r\n".encode()
+
+
+def test_declared_oversize_body_is_413_before_it_is_sent(server):
+    with connect(server) as sock:
+        sock.sendall(post_head(10**9))  # not one byte of the body follows
+        reply = read_all(sock)
+    assert status_of(reply) == 413 and f"max_message_bytes {MAX_BYTES}".encode() in reply
+    assert_healthy(server)
+
+
+def test_chunked_body_is_counted_and_refused_past_the_limit(server):
+    chunk = b"4000\r\n" + b"a" * 0x4000 + b"\r\n"  # 16 KiB chunks, 5 of them: more than 64 KiB
+    reply = exchange(server, post_head() + chunk * 5 + b"0\r\n\r\n")
+    assert status_of(reply) == 413 and b"more than max_message_bytes" in reply
+    assert_healthy(server)
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        (f"X-Big: {'a' * 40_000}\r\n", b"more than 32768 bytes"),
+        ("".join(f"X-{i}: v\r\n" for i in range(101)), b"more than 100 fields"),
+    ],
+    ids=["bytes", "fields"],
+)
+def test_huge_headers_are_431(server, headers, message):
+    reply = exchange(server, f"GET /health HTTP/1.1\r\nHost: t\r\n{headers}\r\n".encode())
+    assert status_of(reply) == 431 and message in reply
+    assert_healthy(server)
+
+
+@pytest.mark.parametrize(
+    ("sent", "waiting_for"),
+    [
+        (b"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\n", b"request headers"),
+        (post_head(100) + b'{"in', b"request body"),
+    ],
+    ids=["headers", "body"],
+)
+def test_slow_clients_get_408_after_the_read_timeout(server, sent, waiting_for):
+    started = time.monotonic()
+    reply = exchange(server, sent)  # and then nothing
+    elapsed = time.monotonic() - started
+    assert status_of(reply) == 408 and waiting_for in reply
+    assert READ_TIMEOUT_S * 0.9 <= elapsed < READ_TIMEOUT_S + 5
+    assert_healthy(server)
+
+
+def test_idle_connections_are_closed(server):
+    started = time.monotonic()
+    with connect(server) as silent, connect(server) as kept_alive:
+        kept_alive.sendall(HEALTH)
+        assert status_of(kept_alive.recv(65536)) == 200
+        assert read_all(silent) == b"" and read_all(kept_alive) == b""  # closed by the server, no answer
+    assert time.monotonic() - started < READ_TIMEOUT_S + 5
+
+
+def test_malformed_request_is_400(server):
+    reply = exchange(server, b"NOT A REQUEST\r\n\r\n")
+    assert status_of(reply) == 400 and b"malformed HTTP request" in reply
+    assert_healthy(server)
+
+
+def test_pipelined_requests_are_answered_in_order(server):
+    models = b"GET /v1/models HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    reply = exchange(server, HEALTH + models)
+    first, second = reply.split(b"HTTP/1.1 ")[1:]
+    assert first.startswith(b"200") and b'"live"' in first
+    assert second.startswith(b"200") and b"tiny-embed" in second
+
+
+def test_expect_100_continue(server):
+    body = b'{"input": "a dog"}'
+    with connect(server) as sock:
+        sock.sendall(post_head(len(body), "Expect: 100-continue\r\nConnection: close\r\n"))
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        reply = read_all(sock)
+    assert status_of(reply) == 200 and b'"embedding"' in reply
+
+
+def test_idle_connections_past_the_cap_are_evicted_and_busy_ones_refuse_new(server):
+    idle = [connect(server) for _ in range(20 * MAX_CONNECTIONS)]  # each new one evicts an older idle one
+    try:
+        assert_healthy(server)
+        assert len(server.server.http.server.connections) <= MAX_CONNECTIONS
+        closed = sum(read_all(sock) == b"" for sock in idle[:-MAX_CONNECTIONS])
+        assert closed == len(idle) - MAX_CONNECTIONS
+    finally:
+        for sock in idle:
+            sock.close()
+    core, release, all_held = server.server.core, threading.Event(), threading.Event()
+    real_embed, held = core.embed, []
+
+    async def held_embed(*args, **kwargs):
+        held.append(1)  # on the server's loop: no race
+        if len(held) == MAX_CONNECTIONS:
+            all_held.set()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
+        return await real_embed(*args, **kwargs)
+
+    core.embed = held_embed
+    body = b'{"input": "a"}'
+    busy = [connect(server) for _ in range(MAX_CONNECTIONS)]
+    try:
+        for sock in busy:
+            sock.sendall(post_head(len(body), "Connection: close\r\n") + body)
+        assert all_held.wait(30)  # every connection is being answered
+        refused = exchange(server, HEALTH)
+        assert status_of(refused) == 503 and b"too many connections" in refused
+    finally:
+        release.set()
+        core.embed = real_embed
+        replies = [read_all(sock) for sock in busy]
+        for sock in busy:
+            sock.close()
+    assert [status_of(r) for r in replies] == [200] * MAX_CONNECTIONS
+    assert_healthy(server)
