@@ -24,6 +24,10 @@ COMMAND_MODULES: dict[str, dict[str, str]] = {
         "train-heads": "train the WordNet fill-mask and classification heads on the frozen default encoder",
         "assemble-heads": "build the two WordNet head checkpoints from the committed weights",
     },
+    "bertserve.export.pretrain.commands": {
+        "pretrain": "masked-language-model training of a BERT (all or some layers), resumable, evaluated on held-out text",
+        "assemble-pretrained": "rebuild the pretrained fill-mask checkpoint from a base model and the trained tensors",
+    },
     "bertserve.service.commands": {
         "serve": "serve a model repository over gRPC, with Prometheus metrics",
         "embed": "client: sentence embeddings of texts",
@@ -32,6 +36,9 @@ COMMAND_MODULES: dict[str, dict[str, str]] = {
         "tokenize": "client: the model's tokens of texts, with ids and offsets",
         "info": "client: the server's models, tasks, limits and versions",
         "attention": "client: draw one attention head's map of a text (PNG)",
+    },
+    "bertserve.service.embed_file": {
+        "embed-file": "client: embed a file of texts into .npy or .jsonl over EmbedStream (resumable)",
     },
     "bertserve.bench.commands": {
         "bench": "benchmark the server against same-run baselines",

@@ -1,0 +1,109 @@
+"""What pretraining writes: a Hugging Face BertForMaskedLM checkpoint directory (config.json,
+model.safetensors, tokenizer files) that `bertserve export` takes, and the trained tensors alone
+(`trained.safetensors`, small when few layers train) with `pretrain.json` (recipe, figures, checksums, and
+which tensors are the base checkpoint's unchanged). `assemble` rebuilds the full checkpoint from the base
+checkpoint and the trained tensors, checking both against the record's sha256.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from bertserve.export.checkpoint import find_weights_file, read_weights
+from bertserve.export.errors import ExportError
+from bertserve.export.heads.assemble import BASE_FILES
+from bertserve.export.model import BertForMaskedLM
+from bertserve.manifest import sha256_file
+
+COMMITTED_DIR = Path(__file__).parent / "weights"  # the default fill-mask model's pretrained layers
+CHECKPOINT_SUBDIR = "checkpoint"
+TRAINED_FILE = "trained.safetensors"
+RECORD_FILE = "pretrain.json"
+_METADATA = {"format": "pt"}
+_CONFIG_DROPPED = ("_name_or_path", "transformers_version", "gradient_checkpointing", "use_cache")
+
+
+class PretrainedWeightsError(ExportError):
+    """Missing or altered pretrained weights, or a base checkpoint other than the one they were trained on."""
+
+
+def checkpoint_state(model: BertForMaskedLM) -> dict[str, torch.Tensor]:
+    """Hugging Face BertForMaskedLM names; the tied decoder and the position-id buffer left out."""
+    return {
+        name: tensor.detach().clone().contiguous()
+        for name, tensor in model.state_dict().items()
+        if not name.startswith("cls.predictions.decoder.") and not name.startswith("bert.pooler.")
+    }
+
+
+def _write_directory(base_dir: Path, out_dir: Path, state: dict[str, torch.Tensor], card: str) -> Path:
+    base_dir, out_dir = Path(base_dir), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = json.loads((base_dir / "config.json").read_text())
+    for key in _CONFIG_DROPPED:
+        config.pop(key, None)
+    config |= {"architectures": ["BertForMaskedLM"], "tie_word_embeddings": True}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(state, str(out_dir / "model.safetensors"), metadata=_METADATA)
+    for name in BASE_FILES:
+        if (base_dir / name).is_file():
+            (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(base_dir / name, out_dir / name)
+    (out_dir / "README.md").write_text(card)
+    return out_dir
+
+
+def write_checkpoint(model: BertForMaskedLM, base_dir: Path, out_dir: Path, card: str) -> Path:
+    return _write_directory(base_dir, out_dir, checkpoint_state(model), card)
+
+
+def write_trained(model: BertForMaskedLM, names: list[str], out_dir: Path, record: dict) -> Path:
+    """trained.safetensors (the tensors that trained) + pretrain.json (record + their sha256)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = checkpoint_state(model)
+    save_file({n: state[n] for n in names}, str(out_dir / TRAINED_FILE), metadata=_METADATA)
+    record = record | {
+        "files": {
+            TRAINED_FILE: {
+                "sha256": sha256_file(out_dir / TRAINED_FILE),
+                "size_bytes": (out_dir / TRAINED_FILE).stat().st_size,
+            }
+        }
+    }
+    path = out_dir / RECORD_FILE
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def shared_with_base(model: BertForMaskedLM, names: list[str]) -> list[str]:
+    """Module prefixes whose tensors are all the base checkpoint's: the embeddings, frozen layers."""
+    trained = set(names)
+    groups = ["bert.embeddings."] + [f"bert.encoder.layer.{i}." for i in range(len(model.bert.encoder.layer))]
+    return [g.rstrip(".") for g in groups if not any(n.startswith(g) for n in trained)]
+
+
+def assemble(base_dir: Path, weights_dir: Path, out_dir: Path) -> Path:
+    """base checkpoint + trained.safetensors -> a full BertForMaskedLM checkpoint directory."""
+    base_dir, weights_dir = Path(base_dir), Path(weights_dir)
+    record = json.loads((weights_dir / RECORD_FILE).read_text())
+    expected = record["files"][TRAINED_FILE]["sha256"]
+    if sha256_file(weights_dir / TRAINED_FILE) != expected:
+        raise PretrainedWeightsError(f"{weights_dir / TRAINED_FILE}: sha256 differs from {RECORD_FILE}'s")
+    base_weights = find_weights_file(base_dir)
+    if sha256_file(base_weights) != record["base"]["model_sha256"]:
+        raise PretrainedWeightsError(
+            f"{base_weights} is not the base checkpoint these weights were trained on"
+        )
+    state = {k if k.startswith("bert.") else f"bert.{k}": v for k, v in read_weights(base_weights).items()}
+    state = {
+        k: v
+        for k, v in state.items()
+        if k.startswith(("bert.embeddings.", "bert.encoder.")) and "position_ids" not in k
+    }
+    state |= load_file(str(weights_dir / TRAINED_FILE))
+    return _write_directory(base_dir, out_dir, state, record.get("card", ""))
