@@ -133,12 +133,13 @@ def test_settings_configmap_is_valid_for_the_server(rendered, monkeypatch):
     from bertserve.service.settings import load_settings
 
     name, documents = rendered
+    monkeypatch.delenv("BERTSERVE_HTTP_PORT", raising=False)  # tests/conftest.py sets it for test servers
     for key, value in _settings_env(documents).items():
         assert key.startswith("BERTSERVE_")
         monkeypatch.setenv(key, value)
     settings = load_settings()
     ports = {p["name"]: p["containerPort"] for p in _container(documents)["ports"]}
-    assert ports == {"grpc": settings.port, "metrics": settings.metrics_port}
+    assert ports == {"grpc": settings.port, "metrics": settings.metrics_port, "http": settings.http_port}
     assert settings.host == "0.0.0.0"
     assert (settings.provider, settings.precision) == (("cuda", "fp16") if name == "gpu" else ("cpu", "fp32"))
 
