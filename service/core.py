@@ -57,6 +57,7 @@ from bertserve.service.results import (
 )
 from bertserve.service.served_model import ServedModel
 from bertserve.service.settings import Settings
+from bertserve.service.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
 from bertserve.service.tasks import Task, TaskOptions
 from bertserve.service.tasks.classify import ranked
 from bertserve.service.tasks.fill_mask import mask_positions
@@ -158,13 +159,10 @@ class InferenceCore:
     ) -> EmbedResult:
         """One embedding per text, in order. `model` "" = the default embedding model; `normalize` None =
         the model's default."""
-        served = self.registry.resolve(model, Task.EMBED)
-        if normalize is None:
-            normalize = served.manifest.tasks.embed.normalize
-        encoded, tokenize_s = await self._tokenize(served, texts, truncate)
-        results = await self._run(served, encoded, TaskOptions(Task.EMBED, normalize), None, deadline)
-        vectors = np.stack([r.value for r in results]) if results else np.zeros((0, 0), np.float32)
-        return EmbedResult(vectors, _meta(served, encoded, tokenize_s, results))
+        (result,) = await self.infer(
+            model, texts, [EmbedCall(normalize)], truncate=truncate, deadline=deadline
+        )
+        return result
 
     async def fill_mask(
         self,
@@ -178,20 +176,9 @@ class InferenceCore:
     ) -> FillMaskResult:
         """Per text, per mask token, the `top_k` (None: 5) best candidates; `sequences`: also the text
         with each candidate filled in (decoded off the event loop)."""
-        served = self.registry.resolve(model, Task.FILL_MASK)
-        if top_k is None:
-            top_k = DEFAULT_FILL_MASK_TOP_K
-        check_top_k(top_k, served.tokenizer.vocab_size, "top_k", "vocabulary size")
-        encoded, tokenize_s = await self._tokenize(served, texts, truncate)
-        masks = [self._masks(served, i, e) for i, e in enumerate(encoded)]
-        if sequences:
-            sizes = [len(m) for m in masks]
-            check_fill_mask_response_size(texts, sizes, top_k, self.settings.max_message_bytes)
-        options = TaskOptions(Task.FILL_MASK, top_k=top_k)
-        results = await self._run(served, encoded, options, masks, deadline)
-        tops = [r.value for r in results]
-        predictions = await self.off_loop(served.mask_predictions, encoded, tops, sequences)
-        return FillMaskResult(predictions, _meta(served, encoded, tokenize_s, results))
+        call = FillMaskCall(top_k, sequences)
+        (result,) = await self.infer(model, texts, [call], truncate=truncate, deadline=deadline)
+        return result
 
     async def classify(
         self,
@@ -204,18 +191,53 @@ class InferenceCore:
         deadline: float | None = None,
     ) -> ClassifyResult:
         """Per text, labels with scores best first: the `top_k` best (None: all labels)."""
-        served = self.registry.resolve(model, Task.CLASSIFY)
-        spec = served.manifest.tasks.classify
-        if top_k is not None:
-            check_top_k(top_k, len(spec.id2label), "top_k", "number of labels")
-        options = TaskOptions(Task.CLASSIFY, top_k=top_k or 0, raw_scores=raw_scores)
+        call = ClassifyCall(top_k, raw_scores)
+        (result,) = await self.infer(model, texts, [call], truncate=truncate, deadline=deadline)
+        return result
+
+    async def infer(
+        self,
+        model: str,
+        texts: Sequence[str],
+        calls: Sequence[TaskCall],
+        *,
+        truncate: bool = False,
+        deadline: float | None = None,
+    ) -> list[EmbedResult | FillMaskResult | ClassifyResult]:
+        """Several tasks of one model on the same texts (e.g. KServe outputs of two tasks): tokenized
+        once, admitted together (all or none) and batched together, so one encoder run can serve them
+        all. One result per call, in order. `model` "" = the default model of the first call's task."""
+        served = self._resolve(model, calls)
+        options = [self._options(served, call) for call in calls]
         encoded, tokenize_s = await self._tokenize(served, texts, truncate)
-        results = await self._run(served, encoded, options, None, deadline)
-        labels = [
-            [LabelScore(spec.id2label.get(i, str(i)), i, score) for i, score in ranked(r.value, top_k or 0)]
-            for r in results
-        ]
-        return ClassifyResult(labels, _meta(served, encoded, tokenize_s, results))
+        masks = None
+        if any(call.task is Task.FILL_MASK for call in calls):
+            masks = [self._masks(served, i, e) for i, e in enumerate(encoded)]
+            for call, option in zip(calls, options, strict=True):
+                if call.task is Task.FILL_MASK and call.sequences:
+                    sizes = [len(m) for m in masks]
+                    check_fill_mask_response_size(texts, sizes, option.top_k, self.settings.max_message_bytes)
+        results = await self._run(served, encoded, options, masks, deadline)
+        n = len(encoded)
+        out = []
+        for k, (call, option) in enumerate(zip(calls, options, strict=True)):
+            mine = results[k * n : (k + 1) * n]
+            meta = _meta(served, encoded, tokenize_s, mine)
+            values = [r.value for r in mine]
+            if call.task is Task.EMBED:
+                vectors = np.stack(values) if values else np.zeros((0, 0), np.float32)
+                out.append(EmbedResult(vectors, meta))
+            elif call.task is Task.FILL_MASK:
+                predictions = await self.off_loop(served.mask_predictions, encoded, values, call.sequences)
+                out.append(FillMaskResult(predictions, meta))
+            else:
+                id2label = served.manifest.tasks.classify.id2label
+                labels = [
+                    [LabelScore(id2label.get(i, str(i)), i, score) for i, score in ranked(v, option.top_k)]
+                    for v in values
+                ]
+                out.append(ClassifyResult(labels, meta))
+        return out
 
     async def tokenize(self, model: str, texts: Sequence[str], *, truncate: bool = False) -> TokenizeResult:
         """The model's tokenization of each text (`model` "" = the first model); runs no graph."""
@@ -340,6 +362,27 @@ class InferenceCore:
 
     # --- the shared path -----------------------------------------------------------------------------
 
+    def _resolve(self, model: str, calls: Sequence[TaskCall]) -> ServedModel:
+        if not calls:
+            raise InvalidInput("outputs: at least one task is required")
+        served = self.registry.resolve(model, calls[0].task)
+        for call in calls[1:]:  # the same model must have every task
+            self.registry.resolve(served.name, call.task)
+        return served
+
+    def _options(self, model: ServedModel, call: TaskCall) -> TaskOptions:
+        """The call's options, checked against the model and with its defaults filled in."""
+        if call.task is Task.EMBED:
+            normalize = model.manifest.tasks.embed.normalize if call.normalize is None else call.normalize
+            return TaskOptions(Task.EMBED, normalize=normalize)
+        if call.task is Task.FILL_MASK:
+            top_k = DEFAULT_FILL_MASK_TOP_K if call.top_k is None else call.top_k
+            check_top_k(top_k, model.tokenizer.vocab_size, "top_k", "vocabulary size")
+            return TaskOptions(Task.FILL_MASK, top_k=top_k)
+        if call.top_k is not None:
+            check_top_k(call.top_k, len(model.manifest.tasks.classify.id2label), "top_k", "number of labels")
+        return TaskOptions(Task.CLASSIFY, top_k=call.top_k or 0, raw_scores=call.raw_scores)
+
     async def _tokenize(
         self, model: ServedModel, texts: Sequence[str], truncate: bool
     ) -> tuple[list[EncodedInput], float]:
@@ -365,26 +408,29 @@ class InferenceCore:
         self,
         model: ServedModel,
         encoded: list[EncodedInput],
-        options: TaskOptions,
+        options: list[TaskOptions],
         masks: list[np.ndarray] | None,
         deadline: float | None,
     ) -> list[ItemResult]:
-        """Admits the call's inputs to the model's encoder queue and awaits every result, in order."""
+        """Admits the inputs of every task at once to the model's encoder queue and awaits every result:
+        task by task, input by input."""
         loop = asyncio.get_running_loop()
         items = [
             WorkItem(
                 ids=e.ids,
                 type_ids=e.type_ids,
-                options=options,
+                options=option,
                 future=loop.create_future(),
                 deadline=deadline,
-                mask_positions=None if masks is None else masks[i],
+                mask_positions=masks[i] if option.task is Task.FILL_MASK else None,
                 model=model,
             )
+            for option in options
             for i, e in enumerate(encoded)
         ]
         model.encoder.batcher.submit(items)
-        self.metrics.inputs.labels(model.name, options.task.value).inc(len(items))
+        for option in options:
+            self.metrics.inputs.labels(model.name, option.task.value).inc(len(encoded))
         futures = [item.future for item in items]
         try:
             return await asyncio.gather(*futures)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Coroutine
 
 import grpc
 import numpy as np
@@ -47,6 +46,7 @@ from bertserve.service.rpc_status import (
     serialized,
     status_message,
 )
+from bertserve.service.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
 from bertserve.service.tasks import Task
 from bertserve.service.validation import check_top_k
 
@@ -220,36 +220,18 @@ class OpenInferenceServicer:
                 )
         return names
 
-    def _task_call(
-        self, model: ModelInfo, task: Task, texts: list[str], request: pb.ModelInferRequest, names, context
-    ) -> Coroutine:
-        """The core call for `task`, with the request parameters checked (their names in messages)."""
-        truncate = parameter(request, "truncate", bool, False)
-        deadline = deadline_of(context)
+    def _task_call(self, model: ModelInfo, task: Task, request: pb.ModelInferRequest, names) -> TaskCall:
+        """The core's call for `task`, with the request parameters checked (named as this protocol does)."""
         if task is Task.EMBED:
-            normalize = parameter(request, "normalize", bool, None)
-            return self.core.embed(
-                model.name, texts, truncate=truncate, normalize=normalize, deadline=deadline
-            )
+            return EmbedCall(normalize=parameter(request, "normalize", bool, None))
         if task is Task.FILL_MASK:
             top_k = parameter(request, "top_k", int, DEFAULT_FILL_MASK_TOP_K)
             check_top_k(top_k, model.vocab_size, "parameters['top_k']", "vocabulary size")
-            sequences = "mask_sequences" in names
-            return self.core.fill_mask(
-                model.name, texts, truncate=truncate, top_k=top_k, sequences=sequences, deadline=deadline
-            )
+            return FillMaskCall(top_k=top_k, sequences="mask_sequences" in names)
         top_k = parameter(request, "top_k", int, 0)
         if top_k:
             check_top_k(top_k, len(model.labels), "parameters['top_k']", "number of labels")
-        raw_scores = parameter(request, "raw_scores", bool, False)
-        return self.core.classify(
-            model.name,
-            texts,
-            truncate=truncate,
-            top_k=top_k or None,
-            raw_scores=raw_scores,
-            deadline=deadline,
-        )
+        return ClassifyCall(top_k=top_k or None, raw_scores=parameter(request, "raw_scores", bool, False))
 
     @rpc("ModelInfer", pb.ModelInferRequest)
     async def ModelInfer(self, request: pb.ModelInferRequest, context) -> bytes:
@@ -258,12 +240,12 @@ class OpenInferenceServicer:
         names = self._requested(model, request)
         available = model_outputs(model)
         tasks = list(dict.fromkeys(available[name] for name in names))
-        calls = [self._task_call(model, task, texts, request, names, context) for task in tasks]
-        # Every task's inputs are admitted at once, so they can share a batch (one encoder run).
-        outcomes = await asyncio.gather(*calls, return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        calls = [self._task_call(model, task, request, names) for task in tasks]
+        truncate = parameter(request, "truncate", bool, False)
+        # One core call for every task: tokenized once, batched together (one encoder run).
+        outcomes = await self.core.infer(
+            model.name, texts, calls, truncate=truncate, deadline=deadline_of(context)
+        )
         tensors: dict[str, OutputTensor] = {}
         for task, outcome in zip(tasks, outcomes, strict=True):
             if task is Task.EMBED:
