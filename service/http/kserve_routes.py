@@ -27,23 +27,21 @@ from bertserve import __version__
 from bertserve.service.core import DEFAULT_FILL_MASK_TOP_K
 from bertserve.service.errors import InvalidInput, ModelNotFound
 from bertserve.service.http.app import Call, HttpFront, Route
-from bertserve.service.http.schema import check_content_type, kind_of, parse_json
-from bertserve.service.http.status import HttpError, kserve_error
+from bertserve.service.http.kserve_json import (
+    HEADER_LENGTH,
+    output_tensor,
+    parameter,
+    parameters_of,
+    read_texts,
+    split_body,
+)
+from bertserve.service.http.schema import kind_of
+from bertserve.service.http.status import kserve_error
 from bertserve.service.http.transport import Response, json_response
 from bertserve.service.kserve.servicer import DEFAULT_TASKS, EXTENSIONS, PLATFORM, SERVER_NAME, model_outputs
-from bertserve.service.kserve.tensors import TEXT_INPUT, decode_bytes_elements, encode_bytes_elements
+from bertserve.service.kserve.tensors import TEXT_INPUT
 from bertserve.service.served_model import ServedModel
 from bertserve.service.tasks import Task
-
-HEADER_LENGTH = "inference-header-content-length"
-INFER_MEDIA_TYPES = ("application/json", "application/octet-stream")
-PARAMETER_KINDS = {
-    "normalize": bool,
-    "truncate": bool,
-    "raw_scores": bool,
-    "top_k": int,
-    "binary_data_output": bool,
-}
 
 
 def _model(front: HttpFront, call: Call) -> ServedModel:
@@ -108,107 +106,6 @@ async def model_metadata(front: HttpFront, call: Call) -> Response:
 # --- infer ---------------------------------------------------------------------------------------------
 
 
-def _split_body(call: Call) -> tuple[dict, bytes]:
-    """The JSON header and the binary data after it."""
-    request = call.request
-    check_content_type(request, INFER_MEDIA_TYPES)
-    length = request.headers.get(HEADER_LENGTH)
-    if length is None:
-        header, binary = request.body, b""
-    else:
-        if not length.isdigit() or int(length) > len(request.body):
-            raise HttpError(
-                400,
-                f"{HEADER_LENGTH}: must be the JSON header's byte count, at most the body's {len(request.body)}",
-            )
-        header, binary = request.body[: int(length)], request.body[int(length) :]
-    value = parse_json(header, "body" if length is None else "body (JSON header)")
-    if not isinstance(value, dict):
-        raise HttpError(400, f"body: must be a JSON object (got {kind_of(value)})")
-    return value, binary
-
-
-def _parameters(value: object, field: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise InvalidInput(f"{field}: must be an object (got {kind_of(value)})")
-    return value
-
-
-def _parameter(parameters: dict, name: str, default):
-    if name not in parameters:
-        return default
-    value, kind = parameters[name], PARAMETER_KINDS[name]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        expected = "true or false" if kind is bool else "an integer"
-        raise InvalidInput(f"parameters[{name!r}]: must be {expected} (got {kind_of(value)})")
-    return value
-
-
-def _flatten(data: object, field: str) -> list:
-    if not isinstance(data, list):
-        raise InvalidInput(f"{field}.data: must be an array (got {kind_of(data)})")
-    if data and all(isinstance(row, list) for row in data):
-        data = [item for row in data for item in row]
-    return data
-
-
-def _texts(body: dict, binary: bytes, max_inputs: int) -> list[str]:
-    inputs = body.get("inputs")
-    names = (
-        [t.get("name") if isinstance(t, dict) else None for t in inputs] if isinstance(inputs, list) else None
-    )
-    if names != [TEXT_INPUT]:
-        raise InvalidInput(f"inputs: expected exactly one input tensor {TEXT_INPUT!r} (BYTES), got {names}")
-    tensor, field = inputs[0], f"inputs[{TEXT_INPUT!r}]"
-    if tensor.get("datatype") != "BYTES":
-        raise InvalidInput(
-            f"{field}.datatype: must be BYTES (UTF-8 text), got {tensor.get('datatype')!r:.32}"
-        )
-    shape = tensor.get("shape")
-    if not (
-        isinstance(shape, list)
-        and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
-        and (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1))
-    ):
-        raise InvalidInput(f"{field}.shape: must be [n] or [n, 1] (got {shape!r:.64})")
-    count = shape[0]
-    if count < 1:
-        raise InvalidInput(f"{field}.shape: needs at least one element (got {shape})")
-    if count > max_inputs:
-        raise InvalidInput(f"{field}.shape: {count} inputs is more than max_inputs_per_request {max_inputs}")
-    size = _parameters(tensor.get("parameters"), f"{field}.parameters").get("binary_data_size")
-    if size is not None:
-        if "data" in tensor:
-            raise InvalidInput(f"{field}.data: must be absent when parameters.binary_data_size is given")
-        if not isinstance(size, int) or isinstance(size, bool) or size != len(binary):
-            raise InvalidInput(
-                f"{field}.parameters.binary_data_size: {size!r:.32} does not match the {len(binary)} binary bytes"
-            )
-        elements = decode_bytes_elements(binary, f"{field} binary data")
-    else:
-        if binary:
-            raise InvalidInput(
-                f"body: {len(binary)} binary bytes after the JSON header, but no input has binary_data_size"
-            )
-        elements = _flatten(tensor.get("data"), field)
-        for i, element in enumerate(elements):
-            if not isinstance(element, str):
-                raise InvalidInput(f"{field}.data[{i}]: must be a string (got {kind_of(element)})")
-    if len(elements) != count:
-        raise InvalidInput(f"{field}: shape {shape} needs {count} elements, got {len(elements)}")
-    texts = []
-    for i, element in enumerate(elements):
-        if isinstance(element, bytes):
-            try:
-                element = element.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InvalidInput(f"{field}[{i}]: not valid UTF-8 at byte {exc.start}") from None
-        texts.append(element)
-    return texts
-
-
 def _requested(model: ServedModel, body: dict) -> list[tuple[str, bool | None]]:
     """The outputs asked for, each with its own binary_data flag (None: not said)."""
     available = model_outputs(model)
@@ -225,7 +122,7 @@ def _requested(model: ServedModel, body: dict) -> list[tuple[str, bool | None]]:
                 f"outputs[{i}].name: model {model.name} has no output {str(name)[:64]!r} "
                 f"(outputs: {', '.join(available) or 'none'})"
             )
-        parameters = _parameters(output.get("parameters"), f"outputs[{i}].parameters")
+        parameters = parameters_of(output.get("parameters"), f"outputs[{i}].parameters")
         if "classification" in parameters:
             raise InvalidInput(
                 f"outputs[{i}].parameters['classification']: the classification extension is not "
@@ -239,14 +136,14 @@ def _requested(model: ServedModel, body: dict) -> list[tuple[str, bool | None]]:
 
 
 async def _run_task(front: HttpFront, model: ServedModel, task: Task, texts, parameters, sequences, call):
-    truncate = _parameter(parameters, "truncate", False)
+    truncate = parameter(parameters, "truncate", False)
     core = front.core
     if task is Task.EMBED:
         result = await core.embed(
             model.name,
             texts,
             truncate=truncate,
-            normalize=_parameter(parameters, "normalize", None),
+            normalize=parameter(parameters, "normalize", None),
             deadline=call.deadline,
         )
         return {"embedding": ("FP32", result.vectors)}
@@ -255,14 +152,14 @@ async def _run_task(front: HttpFront, model: ServedModel, task: Task, texts, par
             model.name,
             texts,
             truncate=truncate,
-            top_k=_parameter(parameters, "top_k", 0) or None,
-            raw_scores=_parameter(parameters, "raw_scores", False),
+            top_k=parameter(parameters, "top_k", 0) or None,
+            raw_scores=parameter(parameters, "raw_scores", False),
             deadline=call.deadline,
         )
         labels = [[s.label.encode() for s in row] for row in result.labels]
         scores = np.asarray([[s.score for s in row] for row in result.labels], dtype=np.float32)
         return {"labels": ("BYTES", labels), "label_scores": ("FP32", scores)}
-    top_k = _parameter(parameters, "top_k", DEFAULT_FILL_MASK_TOP_K)
+    top_k = parameter(parameters, "top_k", DEFAULT_FILL_MASK_TOP_K)
     result = await core.fill_mask(
         model.name, texts, truncate=truncate, top_k=top_k, sequences=sequences, deadline=call.deadline
     )
@@ -282,35 +179,16 @@ async def _run_task(front: HttpFront, model: ServedModel, task: Task, texts, par
     return tensors
 
 
-def _output(name: str, datatype: str, values, binary: bool) -> tuple[dict, bytes]:
-    if datatype == "FP32":
-        array = np.ascontiguousarray(values, dtype="<f4")
-        shape = list(array.shape)
-        raw = array.tobytes() if binary else b""
-        data = None if binary else array.ravel().tolist()
-    else:
-        shape = [len(values), len(values[0]) if values else 0]
-        flat = [item for row in values for item in row]
-        raw = encode_bytes_elements(flat) if binary else b""
-        data = None if binary else [item.decode("utf-8", "replace") for item in flat]
-    tensor = {"name": name, "datatype": datatype, "shape": shape}
-    if binary:
-        tensor["parameters"] = {"binary_data_size": len(raw)}
-    else:
-        tensor["data"] = data
-    return tensor, raw
-
-
 async def infer(front: HttpFront, call: Call) -> Response:
     model = _model(front, call)
-    body, binary = _split_body(call)
-    parameters = _parameters(body.get("parameters"), "parameters")
+    body, binary = split_body(call)
+    parameters = parameters_of(body.get("parameters"), "parameters")
     request_id = body.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInput(f"id: must be a string (got {kind_of(request_id)})")
-    texts = _texts(body, binary, front.settings.max_inputs_per_request)
+    texts = read_texts(body, binary, front.settings.max_inputs_per_request)
     requested = _requested(model, body)
-    binary_default = _parameter(parameters, "binary_data_output", False)
+    binary_default = parameter(parameters, "binary_data_output", False)
     available = model_outputs(model)
     names = [name for name, _ in requested]
     tasks = list(dict.fromkeys(available[name] for name in names))
@@ -326,7 +204,9 @@ async def infer(front: HttpFront, call: Call) -> Response:
         tensors.update(outcome)
     outputs, chunks = [], []
     for name, flag in requested:
-        tensor, raw = _output(name, *tensors[name], binary=binary_default if flag is None else bool(flag))
+        tensor, raw = output_tensor(
+            name, *tensors[name], binary=binary_default if flag is None else bool(flag)
+        )
         outputs.append(tensor)
         chunks.append(raw)
     answer = {"model_name": model.name, "model_version": str(model.version), "outputs": outputs}
