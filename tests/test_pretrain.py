@@ -13,8 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from bertserve.export.heads.wordnet import wordnet_dir
 from bertserve.export.pretrain.masking import IGNORE, KEPT, MASKED, RANDOM, MaskingScheme, mask_one
 
+needs_wordnet = pytest.mark.skipif(
+    not (wordnet_dir() / "data.noun").is_file(),
+    reason="WordNet not installed (Debian: apt-get install wordnet-base)",
+)
 MASK_ID = 4
 RANDOM_IDS = np.arange(5, 777)
 
@@ -203,3 +208,44 @@ def test_export_takes_the_result_and_fill_mask_answers_like_it(pretrained, tmp_p
         response = client.fill_mask([text], model="tiny-pretrained", top_k=5)
     (mask,) = response.results[0].masks
     assert [c.token_id for c in mask.candidates] == expected
+
+
+@needs_wordnet
+def test_wordnet_held_out_masks_are_those_of_train_heads():
+    """The held-out figures are comparable with heads.json's: same texts, same masks, none trained on."""
+    from bertserve.export.default_model import default_checkpoint_dir
+    from bertserve.export.heads.assemble import read_heads_record
+    from bertserve.export.pretrain.corpus import read_wordnet
+    from bertserve.export.pretrain.evaluate import wordnet_held_out
+    from bertserve.export.tokenizer_files import load_tokenizer
+
+    masked, targets = wordnet_held_out(load_tokenizer(default_checkpoint_dir()), 103)
+    recorded = read_heads_record()["fill_mask"]["held_out"]
+    assert (len(masked), len(targets)) == (recorded["texts"], recorded["masks"])
+    assert sum(ids.count(103) for ids in masked) == len(targets)
+    train, test = read_wordnet()
+    assert len(train) > 10 * len(test) and not {t.lower() for t in train} & {t.lower() for t in test}
+
+
+def test_assemble_rebuilds_the_checkpoint_from_base_and_trained_tensors(
+    pretrained, make_tiny_checkpoint, tmp_path
+):
+    from bertserve.cli import main
+
+    base, work = pretrained
+    args = ["assemble-pretrained", "--checkpoint", str(base), "--weights", str(work / "a")]
+    assert main([*args, "--out", str(tmp_path / "rebuilt")]) == 0
+    rebuilt = load_file(str(tmp_path / "rebuilt" / "model.safetensors"))
+    written = load_file(str(work / "a" / "checkpoint" / "model.safetensors"))
+    assert rebuilt.keys() == written.keys() and all(torch.equal(rebuilt[k], written[k]) for k in written)
+    tampered = tmp_path / "tampered"
+    shutil.copytree(work / "a", tampered, ignore=shutil.ignore_patterns("checkpoint", "resume.pt"))
+    with open(tampered / "trained.safetensors", "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    assert main([*args[:-1], str(tampered), "--out", str(tmp_path / "refused")]) == 1
+    other_base = make_tiny_checkpoint("BertModel", seed=1)  # same shapes, other weights
+    args[2] = str(other_base)
+    assert main([*args, "--out", str(tmp_path / "other")]) == 1
