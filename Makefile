@@ -89,7 +89,9 @@ pretrain-fill-mask: setup system-packages
 	cp $(PRETRAIN_OUT)/trained.safetensors $(PRETRAIN_OUT)/pretrain.json export/pretrain/weights/
 
 # The long variants (tests/test_hardening_load.py): a 30 s overload at 4x capacity and a 10-minute soak at
-# 70% of capacity; -s prints the measured figures. `make test` runs the short ones (8 s, 60 s).
+# 70% of capacity, which also assert throughput and latency against capacity; -s prints the measured
+# figures. `make test` runs the short ones (an 8 s overload, a 30 s soak at 35%), which assert only what a
+# noisy shared machine keeps.
 soak: setup
 	BERTSERVE_SOAK_SECONDS=600 $(BIN)/python -m pytest -q -s -m slow tests
 

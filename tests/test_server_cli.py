@@ -191,6 +191,18 @@ def test_typed_results_from_a_reply():
     assert maps.to_dict()["maps"][0]["probabilities"] == [[1.0, 0.0], [0.25, 0.75]]
 
 
+def test_the_readme_client_example_runs(tiny_server, capsys):
+    """The Python block of the README's "Calling it" section, against the tiny server."""
+    from tests.helpers.server import ROOT
+
+    section = (ROOT / "README.md").read_text().split("\n## Calling it", 1)[1].split("\n## ", 1)[0]
+    (code,) = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
+    assert "from bertserve.client import Client" in code
+    exec(compile(code.replace("127.0.0.1:50051", tiny_server.address), "README.md", "exec"), {})
+    model, total_tokens, _ = capsys.readouterr().out.split()
+    assert model.startswith("tiny-") and int(total_tokens) > 0  # the server's default model for Embed
+
+
 def test_task_numerics():
     logits = np.array([[1.0, 3.0, 3.0, -2.0]])
     ids, scores = top_k(logits, 3)
