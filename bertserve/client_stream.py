@@ -59,9 +59,10 @@ def embed_stream_batches(
     timeout: float | None = None,
     max_requests_in_flight: int = DEFAULT_REQUESTS_IN_FLIGHT,
 ) -> Iterator[np.ndarray]:
-    """float32 arrays [n, dimension], one per `batch_size` texts, in input order. The first failed
-    request raises StreamRequestError (the request asks the server to stop at it); a failed stream
-    raises grpc.RpcError; an error raised by `texts` itself is raised as is."""
+    """float32 arrays [n, dimension], one per `batch_size` texts, in input order. A failed request
+    raises StreamRequestError once every batch before it was yielded (the first request asks the server
+    to stop at a failure: stop_on_error); a failed stream raises grpc.RpcError; an error raised by
+    `texts` itself is raised as is."""
     if batch_size < 1 or max_requests_in_flight < 1:
         raise ValueError("batch_size and max_requests_in_flight must be at least 1")
     slots = threading.Semaphore(max_requests_in_flight)
@@ -91,28 +92,33 @@ def embed_stream_batches(
     call = stub.EmbedStream(requests(), timeout=timeout)
     ready: dict[int, np.ndarray] = {}
     next_id = 0
+    failed: StreamRequestError | None = None  # the earliest failed request; those before it still come
     try:
         for response in call:
             if response.WhichOneof("outcome") == "error":
-                code = _CODE_OF_VALUE.get(response.error.code, grpc.StatusCode.UNKNOWN)
-                raise StreamRequestError(
-                    response.id, first_input.get(response.id, -1), code, response.error.message
-                )
+                if failed is None or response.id < failed.request_id:
+                    code = _CODE_OF_VALUE.get(response.error.code, grpc.StatusCode.UNKNOWN)
+                    start = first_input.get(response.id, -1)
+                    failed = StreamRequestError(response.id, start, code, response.error.message)
+                continue
             ready[response.id] = results.embeddings(response.result).vectors
-            while next_id in ready:
+            while next_id in ready and (failed is None or next_id < failed.request_id):
                 yield ready.pop(next_id)
                 next_id += 1
                 slots.release()
     except grpc.RpcError:
         if source_error:
             raise source_error[0] from None
-        raise
+        if failed is None:
+            raise
     finally:
         stopping.set()
         slots.release()  # wakes the request thread if it waits for a slot
         call.cancel()
     if source_error:
         raise source_error[0]
+    if failed is not None:
+        raise failed
 
 
 def embed_stream(stub, texts: Iterable[str], **options) -> Iterator[np.ndarray]:

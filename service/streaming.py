@@ -12,7 +12,9 @@ is sent as soon as it is ready. Two loops per stream:
 - the writer sends answers in the order they finish and frees their inputs in the window.
 
 A failed request is answered with its id and a StreamError (code + message, as the unary RPC's status);
-the stream goes on, unless its first request set `stop_on_error` (then the stream ends with that code).
+the stream goes on, unless its first request set `stop_on_error`: then no more requests are read, those
+read are answered (so every request before the failed one gets its answer), and the stream ends with
+the failed request's code.
 An undecodable request ends the stream with INVALID_ARGUMENT once what was read is answered. While the
 server drains, the reader stops, what was read is answered, and the stream ends with UNAVAILABLE. A
 cancelled stream (client cancel, deadline) cancels its requests' queued work.
@@ -109,9 +111,10 @@ class _Stream:
         self.working: set[asyncio.Task] = set()  # requests admitted, not yet answered
         self.stop_on_error = False
         self.answered = 0
+        self.reader: asyncio.Task | None = None
 
     async def run(self) -> tuple[grpc.StatusCode, str]:
-        reader = asyncio.ensure_future(self._read())
+        self.reader = reader = asyncio.ensure_future(self._read())
         draining = asyncio.ensure_future(self._watch_drain(reader))
         try:
             return await self._write()
@@ -204,8 +207,11 @@ class _Stream:
             self.answered += 1
             self.metrics.stream_requests.labels(item.code.name).inc()
             await self.window.release(item.inputs)
-            if item.code != grpc.StatusCode.OK and self.stop_on_error:
-                return item.code, f"request id {item.request_id}: {item.message} (stop_on_error)"
+            if item.code != grpc.StatusCode.OK and self.stop_on_error and ended is None:
+                # read no more; answer what was read (earlier requests included), then end with this error
+                self.reader.cancel()
+                message = f"request id {item.request_id}: {item.message} (stop_on_error)"
+                ended = _ReadingEnded(item.code, message)
         return ended.code, ended.message
 
 

@@ -5,7 +5,7 @@ stream's inputs in flight (answered AND sent) are below max_stream_inputs_in_fli
 not read blocks the server's writes, so the server stops reading and HTTP/2 flow control stops the
 client's sends. Without that bound the server keeps reading: every request it reads waits for
 tokenization and its answer waits to be written, and RSS grows with what the client sends (measured with
-the window raised to 100,000: +300 MB and more in the 10 s).
+the window raised to 100,000: +139 MiB in the 10 s, against +11 MiB with the default 64).
 """
 
 from __future__ import annotations
