@@ -78,11 +78,14 @@ RUN apt-get update \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin bertserve
 COPY --from=wheel /wheels /wheels
+# The serving dependencies are read from the wheel's own metadata (pyproject's `dependencies`), with
+# onnxruntime replaced by the `gpu` extra's onnxruntime-gpu: both ship the module `onnxruntime`, so only
+# one may be installed. tests/test_deploy_dockerfile.py runs this selection against pyproject.
 RUN pip install --no-cache-dir --no-deps /wheels/bertserve-*.whl \
-    && pip install --no-cache-dir "onnxruntime-gpu>=1.20" "tokenizers>=0.20" "numpy>=1.26" "grpcio>=1.81.1" \
-        "grpcio-health-checking>=1.81,<1.82" "grpcio-reflection>=1.81,<1.82" "protobuf>=6.33.5,<7" \
-        "pydantic>=2.6" "pydantic-settings>=2.2" "prometheus-client>=0.20" "httptools>=0.6" \
-    && rm -rf /wheels
+    && python -c 'import importlib.metadata as m, re; reqs = m.requires("bertserve"); name = lambda r: re.split(r"[ <>=!~;\[]", r)[0]; base = [r for r in reqs if "extra" not in r.partition(";")[2] and name(r) != "onnxruntime"]; gpu = [r.partition(";")[0].strip() for r in reqs if re.search(r"extra\s*==\s*.gpu.", r)]; print("\n".join(base + gpu))' \
+        > /tmp/serving-requirements.txt \
+    && pip install --no-cache-dir -r /tmp/serving-requirements.txt \
+    && rm -rf /wheels /tmp/serving-requirements.txt
 # Every library the CUDA provider links (libcuda.so.1 comes from the host driver at run time) and cuDNN 9
 # must resolve in this image.
 RUN provider="$(python -c 'import onnxruntime, pathlib; print(pathlib.Path(onnxruntime.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so")')" \
