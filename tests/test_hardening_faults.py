@@ -154,3 +154,54 @@ def test_an_onnx_runtime_failure_fails_only_the_calls_in_that_batch(failing_repo
                 metric(scrape(server.metrics_url), "bertserve_requests_total", code="INTERNAL")
                 == failed_calls
             )
+
+
+# --- repository clutter and half-written versions (service/repository.py) -------------------------------
+
+
+def _cluttered_copy(tiny_repo, repo: Path) -> Path:
+    """tiny-embed version 1 complete; version 2 half-written (no manifest, as a crashed copy leaves it);
+    lost+found, a stray file, and a staging directory of a killed export."""
+    shutil.copytree(tiny_repo / "tiny-embed", repo / "tiny-embed")
+    shutil.copytree(repo / "tiny-embed" / "1", repo / "tiny-embed" / "2")
+    (repo / "tiny-embed" / "2" / "manifest.json").unlink()
+    (repo / "lost+found").mkdir()
+    (repo / "notes.txt").write_text("not a model")
+    (repo / "tiny-embed" / ".staging-3-999999-x1").mkdir()
+    return repo
+
+
+def test_a_cluttered_repository_serves_the_newest_complete_version(tiny_repo, tmp_path):
+    repo = _cluttered_copy(tiny_repo, tmp_path / "repo")
+    server = ServerProcess("--model-repo", str(repo)).start()
+    try:
+        with Client(server.address, timeout=30) as client:
+            client.wait_until_serving()
+            (model,) = client.info().models
+            assert (model.name, model.version) == ("tiny-embed", 1)
+            assert len(client.stub.Embed(pb.EmbedRequest(inputs=["the cat sat"])).embeddings) == 1
+    finally:
+        server.terminate()
+    warnings = [line for line in server.output.splitlines() if "WARNING" in line]
+    for needle in ("lost+found", "notes.txt", ".staging-3-999999-x1", "tiny-embed/2/manifest.json: missing"):
+        assert sum(needle in line for line in warnings) == 1, (needle, warnings)
+
+
+def test_a_broken_version_named_explicitly_refuses_to_start(tiny_repo, tmp_path):
+    repo = _cluttered_copy(tiny_repo, tmp_path / "repo")
+    server = ServerProcess("--model-repo", str(repo), "--model", "tiny-embed:2")
+    assert server.run_to_exit(timeout=120) == 1
+    (line,) = [line for line in server.output.splitlines() if "cannot start" in line]
+    assert "tiny-embed/2/manifest.json: missing" in line and "Traceback" not in server.output
+
+
+def test_a_head_whose_encoder_changed_refuses_to_start(shared_repo, tmp_path):
+    repo = shutil.copytree(shared_repo, tmp_path / "repo")
+    encoder_manifest = repo / "tiny-encoder" / "1" / "manifest.json"
+    manifest = json.loads(encoder_manifest.read_text())
+    manifest["export"]["source"] = "re-exported"
+    encoder_manifest.write_text(json.dumps(manifest))
+    server = ServerProcess("--model-repo", str(repo))
+    assert server.run_to_exit(timeout=120) == 1
+    (line,) = [line for line in server.output.splitlines() if "cannot start" in line]
+    assert f"{encoder_manifest}: sha256" in line and "encoder reference" in line, line
