@@ -353,3 +353,38 @@ def test_full_queue_then_draining_server(tiny_repo, client):
         assert draining.metric("bertserve_requests_total", rpc="ServerReady", code="OK") == 2
     finally:
         draining.close()
+
+
+def _hostile_requests() -> dict[str, pb.ModelInferRequest]:
+    """Requests whose fields, quoted whole in a status message, would overflow gRPC's metadata limit."""
+
+    def request(**tensor) -> pb.ModelInferRequest:
+        fields = {"name": "text", "datatype": "BYTES", "shape": [1], **tensor}
+        built = pb.ModelInferRequest(model_name="tiny-embed")
+        built.inputs.add(**fields).contents.bytes_contents.append(b"a cat")
+        return built
+
+    many_names = pb.ModelInferRequest(model_name="tiny-embed")
+    for i in range(20_000):
+        many_names.inputs.add(name=f"input{i}", datatype="BYTES", shape=[1])
+    return {
+        "4 MB input name": request(name="n" * (4 << 20)),
+        "1 MB datatype": request(datatype="D" * (1 << 20)),
+        "500,000-element shape": request(shape=[1] * 500_000),
+        "20,000 input names": many_names,
+    }
+
+
+def test_hostile_requests_get_a_short_invalid_argument_that_metrics_count(server, stub):
+    """Each message quotes client data shortened (errors.quote) and is capped at 1 KiB: the client gets
+    INVALID_ARGUMENT (not RESOURCE_EXHAUSTED "Stream removed") and the metrics count the same code."""
+    kserve, _ = stub
+    before = server.metric("bertserve_requests_total", rpc="ModelInfer", code="INVALID_ARGUMENT")
+    for case, request in _hostile_requests().items():
+        code, details = _code(kserve.ModelInfer, request)
+        assert code == "INVALID_ARGUMENT", (case, details[:200])
+        assert len(details.encode()) <= 1024, case
+        assert "inputs" in details, case
+    after = server.metric("bertserve_requests_total", rpc="ModelInfer", code="INVALID_ARGUMENT")
+    assert after - before == 4
+    assert kserve.ServerLive(pb.ServerLiveRequest()).live
