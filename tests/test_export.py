@@ -17,7 +17,7 @@ from bertserve.export.checkpoint import load_checkpoint
 from bertserve.export.errors import CheckpointError, ExportError
 from bertserve.export.pipeline import export_model
 from bertserve.export.verify import shape_grid, token_batch
-from bertserve.manifest import Manifest, sha256_file
+from bertserve.repository import Manifest, sha256_file
 from tests.conftest import DEFAULT_MODEL_NAME, TINY_MODELS
 from tests.helpers.checkpoints import load_reference
 

@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from bertserve.client import Client
-from bertserve.manifest import sha256_file
+from bertserve.repository import sha256_file
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.server import ServerProcess, ServerThread, metric, scrape
 

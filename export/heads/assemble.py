@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertserve.export.errors import ExportError
-from bertserve.manifest import sha256_file
+from bertserve.repository import sha256_file
 
 COMMITTED_HEADS_DIR = Path(__file__).parent / "weights"
 HEADS_JSON = "heads.json"

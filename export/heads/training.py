@@ -25,7 +25,7 @@ from bertserve.export.heads.assemble import assemble_checkpoints, save_heads
 from bertserve.export.heads.features import cls_features, masked_features, tokenize
 from bertserve.export.heads.wordnet import Synset, load_noun_synsets, split_of, wordnet_dir
 from bertserve.export.tokenizer_files import load_tokenizer, special_tokens
-from bertserve.manifest import sha256_file
+from bertserve.repository import sha256_file
 
 HEADS_SUBDIR = "heads"
 CHECKPOINTS_SUBDIR = "checkpoints"
