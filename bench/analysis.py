@@ -39,6 +39,18 @@ def padding_ratio(phase: dict | None) -> float | None:
     return _div(phase["server"].get("batch_tokens_padded"), phase["tokens"])
 
 
+def _stream_ratios(stream: dict | None, ceiling_inputs_per_s: float | None) -> dict:
+    """One EmbedStream's rate / the in-process ceiling; a lone unary caller's p99 during a stream / alone."""
+    if not stream:
+        return {"stream_vs_inprocess": None, "unary_p99_during_stream_vs_alone": None}
+    return {
+        "stream_vs_inprocess": _div(stream["alone"]["inputs_per_s"], ceiling_inputs_per_s),
+        "unary_p99_during_stream_vs_alone": _div(
+            stream["unary_during_stream"]["p99_ms"], stream["unary_alone"]["p99_ms"]
+        ),
+    }
+
+
 def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> dict:
     server = _saturation(targets, SERVER)
     naive = _saturation(targets, NAIVE)
@@ -60,6 +72,7 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
         "int8_vs_naive": _div(_saturation(targets, SERVER_INT8), naive),
         "int8_vs_server_fp32": _div(_saturation(targets, SERVER_INT8), server),
         "batching_gain": _div(server, _saturation(targets, SERVER_BS1)),
+        **_stream_ratios(targets.get(SERVER, {}).get("stream"), ceiling.get("inputs_per_s")),
         "p50_c1_minus_inprocess_ms": (at_one["p50_ms"] - single["p50_ms"]) if at_one and single else None,
         "gemm_peak_fraction": _div(saturated and saturated["gflops_per_s"], gemm_peak_gflops),
         "gemm_peak_fraction_inprocess": _div(ceiling.get("gflops_per_s"), gemm_peak_gflops),

@@ -46,6 +46,7 @@ class BenchConfig:
     gemm_seconds_per_shape: float = 0.3
     open_rate: float | None = None  # requests/s; None: a fraction of server-fp32's saturation rate
     open_rate_fraction: float = 0.7
+    stream: bool = True  # server-fp32 also runs the EmbedStream phases (bench/streaming.py)
     phase_time_limit_s: float | None = 90.0  # a phase sends no request after this (slow targets stay bounded)
     server_settings: dict[str, str] = field(
         default_factory=dict
@@ -205,6 +206,8 @@ async def run(config: BenchConfig) -> dict:
             make_requests(fixed.texts, fixed.tokens, config.inputs_per_request, flops_of),
             config.open_rate_fraction,
             config.phase_time_limit_s,
+            stream_target=analysis.SERVER if config.stream else None,
+            stream_texts=tuple(mixed.texts),
         )
         targets: dict[str, dict] = {}
         open_rate = config.open_rate

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from bertserve.bench import streaming
 from bertserve.bench.loadgen import Call, PhaseResult, Request, closed_loop, open_loop
 from bertserve.bench.processes import ServerProcess
 from bertserve.bench.server_metrics import phase_delta, scrape
@@ -30,6 +31,8 @@ class Workload:
     open_rate_fraction: float  # open-loop rate as a fraction of the target's saturation rate
     phase_time_limit_s: float | None = None  # no request is sent after this long into a phase
     startup_timeout_s: float = 180.0
+    stream_target: str | None = None  # the target that also runs the EmbedStream phases (bench/streaming.py)
+    stream_texts: tuple[str, ...] = ()  # what its streams carry (the mixed corpus)
 
 
 def embed_call(channel: grpc.aio.Channel, model: str) -> Call:
@@ -109,6 +112,12 @@ class TargetRun:
                     self.call, w.mixed, rate, label=f"{self.server.name} open", time_limit_s=limit
                 )
                 opened = await self._phase(f"open {rate:.0f} rps", phase, [], 1)
+            streamed = None
+            if self.server.name == w.stream_target:
+                texts = list(w.stream_texts)
+                streamed = await streaming.phases(
+                    self.server.address, self.model, texts, w.mixed, limit, self.log
+                )
             rss_mb = self.server.rss_mb()
         finally:
             exit_code = await self.server.stop()
@@ -124,4 +133,5 @@ class TargetRun:
             },
             "fixed": fixed,
             "open": opened,
+            "stream": streamed,  # EmbedStream phases (bench/streaming.py), on stream_target only
         }

@@ -1,0 +1,106 @@
+"""The streaming phases of `bertserve bench` (bertserve's gRPC target only): EmbedStream's throughput over
+the mixed corpus, and what a running stream costs a lone unary caller.
+
+- stream alone: one EmbedStream carrying the whole mixed corpus (`STREAM_BATCH` texts per request, at
+  most `STREAM_REQUESTS_IN_FLIGHT` requests unanswered, as `Client.embed_stream` does): inputs/s, to
+  compare with the in-process ceiling.
+- unary alone, then unary during a stream: one caller sending the corpus's requests one after the other
+  (closed loop, concurrency 1), first alone, then while a stream cycles over the corpus: p50/p99 of each,
+  and the stream's own rate meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from bertserve.bench.loadgen import Request, closed_loop
+from bertserve.v1 import inference_pb2, inference_pb2_grpc
+
+STREAM_BATCH = 32  # texts per EmbedStream request (Client.embed_stream's default)
+STREAM_REQUESTS_IN_FLIGHT = 8  # requests sent and not yet answered (Client.embed_stream's default)
+UNARY_CONCURRENCY = 1  # a lone latency-sensitive caller
+TIMEOUT_S = 600.0
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20)]
+
+
+async def run_stream(
+    stub: inference_pb2_grpc.InferenceStub, model: str, chunks: Iterator[list[str]], stop: asyncio.Event
+) -> dict:
+    """Streams `chunks` (until they end or `stop` is set); returns inputs, seconds and inputs/s."""
+    call = stub.EmbedStream(timeout=TIMEOUT_S)
+    slots = asyncio.Semaphore(STREAM_REQUESTS_IN_FLIGHT)
+    answered = {"inputs": 0, "requests": 0, "errors": 0}
+    started = time.perf_counter()
+
+    async def send() -> None:
+        for request_id, chunk in enumerate(chunks):
+            await slots.acquire()
+            if stop.is_set():
+                break
+            await call.write(
+                inference_pb2.EmbedStreamRequest(id=request_id, inputs=chunk, model=model, truncate=True)
+            )
+        await call.done_writing()
+
+    sender = asyncio.create_task(send())
+    async for response in call:
+        answered["requests"] += 1
+        if response.WhichOneof("outcome") == "error":
+            answered["errors"] += 1
+        else:
+            answered["inputs"] += len(response.result.embeddings)
+        slots.release()
+    await sender
+    seconds = time.perf_counter() - started
+    return answered | {"seconds": seconds, "inputs_per_s": answered["inputs"] / seconds}
+
+
+def _chunks(texts: list[str], cycle: bool) -> Iterator[list[str]]:
+    source = itertools.cycle(texts) if cycle else iter(texts)
+    while chunk := list(itertools.islice(source, STREAM_BATCH)):
+        yield chunk
+
+
+async def phases(
+    address: str,
+    model: str,
+    texts: list[str],
+    requests: list[Request],
+    time_limit_s: float | None,
+    log: Callable,
+) -> dict:
+    """The three streaming phases against the server at `address` (already warm)."""
+    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+
+        async def unary(texts: list[str]) -> inference_pb2.EmbedResponse:
+            request = inference_pb2.EmbedRequest(inputs=texts, model=model, truncate=True)
+            return await stub.Embed(request, timeout=TIMEOUT_S)
+
+        alone = await run_stream(stub, model, _chunks(texts, cycle=False), asyncio.Event())
+        log(f"  stream alone: {alone['inputs_per_s']:.1f} inputs/s ({alone['inputs']} inputs)")
+        lone = (await closed_loop(unary, requests, UNARY_CONCURRENCY, "unary alone", time_limit_s)).summary()
+        stop = asyncio.Event()
+        background = asyncio.create_task(run_stream(stub, model, _chunks(texts, cycle=True), stop))
+        during = await closed_loop(unary, requests, UNARY_CONCURRENCY, "unary during a stream", time_limit_s)
+        stop.set()
+        beside = await background
+        during = during.summary()
+    log(
+        f"  unary c={UNARY_CONCURRENCY}: alone p50 {lone['p50_ms']:.1f} ms p99 {lone['p99_ms']:.1f} ms; during a "
+        f"stream p50 {during['p50_ms']:.1f} ms p99 {during['p99_ms']:.1f} ms (stream meanwhile "
+        f"{beside['inputs_per_s']:.1f} inputs/s)"
+    )
+    return {
+        "batch_size": STREAM_BATCH,
+        "requests_in_flight": STREAM_REQUESTS_IN_FLIGHT,
+        "alone": alone,
+        "unary_alone": lone,
+        "unary_during_stream": during,
+        "stream_beside_unary": beside,
+    }
