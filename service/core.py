@@ -118,6 +118,7 @@ class InferenceCore:
             s.max_padding_ratio,
             s.max_queue_attention,
         )
+        self._infos = {m.name: self._model_info(m) for m in registry.ordered}  # fixed once loaded
         for group in self.encoders:  # one queue owner per encoder, shared by its models and tasks
             observer = metrics.observer(group.name, group.graph_key)
             group.batcher = Batcher(group.name, group.compute, limits, group.executor, observer)
@@ -329,12 +330,11 @@ class InferenceCore:
             "grpcio": package_version("grpcio"),
             "protobuf": package_version("protobuf"),
         }
-        models = [self._model_info(m) for m in self.registry.ordered]
-        return ServerInfo(__version__, models, limits, versions)
+        return ServerInfo(__version__, list(self._infos.values()), limits, versions)
 
     def model_info(self, name: str) -> ModelInfo:
         """The named loaded model's information (ModelNotFound otherwise; "" = the first model)."""
-        return self._model_info(self.registry.resolve(name, None))
+        return self._infos[self.registry.resolve(name, None).name]
 
     def _model_info(self, model: ServedModel) -> ModelInfo:
         manifest, tasks, dims = model.manifest, model.manifest.tasks, model.manifest.dimensions
