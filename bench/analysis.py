@@ -7,7 +7,8 @@ nothing is filled in.
 from __future__ import annotations
 
 SERVER, SERVER_BS1, SERVER_INT8, NAIVE = "server-fp32", "server-fp32-bs1", "server-int8", "naive-fp32"
-TARGETS = (SERVER, SERVER_BS1, SERVER_INT8, NAIVE)  # in measuring order
+SERVER_HTTP = "server-fp32-http"  # server-fp32 called over HTTP (opt-in: --targets)
+TARGETS = (SERVER, SERVER_HTTP, SERVER_BS1, SERVER_INT8, NAIVE)  # in measuring order
 
 
 def _div(a: float | None, b: float | None) -> float | None:
@@ -73,6 +74,7 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
         "int8_vs_server_fp32": _div(_saturation(targets, SERVER_INT8), server),
         "batching_gain": _div(server, _saturation(targets, SERVER_BS1)),
         **_stream_ratios(targets.get(SERVER, {}).get("stream"), ceiling.get("inputs_per_s")),
+        "http_vs_grpc": _div(_saturation(targets, SERVER_HTTP), server),
         "p50_c1_minus_inprocess_ms": (at_one["p50_ms"] - single["p50_ms"]) if at_one and single else None,
         "gemm_peak_fraction": _div(saturated and saturated["gflops_per_s"], gemm_peak_gflops),
         "gemm_peak_fraction_inprocess": _div(ceiling.get("gflops_per_s"), gemm_peak_gflops),
@@ -82,7 +84,13 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
 
 def rates(targets: dict, inprocess: dict) -> dict[str, tuple[float | None, str]]:
     """GOP/s of every target at saturation and of every in-process ceiling, with its precision."""
-    precision_of = {SERVER: "fp32", SERVER_BS1: "fp32", SERVER_INT8: "int8", NAIVE: "fp32"}
+    precision_of = {
+        SERVER: "fp32",
+        SERVER_HTTP: "fp32",
+        SERVER_BS1: "fp32",
+        SERVER_INT8: "int8",
+        NAIVE: "fp32",
+    }
     out: dict[str, tuple[float | None, str]] = {
         name: (phase and phase["gflops_per_s"], precision_of[name])
         for name in TARGETS

@@ -87,7 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--targets",
         type=_targets,
-        help="comma-separated subset of server-fp32,server-fp32-bs1,server-int8,naive-fp32",
+        help="comma-separated subset of server-fp32,server-fp32-http,server-fp32-bs1,server-int8,naive-fp32 "
+        "(default: all but server-fp32-http)",
     )
     parser.add_argument(
         "--server-setting", type=_setting, action="append", default=[], metavar="NAME=VALUE",

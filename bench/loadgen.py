@@ -23,6 +23,12 @@ from bertserve.bench.stats import latency_summary
 Call = Callable[[list[str]], Awaitable[object]]
 
 
+class CallFailed(Exception):
+    """A failed call of a non-gRPC client (bench.http_client); `code` is the status name it counts under."""
+
+    code: str = "UNKNOWN"
+
+
 @dataclass(frozen=True)
 class Request:
     texts: list[str]
@@ -114,6 +120,9 @@ async def _send(call: Call, request: Request, started: float, result: PhaseResul
         reply = await call(request.texts)
     except grpc.aio.AioRpcError as error:
         result.errors[error.code().name] += 1
+        return
+    except CallFailed as error:
+        result.errors[error.code] += 1
         return
     result.latencies.append(time.perf_counter() - started)
     metadata = getattr(reply, "metadata", None)

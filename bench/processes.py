@@ -54,6 +54,8 @@ class ServerProcess:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
     metrics_port: int | None = None
+    http_port: int | None = None  # bertserve's HTTP front
+    protocol: str = "grpc"  # how the load generator calls it: "grpc" (Embed) or "http" (/bertserve/v1/embed)
     health_checked: bool = True  # bertserve: wait for SERVING; naive: wait for the channel
     process: asyncio.subprocess.Process | None = None
     startup_s: float | None = None
@@ -138,22 +140,38 @@ class ServerProcess:
 
 
 def bertserve_process(
-    name: str, repo: Path, model: str, threads: int, log_dir: Path, settings: dict[str, str]
+    name: str,
+    repo: Path,
+    model: str,
+    threads: int,
+    log_dir: Path,
+    settings: dict[str, str],
+    protocol: str = "grpc",
 ) -> ServerProcess:
     """`bertserve serve` configured through its BERTSERVE_* settings; `settings` override the defaults here."""
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, http_port = free_port(), free_port(), free_port()
     env = {
         "BERTSERVE_MODEL_REPO": str(repo),
         "BERTSERVE_MODELS": model,
         "BERTSERVE_HOST": "127.0.0.1",
         "BERTSERVE_PORT": str(port),
         "BERTSERVE_METRICS_PORT": str(metrics_port),
+        "BERTSERVE_HTTP_PORT": str(http_port),
         "BERTSERVE_INTRA_OP_THREADS": str(threads),
         "BERTSERVE_INTER_OP_THREADS": "1",
         "BERTSERVE_LOG_LEVEL": "WARNING",
     } | {f"BERTSERVE_{key.upper()}": value for key, value in settings.items()}
     argv = [sys.executable, "-m", "bertserve.cli", "serve"]
-    return ServerProcess(name, argv, port, log_dir / f"{name}.log", env, metrics_port=metrics_port)
+    return ServerProcess(
+        name,
+        argv,
+        port,
+        log_dir / f"{name}.log",
+        env,
+        metrics_port=metrics_port,
+        http_port=http_port,
+        protocol=protocol,
+    )
 
 
 def naive_process(

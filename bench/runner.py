@@ -122,6 +122,10 @@ def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
         servers[analysis.SERVER] = bertserve_process(
             analysis.SERVER, model.repo, model.spec, config.threads, logs, settings
         )
+    if analysis.SERVER_HTTP in config.targets:
+        servers[analysis.SERVER_HTTP] = bertserve_process(
+            analysis.SERVER_HTTP, model.repo, model.spec, config.threads, logs, settings, protocol="http"
+        )
     if analysis.SERVER_BS1 in config.targets:
         servers[analysis.SERVER_BS1] = bertserve_process(
             analysis.SERVER_BS1,

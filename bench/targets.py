@@ -6,13 +6,14 @@ of the server's /metrics, so server-side figures cover exactly the phase's reque
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 
 import grpc
 
-from bertserve.bench import streaming
+from bertserve.bench import http_client, streaming
 from bertserve.bench.loadgen import Call, PhaseResult, Request, closed_loop, open_loop
 from bertserve.bench.processes import ServerProcess
 from bertserve.bench.server_metrics import phase_delta, scrape
@@ -87,6 +88,19 @@ class TargetRun:
         self.log(_line(self.server.name, label, summary))
         return summary
 
+    @contextlib.asynccontextmanager
+    async def _client(self, connections: int) -> AsyncIterator[Call]:
+        """The target's Embed call: over gRPC, or over HTTP (/bertserve/v1/embed) for protocol "http"."""
+        if self.server.protocol == "http":
+            pool = http_client.HttpPool("127.0.0.1", self.server.http_port, connections)
+            try:
+                yield http_client.embed_call(pool, self.model, REQUEST_TIMEOUT_S)
+            finally:
+                await pool.close()
+        else:
+            async with grpc.aio.insecure_channel(self.server.address, options=CHANNEL_OPTIONS) as channel:
+                yield embed_call(channel, self.model)
+
     async def run(self, open_rate: float | None) -> dict:
         """All phases; `open_rate` None: a fraction of this target's own saturation rate."""
         w = self.workload
@@ -94,8 +108,8 @@ class TargetRun:
         startup_s = await self.server.start(w.startup_timeout_s)
         self.log(f"  {self.server.name} ready in {startup_s:.1f} s")
         try:
-            async with grpc.aio.insecure_channel(self.server.address, options=CHANNEL_OPTIONS) as channel:
-                self.call = embed_call(channel, self.model)
+            async with self._client(max(256, *w.concurrencies)) as call:  # open loop: a connection per call
+                self.call = call
                 closed = []
                 limit = w.phase_time_limit_s
                 for c in w.concurrencies:
