@@ -32,6 +32,7 @@ __all__ = [
     "SCHEMA_VERSION", "STAGING_PREFIX", "TOKENIZER_FILE", "ClassifyTask", "EmbedTask", "EncoderRef",
     "ExportInfo", "FillMaskTask", "GraphSpec", "Manifest", "ModelDimensions", "Parity", "Precision",
     "RepositoryError", "Tasks", "TensorSpec", "TokenizerSpec", "check_file", "graph_file", "is_staging",
+    "is_version_name",
     "list_versions", "parse_model_spec", "read_manifest", "sha256_file", "staging_owner_pid", "staging_prefix",
 ]  # fmt: skip
 
@@ -41,6 +42,7 @@ TOKENIZER_FILE = "tokenizer.json"
 STAGING_PREFIX = ".staging-"
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 NAME_PATTERN = re.compile(rf"^{_NAME}$")  # a model's name: its directory in REPO
+VERSION_NAME = re.compile(r"[1-9][0-9]*")
 MODEL_SPEC = re.compile(rf"^({_NAME})(?::([1-9][0-9]*))?$")  # NAME or NAME:VERSION (settings, --encoder)
 
 # Graph keys; each graph is the file KEY.onnx. The encoder has variants by precision; the heads are fp32.
@@ -230,9 +232,12 @@ def list_versions(model_dir: Path) -> list[int]:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         return []
-    return sorted(
-        int(p.name) for p in model_dir.iterdir() if p.name.isdigit() and int(p.name) >= 1 and p.is_dir()
-    )
+    return sorted(int(p.name) for p in model_dir.iterdir() if is_version_name(p.name) and p.is_dir())
+
+
+def is_version_name(name: str) -> bool:
+    """A version directory's name: a positive integer, ASCII digits, no leading zero ("1", never "01")."""
+    return VERSION_NAME.fullmatch(name) is not None
 
 
 def parse_model_spec(spec: str) -> tuple[str, int | None]:

@@ -28,6 +28,7 @@ from bertserve.repository import (
     RepositoryError,
     check_file,
     is_staging,
+    is_version_name,
     list_versions,
     read_manifest,
     sha256_file,
@@ -202,7 +203,7 @@ class _Loader:
 
 def _warn_about_strays(model_dir: Path) -> None:
     for entry in sorted(model_dir.iterdir()):
-        if entry.name.isdigit() and entry.is_dir():
+        if is_version_name(entry.name) and entry.is_dir():
             continue
         if is_staging(entry.name):
             log.warning("%s: an unfinished export, ignored (the next export of this model removes it)", entry)

@@ -182,7 +182,7 @@ def test_a_head_only_manifest_that_does_not_fit_its_encoder_is_refused(shared_co
 
 
 def test_contract_names_versions_and_staging_names(tmp_path):
-    for entry in ("1", "2", "10", "0", "01x", ".staging-3-1-a", "lost+found"):
+    for entry in ("1", "2", "10", "0", "01", "01x", "\u00b2", ".staging-3-1-a", "lost+found"):
         (tmp_path / entry).mkdir()
     (tmp_path / "4").write_text("a file, not a version")
     assert list_versions(tmp_path) == [1, 2, 10]
