@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ import time
 import grpc
 import pytest
 
+from bertserve.service.errors import StartupError
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc
 from tests.helpers.server import ServerThread
@@ -191,3 +193,21 @@ def test_idle_connections_past_the_cap_are_evicted_and_busy_ones_refuse_new(serv
             sock.close()
     assert [status_of(r) for r in replies] == [200] * MAX_CONNECTIONS
     assert_healthy(server)
+
+
+def test_response_over_max_message_bytes_is_refused_with_the_limit(server):
+    body = json.dumps({"input": ["a"] * 256, "encoding_format": "float"}).encode()  # ~250 KB of JSON floats
+    reply = exchange(server, post_head(len(body), "Connection: close\r\n") + body)
+    assert status_of(reply) == 400 and f"more than max_message_bytes {MAX_BYTES}".encode() in reply
+    assert_healthy(server)
+
+
+def test_http_off_and_port_taken(tiny_repo):
+    with ServerThread(model_repo=tiny_repo, models=["tiny-embed"], http_port=-1) as running:
+        assert running.server.http is None and running.server.http_port is None
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(StartupError, match=f"setting http_port: cannot listen on 127.0.0.1:{port}"):
+            ServerThread(model_repo=tiny_repo, models=["tiny-embed"], http_port=port).start()
