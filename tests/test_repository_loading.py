@@ -201,3 +201,24 @@ def test_the_contract_imports_without_torch():
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, env=os.environ
     )
     assert result.stdout.strip() == "False"
+
+
+def test_schema_1_repositories_still_load(tiny_repo, tmp_path):
+    """A manifest as schema 1 wrote it (no `encoder`, no `tasks.classify.encoder_output`): a full model."""
+    repo = tmp_path / "repo"
+    for name in ("tiny-classifier", "tiny-mlm"):
+        shutil.copytree(tiny_repo / name, repo / name)
+        manifest = _manifest(repo / name / "1")
+        manifest["schema_version"] = 1
+        del manifest["encoder"]
+        if manifest["tasks"]["classify"]:
+            del manifest["tasks"]["classify"]["encoder_output"]
+        _write(repo / name / "1", manifest)
+    found = {f.name: f for f in discover(repo, [], "fp32")}
+    assert all(not f.shares_encoder and f.own_manifest.schema_version == 1 for f in found.values())
+    assert found["tiny-classifier"].manifest.tasks.classify.encoder_output == "pooler_output"
+    manifest = _manifest(repo / "tiny-mlm" / "1")
+    manifest["encoder"] = {"name": "tiny-classifier", "version": 1, "manifest_sha256": "0" * 64}
+    _write(repo / "tiny-mlm" / "1", manifest)
+    with pytest.raises(StartupError, match="an encoder reference needs schema_version 2"):
+        discover(repo, [("tiny-mlm", 1)], "fp32")
