@@ -120,6 +120,8 @@ def export_model(
                 f"{checkpoint_dir}: a {BASE} checkpoint has no head to put on encoder {encoder}"
             )
         shared = shared_encoder.resolve(out_repo, encoder)
+        if shared.manifest.name == name:
+            raise ExportError(f"--encoder {encoder}: a head-only model needs a name of its own (--name)")
         with tempfile.TemporaryDirectory(prefix="bertserve-tokenizer-") as scratch:
             tokenizer.save(str(Path(scratch) / TOKENIZER_FILE))
             spec = tokenizer_spec(specials, Path(scratch) / TOKENIZER_FILE)

@@ -115,6 +115,7 @@ def test_refuses_a_checkpoint_whose_encoder_is_another(encoder_repo, make_tiny_c
         (["--encoder", "nope"], "holds no exported version"),
         (["--encoder", f"{SHARED_ENCODER}:9"], "has no version 9"),
         (["--encoder", SHARED_ENCODER, "--int8"], "with --encoder the encoder's are used"),
+        (["--encoder", SHARED_ENCODER, "--name", SHARED_ENCODER], "needs a name of its own"),
     ],
 )
 def test_refuses_bad_encoder_arguments(encoder_repo, make_tiny_checkpoint, capsys, args, needle):
@@ -126,6 +127,7 @@ def test_refuses_bad_encoder_arguments(encoder_repo, make_tiny_checkpoint, capsy
         == 1
     )
     assert needle in capsys.readouterr().err and _nothing_written(encoder_repo / "m")
+    assert sorted(p.name for p in (encoder_repo / SHARED_ENCODER).iterdir()) == ["1"]
 
 
 def test_refuses_a_checkpoint_of_other_sizes(encoder_repo, make_tiny_checkpoint, capsys):
