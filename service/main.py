@@ -1,4 +1,7 @@
-"""`bertserve serve`: runs the server until SIGTERM or SIGINT, then drains and exits 0."""
+"""`bertserve serve`: runs the server until SIGTERM, SIGINT or SIGHUP, then drains and exits 0.
+
+SIGHUP drains too: its default action would kill the server at once, failing the calls in flight (a
+terminal closing, or a supervisor that sends it, must not cost answers)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from bertserve.service.errors import StartupError
 from bertserve.service.settings import Settings
 
 log = logging.getLogger("bertserve.server")
+DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 async def run_until_signalled(settings: Settings) -> int:
@@ -18,8 +22,14 @@ async def run_until_signalled(settings: Settings) -> int:
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    received: list[signal.Signals] = []
+
+    def on_signal(signum: signal.Signals) -> None:
+        received.append(signum)
+        stop.set()
+
+    for signum in DRAIN_SIGNALS:
+        loop.add_signal_handler(signum, on_signal, signum)
     server = InferenceServer(settings)
     try:
         await server.start()
@@ -34,7 +44,7 @@ async def run_until_signalled(settings: Settings) -> int:
         f"http://{settings.host}:{server.metrics_port}/metrics" if server.metrics_port else "(off)",
     )
     await stop.wait()
-    log.info("signal received: draining")
+    log.info("signal received (%s): draining", received[0].name)
     finished = await server.drain()
     log.info("stopped (%s)", "every accepted call answered" if finished else "grace period ran out")
     return 0

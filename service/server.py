@@ -19,6 +19,7 @@ from bertserve.service.admission import server_options as admission_options
 from bertserve.service.core import InferenceCore
 from bertserve.service.encoders import EncoderGroup
 from bertserve.service.errors import StartupError
+from bertserve.service.health_watch import WatchStreams
 from bertserve.service.http.app import HttpFront
 from bertserve.service.kserve import servicer as kserve
 from bertserve.service.metrics import Metrics
@@ -40,9 +41,9 @@ def _warm_up(encoder: EncoderGroup) -> None:
     encoder.warm_up()
 
 
-def add_health_servicer(health: HealthServicer, server: grpc.aio.Server) -> None:
+def add_health_servicer(health: HealthServicer, server: grpc.aio.Server, watches: WatchStreams) -> None:
     """grpc.health.v1 with requests parsed by `rpc_status.parsing`: junk bytes get INVALID_ARGUMENT (the
-    generated registration would answer UNKNOWN)."""
+    generated registration would answer UNKNOWN). Watch streams end at the drain (`watches`)."""
     service = health_pb2.DESCRIPTOR.services_by_name["Health"]
     reply = health_pb2.HealthCheckResponse.SerializeToString
     handlers = {}
@@ -52,7 +53,8 @@ def add_health_servicer(health: HealthServicer, server: grpc.aio.Server) -> None
             if method.server_streaming
             else grpc.unary_unary_rpc_method_handler
         )
-        behaviour = parsing(getattr(health_pb2, method.input_type.name), getattr(health, method.name))
+        method_of = watches.watch if method.name == "Watch" else getattr(health, method.name)
+        behaviour = parsing(getattr(health_pb2, method.input_type.name), method_of)
         handlers[method.name] = register(behaviour, response_serializer=reply)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
@@ -64,6 +66,7 @@ class InferenceServer:
         self.metrics.export_limits(settings)
         self.lifecycle = Lifecycle()
         self.health = HealthServicer()
+        self.watches = WatchStreams(self.health)
         self.port: int | None = None
         self.metrics_port: int | None = None
         self.http: HttpFront | None = None  # HTTP beside gRPC (service/http/), through the same core
@@ -125,7 +128,7 @@ class InferenceServer:
         add_inference_servicer(InferenceServicer(self.core, self.lifecycle), self._server)
         # the KServe v2 protocol, on the same port and core
         kserve_service = kserve.add_to_server(self.core, self.health, self.lifecycle, self._server)
-        add_health_servicer(self.health, self._server)
+        add_health_servicer(self.health, self._server, self.watches)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         reflection.enable_server_reflection(
             (
@@ -181,6 +184,7 @@ class InferenceServer:
         if self.http is not None:
             self.http.drain()  # readiness false; answers close their connections; idle ones closed now
         await self.health.enter_graceful_shutdown()
+        self.watches.end_all()
         grace = self.settings.grace_period_s
         log.info("draining: %d calls in flight, grace period %.1fs", self.lifecycle.in_flight, grace)
         finished = await self.lifecycle.wait_idle(grace)
@@ -191,6 +195,7 @@ class InferenceServer:
 
     async def stop(self, finish_queued: bool = True) -> None:
         self.lifecycle.accepting = False
+        self.watches.end_all()
         if self.core is not None:
             await self.core.close(finish_queued)
         if self._server is not None:
