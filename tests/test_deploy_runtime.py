@@ -104,6 +104,7 @@ def server(runtime_venv, default_repo, tmp_path_factory):
         BERTSERVE_HOST="127.0.0.1",
         BERTSERVE_PORT="0",
         BERTSERVE_METRICS_PORT="0",
+        BERTSERVE_HTTP_PORT="0",
         BERTSERVE_GRACE_PERIOD_S=str(GRACE_PERIOD_S),
         BERTSERVE_LOG_LEVEL="INFO",
     )
@@ -121,7 +122,16 @@ def server(runtime_venv, default_repo, tmp_path_factory):
     )
     assert ready, "server did not report serving:\n" + log.text()
     port, metrics_port = int(ready.group(1)), int(ready.group(2))
-    yield {"process": process, "port": port, "metrics_port": metrics_port, "log": log, "env": env}
+    http = log.wait_for(r"serving HTTP on http://[\d.]+:(\d+)/", 1)  # logged before the line above
+    assert http, "server did not report its HTTP port:\n" + log.text()
+    yield {
+        "process": process,
+        "port": port,
+        "metrics_port": metrics_port,
+        "http_port": int(http.group(1)),
+        "log": log,
+        "env": env,
+    }
     if process.poll() is None:
         process.kill()
         process.wait(10)
@@ -136,10 +146,24 @@ def send_embed_calls(port: int, calls: int) -> None:
             assert len(response.embeddings) == len(texts) and len(response.embeddings[0].values) == 384
 
 
+def send_http_embed_calls(http_port: int, calls: int) -> None:
+    """OpenAI-style embeddings over the HTTP front, for the dashboard's HTTP panels."""
+    for i in range(calls):
+        body = json.dumps({"model": "all-minilm-l6-v2", "input": [f"sentence {i}"]}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http_port}/v1/embeddings",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert len(json.loads(response.read())["data"][0]["embedding"]) == 384
+
+
 @pytest.fixture(scope="module")
 def traffic(server):
-    """EMBED_CALLS good Embed calls and one refused (blank input), so every panel has data."""
+    """EMBED_CALLS good Embed calls over gRPC and HTTP and one refused (blank input), so every panel has data."""
     send_embed_calls(server["port"], EMBED_CALLS)
+    send_http_embed_calls(server["http_port"], LATE_CALLS)
     with grpc.insecure_channel(f"127.0.0.1:{server['port']}") as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         with pytest.raises(grpc.RpcError) as refused:
@@ -304,8 +328,9 @@ def _grafana(query: str) -> str:
 def test_every_dashboard_query_runs_and_the_panels_have_data(prometheus, traffic):
     # Fresh calls while Prometheus scrapes, so rate() windows hold them; wait until scraped.
     send_embed_calls(traffic["port"], LATE_CALLS)
+    send_http_embed_calls(traffic["http_port"], LATE_CALLS)
     total = "sum(bertserve_requests_total{code='OK'})"
-    promql_until(prometheus, total, lambda r: r and float(r[0]["value"][1]) >= EMBED_CALLS + LATE_CALLS)
+    promql_until(prometheus, total, lambda r: r and float(r[0]["value"][1]) >= EMBED_CALLS + 3 * LATE_CALLS)
     empty = [query for query in dashboard_queries() if not promql(prometheus, _grafana(query))]
     assert empty == [], "panels without data"
     (requests_per_s,) = panel_queries("Requests/s")
