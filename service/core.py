@@ -28,12 +28,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
-from importlib.metadata import version as package_version
 from typing import TypeVar
 
 import numpy as np
-import onnxruntime
-import tokenizers
 
 from bertserve import __version__
 from bertserve.service.attention import check_response_size, select_indices
@@ -50,12 +47,12 @@ from bertserve.service.results import (
     EmbedResult,
     FillMaskResult,
     LabelScore,
-    Limits,
     ModelInfo,
     ServerInfo,
     TokenizeResult,
 )
 from bertserve.service.served_model import ServedModel
+from bertserve.service.server_info import library_versions, limits_of, model_info_of
 from bertserve.service.settings import Settings
 from bertserve.service.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
 from bertserve.service.tasks import Task, TaskOptions
@@ -118,7 +115,8 @@ class InferenceCore:
             s.max_padding_ratio,
             s.max_queue_attention,
         )
-        self._infos = {m.name: self._model_info(m) for m in registry.ordered}  # fixed once loaded
+        # fixed once loaded
+        self._infos = {m.name: model_info_of(m, registry.default_rpcs(m)) for m in registry.ordered}
         for group in self.encoders:  # one queue owner per encoder, shared by its models and tasks
             observer = metrics.observer(group.name, group.graph_key)
             group.batcher = Batcher(group.name, group.compute, limits, group.executor, observer)
@@ -311,54 +309,13 @@ class InferenceCore:
     # --- information ---------------------------------------------------------------------------------
 
     def info(self) -> ServerInfo:
-        s = self.settings
-        limits = Limits(
-            max_inputs_per_request=s.max_inputs_per_request,
-            max_input_chars=s.max_input_chars,
-            max_message_bytes=s.max_message_bytes,
-            max_batch_size=s.max_batch_size,
-            max_batch_tokens=s.max_batch_tokens,
-            max_queue_inputs=s.max_queue_inputs,
-            max_queue_attention=s.max_queue_attention,
-            max_queue_delay_ms=s.max_queue_delay_ms,
-            max_masks_per_input=s.max_masks_per_input,
-            max_padding_ratio=s.max_padding_ratio,
+        return ServerInfo(
+            __version__, list(self._infos.values()), limits_of(self.settings), library_versions()
         )
-        versions = {
-            "onnxruntime": onnxruntime.__version__,
-            "tokenizers": tokenizers.__version__,
-            "grpcio": package_version("grpcio"),
-            "protobuf": package_version("protobuf"),
-        }
-        return ServerInfo(__version__, list(self._infos.values()), limits, versions)
 
     def model_info(self, name: str) -> ModelInfo:
         """The named loaded model's information (ModelNotFound otherwise; "" = the first model)."""
         return self._infos[self.registry.resolve(name, None).name]
-
-    def _model_info(self, model: ServedModel) -> ModelInfo:
-        manifest, tasks, dims = model.manifest, model.manifest.tasks, model.manifest.dimensions
-        return ModelInfo(
-            name=model.name,
-            version=model.version,
-            encoder=model.encoder.name,
-            tasks=[t.value for t in model.tasks] + (["attention"] if model.attention else []),
-            default_for=self.registry.default_rpcs(model),
-            dimension=tasks.embed.dimension if tasks.embed else dims.hidden_size,
-            max_length=manifest.max_length,
-            vocab_size=dims.vocab_size,
-            num_layers=dims.num_hidden_layers,
-            num_heads=dims.num_attention_heads,
-            precision=model.precision,
-            provider=model.provider,
-            pooling=tasks.embed.pooling if tasks.embed else "",
-            normalize_default=bool(tasks.embed and tasks.embed.normalize),
-            mask_token=tasks.fill_mask.mask_token if tasks.fill_mask else "",
-            labels=[tasks.classify.id2label[i] for i in sorted(tasks.classify.id2label)]
-            if tasks.classify
-            else [],
-            problem_type=tasks.classify.problem_type if tasks.classify else "",
-        )
 
     # --- the shared path -----------------------------------------------------------------------------
 
