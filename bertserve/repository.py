@@ -27,7 +27,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
-    "CLASSIFIER_HEAD", "ENCODER", "ENCODER_ATTENTIONS", "ENCODER_BY_PRECISION", "ENCODER_FP16",
+    "ATTENTIONS", "CLS_HIDDEN_STATE", "HIDDEN_STATES", "LAST_HIDDEN_STATE", "LOGITS", "POOLER_OUTPUT",
+    "SENTENCE_EMBEDDING", "TOKEN_INPUTS", "CLASSIFIER_HEAD", "ENCODER", "ENCODER_ATTENTIONS", "ENCODER_BY_PRECISION", "ENCODER_FP16",
     "ENCODER_INT8", "ENCODER_KEYS", "HEAD_KEYS", "MANIFEST_FILE", "MLM_HEAD", "MODEL_SPEC", "NAME_PATTERN",
     "SCHEMA_VERSION", "STAGING_PREFIX", "TOKENIZER_FILE", "ClassifyTask", "EmbedTask", "EncoderRef",
     "ExportInfo", "FillMaskTask", "GraphSpec", "Manifest", "ModelDimensions", "Parity", "Precision",
@@ -54,6 +55,16 @@ MLM_HEAD = "mlm_head"  # hidden states at mask positions (N, H) -> logits (N, V)
 CLASSIFIER_HEAD = "classifier_head"  # pooler output or [CLS] hidden state (B, H) -> logits (B, L)
 ENCODER_KEYS = (ENCODER, ENCODER_INT8, ENCODER_FP16, ENCODER_ATTENTIONS)
 HEAD_KEYS = (MLM_HEAD, CLASSIFIER_HEAD)
+
+# Tensor names of the graphs (docs/architecture.md has their shapes).
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # int64 [batch, sequence], every encoder
+LAST_HIDDEN_STATE = "last_hidden_state"  # f32 [batch, sequence, hidden]
+SENTENCE_EMBEDDING = "sentence_embedding"  # f32 [batch, hidden], pooled, not normalized
+POOLER_OUTPUT = "pooler_output"  # f32 [batch, hidden], only when the checkpoint has a pooler
+ATTENTIONS = "attentions"  # f32 [layers, batch, heads, sequence, sequence] (encoder_attentions)
+HIDDEN_STATES = "hidden_states"  # mlm_head's input, f32 [masks, hidden]
+CLS_HIDDEN_STATE = "cls_hidden_state"  # a head-only classifier_head's input, f32 [batch, hidden]
+LOGITS = "logits"  # every head's output
 
 Precision = Literal["fp32", "int8", "fp16"]
 ENCODER_BY_PRECISION: dict[str, str] = {"fp32": ENCODER, "int8": ENCODER_INT8, "fp16": ENCODER_FP16}
@@ -132,7 +143,7 @@ class ClassifyTask(_Strict):
     graph: str = CLASSIFIER_HEAD
     # What the head graph takes, as its one input of that name, shape (B, H): the encoder's pooler_output,
     # or the [CLS] row of last_hidden_state (a head-only classifier, whose graph holds its own pooler).
-    encoder_output: Literal["pooler_output", "cls_hidden_state"] = "pooler_output"
+    encoder_output: Literal["pooler_output", "cls_hidden_state"] = POOLER_OUTPUT
 
 
 class Tasks(_Strict):

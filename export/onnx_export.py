@@ -15,9 +15,17 @@ import torch
 from torch import nn
 
 from bertserve.export.model import BertForMaskedLM, BertForSequenceClassification, BertModel, mean_pool
+from bertserve.repository import (
+    ATTENTIONS,
+    HIDDEN_STATES,
+    LAST_HIDDEN_STATE,
+    LOGITS,
+    POOLER_OUTPUT,
+    SENTENCE_EMBEDDING,
+    TOKEN_INPUTS,
+)
 
 OPSET = 17
-TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class EncoderGraph(nn.Module):
@@ -93,33 +101,31 @@ class GraphIO:
 
 def encoder_io(hidden: int, with_pooler: bool) -> GraphIO:
     outputs: dict[str, list[str | int]] = {
-        "last_hidden_state": ["batch", "sequence", hidden],
-        "sentence_embedding": ["batch", hidden],
+        LAST_HIDDEN_STATE: ["batch", "sequence", hidden],
+        SENTENCE_EMBEDDING: ["batch", hidden],
     }
     if with_pooler:
-        outputs["pooler_output"] = ["batch", hidden]
+        outputs[POOLER_OUTPUT] = ["batch", hidden]
     inputs = {name: ["batch", "sequence"] for name in TOKEN_INPUTS}
     return GraphIO(inputs, outputs, dict.fromkeys(TOKEN_INPUTS, "int64"))
 
 
 def attentions_io(hidden: int, layers: int, heads: int) -> GraphIO:
     outputs = {
-        "last_hidden_state": ["batch", "sequence", hidden],
-        "attentions": [layers, "batch", heads, "sequence", "sequence"],
+        LAST_HIDDEN_STATE: ["batch", "sequence", hidden],
+        ATTENTIONS: [layers, "batch", heads, "sequence", "sequence"],
     }
     inputs = {name: ["batch", "sequence"] for name in TOKEN_INPUTS}
     return GraphIO(inputs, outputs, dict.fromkeys(TOKEN_INPUTS, "int64"))
 
 
 def mlm_head_io(hidden: int, vocab: int) -> GraphIO:
-    return GraphIO(
-        {"hidden_states": ["masks", hidden]}, {"logits": ["masks", vocab]}, {"hidden_states": "float32"}
-    )
+    return GraphIO({HIDDEN_STATES: ["masks", hidden]}, {LOGITS: ["masks", vocab]}, {HIDDEN_STATES: "float32"})
 
 
-def classifier_head_io(hidden: int, labels: int, source: str = "pooler_output") -> GraphIO:
+def classifier_head_io(hidden: int, labels: int, source: str = POOLER_OUTPUT) -> GraphIO:
     """`source`: pooler_output (the encoder's pooler) or cls_hidden_state (the head holds its pooler)."""
-    return GraphIO({source: ["batch", hidden]}, {"logits": ["batch", labels]}, {source: "float32"})
+    return GraphIO({source: ["batch", hidden]}, {LOGITS: ["batch", labels]}, {source: "float32"})
 
 
 def example_inputs(io: GraphIO, batch: int = 2, sequence: int = 8) -> tuple[torch.Tensor, ...]:

@@ -30,7 +30,7 @@ from bertserve.export.manifest_builder import (
 from bertserve.export.staging import check_name, choose_version, remove_stale_staging, staged_version
 from bertserve.export.tokenizer_files import for_repository, load_tokenizer, special_tokens
 from bertserve.export.variants import VARIANTS, ExportContext, ExportOptions, Variant
-from bertserve.repository import TOKENIZER_FILE, GraphSpec, Parity, graph_file
+from bertserve.repository import CLS_HIDDEN_STATE, TOKENIZER_FILE, GraphSpec, Parity, graph_file
 
 __all__ = ["ExportError", "export_model"]
 
@@ -125,7 +125,7 @@ def export_model(
         with tempfile.TemporaryDirectory(prefix="bertserve-tokenizer-") as scratch:
             tokenizer.save(str(Path(scratch) / TOKENIZER_FILE))
             spec = tokenizer_spec(specials, Path(scratch) / TOKENIZER_FILE)
-        tasks = tasks_for(checkpoint, defaults, specials, "cls_hidden_state")
+        tasks = tasks_for(checkpoint, defaults, specials, CLS_HIDDEN_STATE)
         shared_encoder.check_compatible(shared, dimensions_of(checkpoint), defaults.max_length, spec, tasks)
         with stages.stage(
             "shared_encoder", f"checking that {shared.label}'s encoder is this checkpoint's"

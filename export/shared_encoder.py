@@ -17,7 +17,9 @@ from bertserve.export.checkpoint import Checkpoint
 from bertserve.export.errors import ExportError
 from bertserve.repository import (
     ENCODER,
+    LAST_HIDDEN_STATE,
     MANIFEST_FILE,
+    SENTENCE_EMBEDDING,
     EncoderRef,
     Manifest,
     ModelDimensions,
@@ -31,7 +33,7 @@ from bertserve.repository import (
     sha256_file,
 )
 
-COMPARED_OUTPUTS = ["last_hidden_state", "sentence_embedding"]  # a head checkpoint's pooler may be its own
+COMPARED_OUTPUTS = [LAST_HIDDEN_STATE, SENTENCE_EMBEDDING]  # a head checkpoint's pooler may be its own
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,13 @@ from bertserve.export.shared_encoder import SharedEncoder
 from bertserve.export.tokenizer_files import SpecialTokens, encode
 from bertserve.repository import (
     CLASSIFIER_HEAD,
+    CLS_HIDDEN_STATE,
     ENCODER,
     ENCODER_ATTENTIONS,
     ENCODER_FP16,
     ENCODER_INT8,
     MLM_HEAD,
+    POOLER_OUTPUT,
     Parity,
     graph_file,
 )
@@ -103,7 +105,7 @@ class ExportContext:
 
     @property
     def classifier_input(self) -> str:
-        return "pooler_output" if self.owns_encoder else "cls_hidden_state"
+        return POOLER_OUTPUT if self.owns_encoder else CLS_HIDDEN_STATE
 
 
 @dataclass(frozen=True)
