@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from bertserve.bench.loadgen import Request, closed_loop
+from bertserve.client_stream import DEFAULT_BATCH_SIZE
 from bertserve.v1 import inference_pb2, inference_pb2_grpc
 
-STREAM_BATCH = 32  # texts per EmbedStream request (Client.embed_stream's default)
+STREAM_BATCH = DEFAULT_BATCH_SIZE  # texts per EmbedStream request (Client.embed_stream's default)
 STREAM_REQUESTS_IN_FLIGHT = 8  # requests sent and not yet answered (Client.embed_stream's default)
 UNARY_CONCURRENCY = 1  # a lone latency-sensitive caller
 TIMEOUT_S = 600.0

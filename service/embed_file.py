@@ -31,6 +31,8 @@ from typing import BinaryIO, TextIO
 
 import numpy as np
 
+from bertserve.client_stream import DEFAULT_BATCH_SIZE
+
 STATE_VERSION = 1
 INPUT_INDEX = re.compile(r"inputs\[(\d+)\]")  # how the server names an input of a request
 NPY_HEADER_BYTES = 128  # fixed, so the final shape can be written over the placeholder in place
@@ -341,7 +343,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--field", help="INPUT is JSON Lines: the field holding each text")
     parser.add_argument(
-        "--address", default="127.0.0.1:50051", metavar="HOST:PORT", help="server address (default: 127.0.0.1:50051)"
+        "--address",
+        default="127.0.0.1:50051",
+        metavar="HOST:PORT",
+        help="server address (default: 127.0.0.1:50051)",
     )
     parser.add_argument(
         "--model", default="", help="model name (default: the server's default embedding model)"
@@ -355,7 +360,13 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--truncate", action="store_true", help="cut texts longer than max_length instead of failing"
     )
-    parser.add_argument("--batch-size", type=int, default=32, help="texts per stream request (default 32)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"texts per stream request (default {DEFAULT_BATCH_SIZE}; at most half the server's "
+        "max_stream_inputs_in_flight, so two requests are in flight)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=None, help="seconds for the whole job (default: none)"
     )

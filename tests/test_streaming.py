@@ -45,10 +45,9 @@ def corpus(n: int, seed: int = 3, max_words: int = 25) -> list[str]:
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, max_words)))) for _ in range(n)]
 
 
-def unary(client: Client, texts: list[str], **options) -> np.ndarray:
-    return np.concatenate(
-        [client.embed(texts[i : i + 256], **options).vectors for i in range(0, len(texts), 256)]
-    )
+def unary(client: Client, texts: list[str], size: int = 256, **options) -> np.ndarray:
+    chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
+    return np.concatenate([client.embed(chunk, **options).vectors for chunk in chunks])
 
 
 def request(request_id: int, inputs: list[str], **fields) -> pb.EmbedStreamRequest:
@@ -59,7 +58,7 @@ def test_20000_inputs_come_back_in_order_equal_to_unary_embed(tiny_server):
     texts = corpus(20_000)
     before = scrape(tiny_server.metrics_url)
     with Client(tiny_server.address, timeout=300) as client:
-        streamed = client.embed_stream_batches(texts, model=MODEL, batch_size=50, truncate=True)
+        streamed = client.embed_stream_batches(texts, model=MODEL, truncate=True)  # 8 texts a request
         streamed = np.concatenate(list(streamed))
         expected = unary(client, texts, model=MODEL, truncate=True)
         # the per-vector iterator, on a prefix, with options passed through
@@ -81,13 +80,13 @@ def test_20000_inputs_come_back_in_order_equal_to_unary_embed(tiny_server):
             ("ok", "bertserve_requests_total", {"rpc": "EmbedStream", "code": "OK"}),
             ("answered", "bertserve_stream_requests_total", {"code": "OK"}),
             ("admissions", "bertserve_stream_inputs_in_flight_count", {}),
-            ("within_window", "bertserve_stream_inputs_in_flight_bucket", {"le": "64.0"}),
+            ("within_window", "bertserve_stream_inputs_in_flight_bucket", {"le": "16.0"}),
         ]
     }
     assert moved["ok"] == 2
-    assert moved["answered"] == 20_000 / 50 + 300 // 7 + 1
+    assert moved["answered"] == 20_000 / 8 + 300 // 7 + 1
     assert moved["admissions"] == moved["answered"]
-    # max_stream_inputs_in_flight (64 by default) was never exceeded
+    # max_stream_inputs_in_flight (16 by default) was never exceeded
     assert moved["within_window"] == moved["admissions"]
     assert metric(after, "bertserve_streams_open") == 0
 
@@ -205,3 +204,44 @@ def test_draining_answers_what_was_read_then_ends_the_stream_unavailable(tiny_re
             # a new stream is refused while draining
             with pytest.raises(grpc.RpcError):
                 list(client.stub.EmbedStream(iter([request(9, ["x"])]), timeout=5))
+
+
+def test_requests_refused_by_a_full_queue_are_retried_by_the_client(tiny_repo):
+    texts = corpus(2_000, seed=4, max_words=10)
+    # a queue of 8 inputs: the stream's own 64-input window overflows it all the time
+    with (
+        ServerThread(model_repo=tiny_repo, models=[MODEL], max_queue_inputs=8) as server,
+        Client(server.address, timeout=120) as client,
+    ):
+        streamed = np.concatenate(list(client.embed_stream_batches(texts, model=MODEL, batch_size=8)))
+        expected = unary(client, texts, size=8, model=MODEL)
+        samples = scrape(server.metrics_url)
+    assert np.abs(streamed - expected).max() <= 1e-6
+    refused = metric(samples, "bertserve_stream_requests_total", code="RESOURCE_EXHAUSTED")
+    assert refused > 0, "the queue never filled: nothing was retried"
+    assert metric(samples, "bertserve_stream_requests_total", code="OK") == len(texts) / 8
+    assert metric(samples, "bertserve_requests_total", rpc="EmbedStream", code="OK") == 1
+
+
+def test_a_stream_past_its_deadline_ends_deadline_exceeded(tiny_server):
+    never = threading.Event()
+
+    def one_then_wait():
+        yield request(1, ["a cat"])
+        never.wait(5)  # the client keeps the stream open past its deadline
+
+    before = scrape(tiny_server.metrics_url)
+    with Client(tiny_server.address) as client:
+        call = client.stub.EmbedStream(one_then_wait(), timeout=1.0)
+        with pytest.raises(grpc.RpcError) as raised:
+            list(call)
+        never.set()
+    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    after = scrape(tiny_server.metrics_url)
+    labels = {"rpc": "EmbedStream", "code": "DEADLINE_EXCEEDED"}
+    assert (
+        metric(after, "bertserve_requests_total", **labels)
+        - metric(before, "bertserve_requests_total", **labels)
+        == 1
+    )
+    assert metric(after, "bertserve_streams_open") == 0

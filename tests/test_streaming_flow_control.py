@@ -5,7 +5,7 @@ stream's inputs in flight (answered AND sent) are below max_stream_inputs_in_fli
 not read blocks the server's writes, so the server stops reading and HTTP/2 flow control stops the
 client's sends. Without that bound the server keeps reading: every request it reads waits for
 tokenization and its answer waits to be written, and RSS grows with what the client sends (measured with
-the window raised to 100,000: +139 MiB in the 10 s, against +11 MiB with the default 64).
+the window raised to 100,000: +139 MiB in the 10 s, against +11 to +17 MiB with the default window).
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def test_a_client_that_never_reads_keeps_server_memory_flat(tiny_repo):
             samples = scrape(server.metrics_url)
             assert metric(samples, "bertserve_streams_open") == 0
             assert metric(samples, "bertserve_queue_depth", model=MODEL) == 0
-            # the stream never held more than its window (64 inputs by default)
-            assert metric(samples, "bertserve_stream_inputs_in_flight_bucket", le="64.0") == metric(
+            # one request at a time: each flood request (32 inputs) is larger than the window (16), so runs alone
+            assert metric(samples, "bertserve_stream_inputs_in_flight_bucket", le="32.0") == metric(
                 samples, "bertserve_stream_inputs_in_flight_count"
             )
         assert server.terminate() == 0
