@@ -110,9 +110,16 @@ class Settings(BaseSettings):
                 raise ValueError(f"{name}: no such file: {path}")
         return self
 
+    @model_validator(mode="after")
+    def _resolve_concurrent_rpcs(self) -> Settings:
+        """0 becomes twice max_queue_inputs, so every reader (Info, bertserve_limit) sees the bound in force."""
+        if self.max_concurrent_rpcs == 0:
+            self.max_concurrent_rpcs = 2 * self.max_queue_inputs
+        return self
+
     def concurrent_rpcs_limit(self) -> int:
-        """`max_concurrent_rpcs`, with 0 resolved to twice max_queue_inputs."""
-        return self.max_concurrent_rpcs or 2 * self.max_queue_inputs
+        """`max_concurrent_rpcs` (0 was resolved to twice max_queue_inputs)."""
+        return self.max_concurrent_rpcs
 
     def model_specs(self) -> list[tuple[str, int | None]]:
         """`models` parsed into (name, version or None for the highest)."""
