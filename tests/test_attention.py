@@ -209,3 +209,42 @@ def test_cli_without_matplotlib_says_so(tmp_path, capsys, monkeypatch):
     assert main(args) == 1
     assert "needs matplotlib" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_attention_calls_are_admitted_by_the_encoder_queue(attention_repo):
+    """Attention waits in its encoder's queue (counted in queue_depth), at most max_queue_attention calls;
+    beyond that RESOURCE_EXHAUSTED at once. The worker is held by a gated batch meanwhile."""
+    import threading
+    import time
+
+    from bertserve.v1 import inference_pb2 as pb
+    from tests.helpers.server import metric, scrape
+
+    with ServerThread(model_repo=attention_repo, max_queue_attention=2) as server:
+        (encoder,) = server.server.core.encoders  # tiny-embed and plain-embed hold byte-identical encoders
+        batcher = encoder.batcher
+        real, computing, release = batcher._compute, threading.Event(), threading.Event()
+
+        def gated(batch):
+            computing.set()
+            assert release.wait(30)
+            return real(batch)
+
+        batcher._compute = gated
+        with Client(server.address, timeout=30) as client:
+            held = client.stub.Embed.future(pb.EmbedRequest(inputs=["hold"], model="tiny-embed"), timeout=30)
+            assert computing.wait(30)
+            request = pb.AttentionRequest(input="the cat sat", model="tiny-embed")
+            queued = [client.stub.Attention.future(request, timeout=30) for _ in range(2)]
+            deadline = time.monotonic() + 30
+            while metric(scrape(server.metrics_url), "bertserve_queue_depth", model=encoder.name) < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            with pytest.raises(grpc.RpcError) as full:
+                client.stub.Attention(request, timeout=30)
+            assert full.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "max_queue_attention 2" in full.value.details()
+            release.set()
+            held.result()
+            assert all(len(call.result().maps) == 2 * 3 for call in queued)  # 2 layers x 3 heads
+        assert metric(scrape(server.metrics_url), "bertserve_queue_depth", model=encoder.name) == 0
