@@ -191,6 +191,8 @@ def test_tritonclient_http_infers(tiny_server, grpc_client):
     client = triton.InferenceServerClient(tiny_server.http_url.removeprefix("http://"))
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("tiny-embed")
     assert client.get_server_metadata()["name"] == "bertserve"
+    index = client.get_model_repository_index()
+    assert [(m["name"], m["state"]) for m in index] == [(m.name, "READY") for m in grpc_client.info().models]
     metadata = client.get_model_metadata("tiny-classifier")
     assert {o["name"] for o in metadata["outputs"]} >= {"labels", "label_scores"}
     expected = grpc_vectors(grpc_client, SENTENCES)

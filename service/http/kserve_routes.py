@@ -3,6 +3,7 @@ tensors, parameters and messages), so `tritonclient.http` works.
 
     GET  /v2                                 server metadata
     GET  /v2/health/live, /v2/health/ready   200, or 503 when not ready (answered while draining)
+    POST /v2/repository/index                every loaded model, state READY (UNAVAILABLE while not ready)
     GET  /v2/models/{name}[/versions/{v}]    model metadata
     GET  /v2/models/{name}[/versions/{v}]/ready
     POST /v2/models/{name}[/versions/{v}]/infer
@@ -35,7 +36,7 @@ from bertserve.service.http.kserve_json import (
     read_texts,
     split_body,
 )
-from bertserve.service.http.schema import kind_of
+from bertserve.service.http.schema import Fields, json_object, kind_of
 from bertserve.service.http.status import kserve_error
 from bertserve.service.http.transport import Response, json_response
 from bertserve.service.kserve.servicer import DEFAULT_TASKS, EXTENSIONS, PLATFORM, SERVER_NAME, model_outputs
@@ -89,6 +90,22 @@ async def model_ready(front: HttpFront, call: Call) -> Response:
 
 async def server_metadata(front: HttpFront, call: Call) -> Response:
     return json_response(200, {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS})
+
+
+async def repository_index(front: HttpFront, call: Call) -> Response:
+    """The model repository extension's index (as gRPC RepositoryIndex): body {"ready": bool}, optional."""
+    only_ready = False
+    if call.request.body:
+        body = json_object(call.request)
+        only_ready = bool(Fields(body, ("ready",)).boolean("ready"))
+    is_ready = front.ready()
+    state = "READY" if is_ready else "UNAVAILABLE"
+    models = [
+        {"name": m.name, "version": str(m.version), "state": state}
+        for m in front.core.registry.ordered
+        if is_ready or not only_ready
+    ]
+    return json_response(200, models)
 
 
 async def model_metadata(front: HttpFront, call: Call) -> Response:
@@ -239,6 +256,9 @@ ROUTES = [
     Route("GET", "/v2", server_metadata, kserve_error, summary="KServe v2 server metadata"),
     Route("GET", "/v2/health/live", live, kserve_error, admitted=False, summary="KServe v2 liveness"),
     Route("GET", "/v2/health/ready", ready, kserve_error, admitted=False, summary="KServe v2 readiness"),
+    Route(
+        "POST", "/v2/repository/index", repository_index, kserve_error, summary="KServe v2 repository index"
+    ),
     *_both("GET", "", model_metadata, "KServe v2 model metadata"),
     *_both("GET", "/ready", model_ready, "KServe v2 model readiness", admitted=False),
     *_both("POST", "/infer", infer, "KServe v2 inference (JSON or binary tensor data)"),
