@@ -11,6 +11,7 @@ import signal
 import sys
 
 from bertserve.service.errors import StartupError
+from bertserve.service.memory import limit_heap_growth
 from bertserve.service.settings import Settings
 
 log = logging.getLogger("bertserve.server")
@@ -51,6 +52,7 @@ async def run_until_signalled(settings: Settings) -> int:
 
 
 def serve(settings: Settings) -> int:
+    limit_heap_growth()  # freed large requests go back to the kernel (service/memory.py)
     logging.basicConfig(
         level=settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -1,8 +1,15 @@
-"""Handing freed heap memory back to the kernel.
+"""The heap after large requests: glibc's malloc keeps memory that was freed for later use, so after one
+large request the process's RSS would stay near its peak although nothing uses it.
 
-glibc's malloc keeps memory that was freed (in every thread's arena) for later use, so after one large
-request the process's RSS stays near its peak although nothing uses it. `malloc_trim(0)` returns those
-free pages. Elsewhere than glibc (musl, macOS) this does nothing.
+- `release_free_memory` (`malloc_trim(0)`) returns the free pages of every arena to the kernel; the server
+  calls it when idle (service/admission.py).
+- `limit_heap_growth` fixes glibc's mmap threshold at its initial 128 KiB. By default glibc raises it to
+  the size of every mmapped block that is freed (up to 32 MiB), so after one 5 MB request message every
+  later one comes from the heap, where it fragments and stays. Measured with 256 x 20,000-character
+  requests on the tiny model: without it RSS crept up by 10-15% after some calls even after a trim; with
+  it RSS came back to within 10% every time and peaks were 10-30 MiB lower.
+
+Elsewhere than glibc (musl, macOS) both do nothing.
 """
 
 from __future__ import annotations
@@ -11,18 +18,32 @@ import ctypes
 import ctypes.util
 import functools
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
 
 @functools.cache
-def _malloc_trim():
+def _libc():
     name = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
+        libc = ctypes.CDLL(name) if name else None
+        return (
+            libc if libc is not None and hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+        )
+    except OSError:
         return None
+
+
+def limit_heap_growth() -> None:
+    """Call once at start: allocations of MMAP_THRESHOLD_BYTES and more get their own mappings, which go
+    back to the kernel when freed."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
 def release_free_memory() -> None:
     """Blocking (a few milliseconds per hundred MB of heap); ctypes releases the GIL during the call."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
