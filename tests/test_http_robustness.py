@@ -213,3 +213,21 @@ def test_http_off_and_port_taken(tiny_repo):
         port = taken.getsockname()[1]
         with pytest.raises(StartupError, match=f"setting http_port: cannot listen on 127.0.0.1:{port}"):
             ServerThread(model_repo=tiny_repo, models=["tiny-embed"], http_port=port).start()
+
+
+def test_client_that_does_not_read_its_answers_is_cut_off(server):
+    """Pipelined requests whose answers (about 9 MB) the client never reads: once the server's send buffer
+    is full it waits http_read_timeout_s for the client to read, then aborts the connection."""
+    body = json.dumps({"input": ["a"] * 48, "encoding_format": "float"}).encode()  # ~46 KB answers
+    request = post_head(len(body)) + body
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", server.server.http_port))
+    with sock:
+        with contextlib.suppress(OSError):
+            sock.sendall(request * 200)
+        time.sleep(3 * READ_TIMEOUT_S + 1)  # a client that does not read
+        received = read_all(sock)
+    assert received.count(b"HTTP/1.1 200") < 200  # cut off, not every answer buffered for it
+    assert_healthy(server)
