@@ -167,7 +167,7 @@ class InferenceServer:
                 raise StartupError(
                     f"setting http_port: cannot listen on {s.host}:{s.http_port}: {exc}"
                 ) from None
-            log.info("serving HTTP on http://%s:%d/", s.host, self.http_port)
+            log.info("serving HTTP on %s://%s:%d/", self.http.scheme, s.host, self.http_port)
         for encoder in self.core.encoders:
             await loop.run_in_executor(encoder.executor, _warm_up, encoder)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import math
 import re
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -67,6 +68,19 @@ class Route:
     @property
     def metric_name(self) -> str:
         return f"http:{self.template}"
+
+
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """HTTPS with the gRPC port's certificate when TLS is configured (and client certificates required
+    with `tls_client_ca`), so HTTP is never the plaintext side door of a TLS server."""
+    if settings.tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    if settings.tls_client_ca is not None:
+        context.load_verify_locations(settings.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 def request_timeout(request: Request) -> float | None:
@@ -196,8 +210,12 @@ class HttpFront:
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
+    @property
+    def scheme(self) -> str:
+        return "https" if self.settings.tls_cert is not None else "http"
+
     async def start(self, host: str, port: int) -> int:
-        return await self.server.start(host, port)
+        return await self.server.start(host, port, tls_context(self.settings))
 
     def drain(self) -> None:
         self.server.drain()

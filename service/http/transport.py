@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -321,11 +322,13 @@ class HttpServer:
         self.rejected: dict[int, int] = {}  # status -> requests refused before reaching the handler
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Starts listening; returns the bound port (`port` 0 picks a free one)."""
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Starts listening (HTTPS with `tls`; the handshake within header_timeout_s); returns the bound
+        port (`port` 0 picks a free one)."""
         loop = asyncio.get_running_loop()
+        handshake = {"ssl_handshake_timeout": self.limits.header_timeout_s} if tls is not None else {}
         self._server = await loop.create_server(
-            lambda: _Connection(self), host, port, reuse_address=True, backlog=1024
+            lambda: _Connection(self), host, port, reuse_address=True, backlog=1024, ssl=tls, **handshake
         )
         return self._server.sockets[0].getsockname()[1]
 

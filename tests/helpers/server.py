@@ -20,7 +20,7 @@ from bertserve.service.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_LINE = re.compile(r"serving bertserve\.v1\.Inference on [\d.]+:(\d+), metrics on http://[\d.]+:(\d+)/")
-HTTP_LINE = re.compile(r"serving HTTP on http://[\d.]+:(\d+)/")  # logged just before READY_LINE
+HTTP_LINE = re.compile(r"serving HTTP on https?://[\d.]+:(\d+)/")  # logged just before READY_LINE
 
 
 class ServerThread:
