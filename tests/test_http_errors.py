@@ -13,7 +13,7 @@ import pytest
 
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc
-from tests.helpers.server import ServerThread, metric, scrape
+from tests.helpers.server import ServerProcess, ServerThread, metric, scrape
 
 EMBEDDINGS, EMBED, KSERVE = "/v1/embeddings", "/bertserve/v1/embed", "/v2/models/tiny-embed/infer"
 JSON = {"content-type": "application/json"}
@@ -453,3 +453,20 @@ def test_drain_over_http(tiny_repo):
     finally:
         release.set()
         server.stop()
+
+
+def test_sigterm_drains_and_closes_http(tiny_repo):
+    """`bertserve serve` on SIGTERM: HTTP answered until the drain, exit 0, then the HTTP port is closed."""
+    server = ServerProcess(
+        "--model-repo", str(tiny_repo), "--model", "tiny-embed", "--grace-period-s", "5"
+    ).start()
+    try:
+        assert server.http_port is not None
+        with httpx.Client(base_url=server.http_url, timeout=30) as client:
+            assert client.post(EMBEDDINGS, json={"input": "a"}).status_code == 200
+            assert server.terminate() == 0
+            with pytest.raises(httpx.TransportError):
+                client.get("/health")
+        assert "every accepted call answered" in server.output
+    finally:
+        server.kill()
