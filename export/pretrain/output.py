@@ -90,6 +90,11 @@ def shared_with_base(model: BertForMaskedLM, names: list[str]) -> list[str]:
 def assemble(base_dir: Path, weights_dir: Path, out_dir: Path) -> Path:
     """base checkpoint + trained.safetensors -> a full BertForMaskedLM checkpoint directory."""
     base_dir, weights_dir = Path(base_dir), Path(weights_dir)
+    for name in (RECORD_FILE, TRAINED_FILE):
+        if not (weights_dir / name).is_file():
+            raise PretrainedWeightsError(
+                f"{weights_dir / name} not found: run `bertserve pretrain` (or make pretrain-fill-mask)"
+            )
     record = json.loads((weights_dir / RECORD_FILE).read_text())
     expected = record["files"][TRAINED_FILE]["sha256"]
     if sha256_file(weights_dir / TRAINED_FILE) != expected:
