@@ -117,12 +117,17 @@ def pretrained(make_tiny_checkpoint, tmp_path_factory):
     text = work / "text.txt"
     text.write_text("\n".join(TEXTS) + "\n")
     common = ["pretrain", "--checkpoint", str(base), "--text", str(text), *PRETRAIN_ARGS]
+    torch_settings = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     for name in ("a", "b"):
         assert main([*common, "--out", str(work / name)]) == 0
     assert main([*common, "--out", str(work / "resumed"), "--stop-after", "13"]) == 0
     stopped = json.loads((work / "resumed" / "pretrain.json").read_text())
     assert stopped["progress"]["steps_done"] == 13 and not stopped["progress"]["finished"]
     assert main([*common, "--out", str(work / "resumed"), "--resume"]) == 0
+    assert (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+    ) == torch_settings  # restored
     return base, work
 
 

@@ -16,7 +16,7 @@ from bertserve.export.checkpoint import find_weights_file
 from bertserve.export.errors import ExportError
 from bertserve.export.pretrain import corpus, evaluate, output
 from bertserve.export.pretrain.model_setup import LayerRange, load_start_model, trainable_names
-from bertserve.export.pretrain.train import Recipe, train
+from bertserve.export.pretrain.train import Recipe, deterministic_torch, train
 from bertserve.export.tokenizer_files import load_tokenizer, special_tokens
 from bertserve.manifest import sha256_file
 
@@ -63,7 +63,15 @@ def _texts(source: Source) -> tuple[list[str], list[str]]:
     return train_texts, test_texts
 
 
-def pretrain(
+def pretrain(source: Source, recipe: Recipe, out_dir: Path, **options) -> dict:
+    """Trains and writes OUT/checkpoint/ (full BertForMaskedLM checkpoint), OUT/trained.safetensors and
+    OUT/pretrain.json; OUT/resume.pt lets a later call with resume=True continue. Returns the record.
+    Options: resume, stop_after, deadline, save_every, evaluate_initial, log (see _pretrain)."""
+    with deterministic_torch(recipe.threads):
+        return _pretrain(source, recipe, out_dir, **options)
+
+
+def _pretrain(
     source: Source,
     recipe: Recipe,
     out_dir: Path,
@@ -75,12 +83,9 @@ def pretrain(
     evaluate_initial: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """Trains and writes OUT/checkpoint/ (full BertForMaskedLM checkpoint), OUT/trained.safetensors and
-    OUT/pretrain.json; OUT/resume.pt lets a later call with resume=True continue. Returns the record."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    torch.set_num_threads(recipe.threads)
     model = load_start_model(source.checkpoint_dir, source.head_file, source.from_scratch, recipe.seed)
     LayerRange(*recipe.layers)  # checked by the caller; fails loudly here otherwise
     tokenizer = load_tokenizer(source.checkpoint_dir)
