@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
     "ATTENTIONS", "CLS_HIDDEN_STATE", "HIDDEN_STATES", "LAST_HIDDEN_STATE", "LOGITS", "POOLER_OUTPUT",
-    "SENTENCE_EMBEDDING", "TOKEN_INPUTS", "CLASSIFIER_HEAD", "ENCODER", "ENCODER_ATTENTIONS", "ENCODER_BY_PRECISION", "ENCODER_FP16",
+    "SENTENCE_EMBEDDING", "TOKEN_INPUTS", "DECODER_WEIGHT", "DECODER_WEIGHT_FILE", "TiedDecoder",
+    "CLASSIFIER_HEAD", "ENCODER", "ENCODER_ATTENTIONS", "ENCODER_BY_PRECISION", "ENCODER_FP16",
     "ENCODER_INT8", "ENCODER_KEYS", "HEAD_KEYS", "MANIFEST_FILE", "MLM_HEAD", "MODEL_SPEC", "NAME_PATTERN",
     "SCHEMA_VERSION", "STAGING_PREFIX", "TOKENIZER_FILE", "ClassifyTask", "EmbedTask", "EncoderRef",
     "ExportInfo", "FillMaskTask", "GraphSpec", "Manifest", "ModelDimensions", "Parity", "Precision",
@@ -65,6 +66,8 @@ ATTENTIONS = "attentions"  # f32 [layers, batch, heads, sequence, sequence] (enc
 HIDDEN_STATES = "hidden_states"  # mlm_head's input, f32 [masks, hidden]
 CLS_HIDDEN_STATE = "cls_hidden_state"  # a head-only classifier_head's input, f32 [batch, hidden]
 LOGITS = "logits"  # every head's output
+DECODER_WEIGHT = "decoder_weight"  # a tied mlm_head's second input, f32 [vocab, hidden]
+DECODER_WEIGHT_FILE = "decoder_weight.npy"  # the tied decoder's table, in the head-only model's directory
 
 Precision = Literal["fp32", "int8", "fp16"]
 ENCODER_BY_PRECISION: dict[str, str] = {"fp32": ENCODER, "int8": ENCODER_INT8, "fp16": ENCODER_FP16}
@@ -129,10 +132,27 @@ class EmbedTask(_Strict):
     dimension: int
 
 
+class TiedDecoder(_Strict):
+    """An MLM head whose decoder weight is its encoder's word-embedding table, bit for bit (a head-only model).
+
+    The head graph takes the table as its input `input` instead of holding it; the table is stored once, as
+    `file` (a .npy array) in the head-only model's directory. `encoder_initializers` names, per encoder graph
+    key, that graph's initializer holding the same table (same dtype, shape and bytes, checked at export): the
+    server gives that encoder session the same array, so the process holds the table once."""
+
+    input: str = DECODER_WEIGHT
+    file: str = DECODER_WEIGHT_FILE
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    shape: list[int]  # [vocab, hidden]
+    dtype: Literal["float32"] = "float32"
+    encoder_initializers: dict[str, str] = Field(default_factory=dict)
+
+
 class FillMaskTask(_Strict):
     mask_token: str
     mask_token_id: int
     graph: str = MLM_HEAD
+    tied_decoder: TiedDecoder | None = None  # set: the head graph takes the decoder weight as an input
 
 
 class ClassifyTask(_Strict):

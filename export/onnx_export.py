@@ -17,6 +17,7 @@ from torch import nn
 from bertserve.export.model import BertForMaskedLM, BertForSequenceClassification, BertModel, mean_pool
 from bertserve.repository import (
     ATTENTIONS,
+    DECODER_WEIGHT,
     HIDDEN_STATES,
     LAST_HIDDEN_STATE,
     LOGITS,
@@ -65,6 +66,19 @@ class MlmHeadGraph(nn.Module):
 
     def forward(self, hidden_states):
         return self.cls(hidden_states)
+
+
+class TiedMlmHeadGraph(nn.Module):
+    """The MLM head of a decoder tied to the encoder's word embeddings, the table an input rather than a
+    weight: (hidden states (N, C), decoder weight (V, C)) -> logits (N, V)."""
+
+    def __init__(self, mlm: BertForMaskedLM):
+        super().__init__()
+        self.predictions = mlm.cls.predictions
+
+    def forward(self, hidden_states, decoder_weight):
+        p = self.predictions
+        return torch.nn.functional.linear(p.transform(hidden_states), decoder_weight) + p.bias
 
 
 class ClassifierHeadGraph(nn.Module):
@@ -121,6 +135,14 @@ def attentions_io(hidden: int, layers: int, heads: int) -> GraphIO:
 
 def mlm_head_io(hidden: int, vocab: int) -> GraphIO:
     return GraphIO({HIDDEN_STATES: ["masks", hidden]}, {LOGITS: ["masks", vocab]}, {HIDDEN_STATES: "float32"})
+
+
+def tied_mlm_head_io(hidden: int, vocab: int) -> GraphIO:
+    return GraphIO(
+        {HIDDEN_STATES: ["masks", hidden], DECODER_WEIGHT: [vocab, hidden]},
+        {LOGITS: ["masks", vocab]},
+        {HIDDEN_STATES: "float32", DECODER_WEIGHT: "float32"},
+    )
 
 
 def classifier_head_io(hidden: int, labels: int, source: str = POOLER_OUTPUT) -> GraphIO:

@@ -148,6 +148,9 @@ def export_model(
             else:  # a head-only model uses its encoder model's tokenizer (equal, checked above)
                 spec = shared.manifest.tokenizer
             tasks = tasks_for(checkpoint, defaults, specials, ctx.classifier_input)
+            if ctx.tied_decoder is not None:  # the mlm_head takes the encoder's table as an input
+                fill_mask = tasks.fill_mask.model_copy(update={"tied_decoder": ctx.tied_decoder})
+                tasks = tasks.model_copy(update={"fill_mask": fill_mask})
             manifest = build_manifest(
                 name=name,
                 version=version,

@@ -15,7 +15,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from torch import nn
 
-from bertserve.export import onnx_export, optimize, verify
+from bertserve.export import onnx_export, optimize, tied_decoder, verify
 from bertserve.export.checkpoint import MASKED_LM, SEQUENCE_CLASSIFICATION, Checkpoint
 from bertserve.export.embedding_defaults import EmbeddingDefaults
 from bertserve.export.errors import ExportError
@@ -25,6 +25,7 @@ from bertserve.export.tokenizer_files import SpecialTokens, encode
 from bertserve.repository import (
     CLASSIFIER_HEAD,
     CLS_HIDDEN_STATE,
+    DECODER_WEIGHT,
     ENCODER,
     ENCODER_ATTENTIONS,
     ENCODER_FP16,
@@ -32,6 +33,7 @@ from bertserve.repository import (
     MLM_HEAD,
     POOLER_OUTPUT,
     Parity,
+    TiedDecoder,
     graph_file,
 )
 
@@ -62,6 +64,7 @@ class ExportContext:
     stage_dir: Path  # the version being written
     shared: SharedEncoder | None = None  # set: a head-only export onto this encoder model
     fusions: dict[str, int] = field(default_factory=dict)  # ORT's, set when the fp32 encoder is fused
+    tied_decoder: TiedDecoder | None = None  # set when a tied mlm_head is built (export/tied_decoder.py)
 
     @property
     def owns_encoder(self) -> bool:
@@ -91,10 +94,15 @@ class ExportContext:
         return onnx_export.EncoderAttentionsGraph(self.checkpoint.encoder).eval()
 
     @cached_property
+    def tied(self) -> tuple[np.ndarray, dict[str, str]] | None:
+        """(decoder table, encoder initializers holding it) for an MLM head tied to its shared encoder."""
+        return tied_decoder.plan(self.checkpoint, self.shared)
+
+    @cached_property
     def head_module(self) -> nn.Module:
         model = self.checkpoint.model
         if self.checkpoint.architecture == MASKED_LM:
-            return onnx_export.MlmHeadGraph(model)
+            return onnx_export.TiedMlmHeadGraph(model) if self.tied else onnx_export.MlmHeadGraph(model)
         if self.owns_encoder:
             return onnx_export.ClassifierHeadGraph(model)
         if not self.checkpoint.has_pooler:
@@ -175,7 +183,18 @@ def _verify_attentions(ctx: ExportContext, path: Path, io: onnx_export.GraphIO) 
 
 
 def _mlm_io(ctx: ExportContext) -> onnx_export.GraphIO:
-    return onnx_export.mlm_head_io(ctx.checkpoint.config.hidden_size, ctx.checkpoint.config.vocab_size)
+    c = ctx.checkpoint.config
+    if ctx.tied:
+        return onnx_export.tied_mlm_head_io(c.hidden_size, c.vocab_size)
+    return onnx_export.mlm_head_io(c.hidden_size, c.vocab_size)
+
+
+def _build_mlm(ctx: ExportContext, path: Path, io: onnx_export.GraphIO) -> None:
+    onnx_export.trace_to_onnx(ctx.head_module, io, path)
+    if ctx.tied:
+        tied_decoder.gemm_on_the_table(path)
+        table, initializers = ctx.tied
+        ctx.tied_decoder = tied_decoder.write_table(table, ctx.stage_dir, initializers)
 
 
 def _classifier_io(ctx: ExportContext) -> onnx_export.GraphIO:
@@ -188,7 +207,8 @@ def _trace_head(ctx: ExportContext, path: Path, io: onnx_export.GraphIO) -> None
 
 
 def _verify_head(ctx: ExportContext, path: Path, io: onnx_export.GraphIO) -> Parity:
-    cases = verify.head_cases(ctx.head_module, io)
+    fixed = {DECODER_WEIGHT: ctx.tied[0]} if DECODER_WEIGHT in io.inputs else None  # the table, fed
+    cases = verify.head_cases(ctx.head_module, io, fixed=fixed)
     return _parity(verify.check_parity(path, cases, ctx.options.tolerance), cases, ctx.options.tolerance)
 
 
@@ -238,8 +258,8 @@ VARIANTS: tuple[Variant, ...] = (
         key=MLM_HEAD,
         wanted=lambda ctx: ctx.checkpoint.architecture == MASKED_LM,
         io=_mlm_io,
-        build_title="tracing the MLM head",
-        build=_trace_head,
+        build_title="tracing the MLM head (its decoder an input when tied to the shared encoder's table)",
+        build=_build_mlm,
         verify_title="verifying it against PyTorch",
         verify=_verify_head,
     ),

@@ -39,10 +39,16 @@ def token_batch(
     return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
 
 
-def float_batch(rng: np.random.Generator, io: GraphIO, rows: int) -> dict[str, np.ndarray]:
-    ((name, shape),) = io.inputs.items()
-    size = [rows if isinstance(d, str) else d for d in shape]
-    return {name: rng.standard_normal(size).astype(np.float32)}
+def float_batch(
+    rng: np.random.Generator, io: GraphIO, rows: int, fixed: dict[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
+    """Random rows for each input, except the inputs `fixed` gives (e.g. a tied head's decoder weight)."""
+    fixed = fixed or {}
+    feed = {}
+    for name, shape in io.inputs.items():
+        size = [rows if isinstance(d, str) else d for d in shape]
+        feed[name] = fixed[name] if name in fixed else rng.standard_normal(size).astype(np.float32)
+    return feed
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -77,9 +83,11 @@ def encoder_cases(
     return cases
 
 
-def head_cases(module: nn.Module, io: GraphIO, seed: int = 0) -> list[ParityCase]:
+def head_cases(
+    module: nn.Module, io: GraphIO, seed: int = 0, fixed: dict[str, np.ndarray] | None = None
+) -> list[ParityCase]:
     rng = np.random.default_rng(seed)
-    cases = [ParityCase([n], float_batch(rng, io, n)) for n in HEAD_ROWS]
+    cases = [ParityCase([n], float_batch(rng, io, n, fixed)) for n in HEAD_ROWS]
     for case in cases:
         case.expected = run_module(module, case.feed)
     return cases

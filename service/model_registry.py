@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 
-from bertserve.manifest import ENCODER_ATTENTIONS
+import numpy as np
+
+from bertserve.manifest import ENCODER_ATTENTIONS, TiedDecoder, TokenizerSpec
 from bertserve.service.attention import AttentionGraph
 from bertserve.service.encoders import EncoderGroup
 from bertserve.service.errors import ModelNotFound, StartupError, TaskUnavailable
@@ -15,6 +17,7 @@ from bertserve.service.runtime import GraphSession
 from bertserve.service.served_model import ServedModel
 from bertserve.service.settings import Settings
 from bertserve.service.tasks import Task
+from bertserve.service.tokenization import ModelTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +45,57 @@ def _encoder_names(found: list[ModelFiles]) -> dict[str, str]:
     return names
 
 
+def _tied_decoder(files: ModelFiles) -> TiedDecoder | None:
+    fill_mask = files.manifest.tasks.fill_mask
+    return fill_mask.tied_decoder if fill_mask is not None else None
+
+
+def _decoder_tables(found: list[ModelFiles]) -> dict[str, np.ndarray]:
+    """Tied decoder tables by sha256, each loaded once (its file's sha256 was checked by `discover`)."""
+    tables: dict[str, np.ndarray] = {}
+    for files in found:
+        tied = _tied_decoder(files)
+        if tied is None or tied.sha256 in tables:
+            continue
+        table = np.load(files.decoder_table_path, allow_pickle=False)
+        if table.dtype != np.dtype(tied.dtype) or list(table.shape) != tied.shape:
+            raise StartupError(
+                f"{files.decoder_table_path}: {table.dtype} {list(table.shape)}, the manifest says "
+                f"{tied.dtype} {tied.shape}"
+            )
+        tables[tied.sha256] = np.ascontiguousarray(table)
+    return tables
+
+
+def _shared_initializers(found: list[ModelFiles], tables: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Graph sha256 -> {initializer name: table}: the encoder graphs whose word-embedding table is a served
+    tied decoder's (bit-identical, checked at export), so their sessions take that one array."""
+    shared: dict[str, dict[str, np.ndarray]] = {}
+    for files in found:
+        tied = _tied_decoder(files)
+        for key, initializer in tied.encoder_initializers.items() if tied is not None else ():
+            if key in files.manifest.graphs:
+                shared.setdefault(files.manifest.graphs[key].sha256, {})[initializer] = tables[tied.sha256]
+    return shared
+
+
 def load(settings: Settings) -> ModelRegistry:
-    """Blocking: checks the repository and creates every session; encoders deduplicated by sha256."""
-
-    def session(path: str) -> GraphSession:
-        return GraphSession(path, settings.provider, settings.intra_op_threads, settings.inter_op_threads)
-
+    """Blocking: checks the repository and creates every session; encoders deduplicated by sha256, and so
+    are tokenizers (by file sha256 and max_length) and tied decoder tables (held once, see TiedDecoder)."""
     found = discover(settings.model_repo, settings.model_specs(), settings.precision)
+    tables = _decoder_tables(found)
+    shared_initializers = _shared_initializers(found, tables)
+
+    def session(path: str, sha256: str | None = None) -> GraphSession:
+        return GraphSession(
+            path,
+            settings.provider,
+            settings.intra_op_threads,
+            settings.inter_op_threads,
+            initializers=shared_initializers.get(sha256),
+        )
+
+    tokenizers: dict[tuple[TokenizerSpec, int], ModelTokenizer] = {}
     names = _encoder_names(found)
     groups: dict[str, EncoderGroup] = {}
     attention_graphs: dict[str, AttentionGraph] = {}
@@ -62,17 +109,25 @@ def load(settings: Settings) -> ModelRegistry:
         path, sha256, _ = _encoder_identity(files)
         if sha256 not in groups:
             pad_id = files.manifest.tokenizer.pad_token_id
-            groups[sha256] = EncoderGroup(names[sha256], sha256, files.encoder_key, session(path), pad_id)
+            groups[sha256] = EncoderGroup(
+                names[sha256], sha256, files.encoder_key, session(path, sha256), pad_id
+            )
         group = groups[sha256]
         attention = None
         if ENCODER_ATTENTIONS in files.manifest.graphs:
             key = files.manifest.graphs[ENCODER_ATTENTIONS].sha256
             if key not in attention_graphs:
                 attention_graphs[key] = AttentionGraph(
-                    session(str(files.graph_path(ENCODER_ATTENTIONS))), files.name
+                    session(str(files.graph_path(ENCODER_ATTENTIONS)), key), files.name
                 )
             attention = attention_graphs[key]
-        model = ServedModel(files, session, group, attention)
+        spec, max_length = files.manifest.tokenizer, files.manifest.max_length
+        tokenizer_key = (spec, max_length)  # the spec holds the file's sha256
+        if tokenizer_key not in tokenizers:
+            tokenizers[tokenizer_key] = ModelTokenizer(files.tokenizer_path, spec, max_length)
+        tied = _tied_decoder(files)
+        table = tables[tied.sha256] if tied is not None else None
+        model = ServedModel(files, session, group, attention, tokenizers[tokenizer_key], table)
         group.models.append(model)
         models.append(model)
         log.info("model %s runs on encoder %s (sha256 %s...)", model.name, group.name, sha256[:12])

@@ -52,6 +52,7 @@ class ModelFiles:
     encoder_version: int
     tokenizer_path: Path
     paths: dict[str, Path] = field(repr=False)  # every graph key of `manifest` -> its file
+    decoder_table_path: Path | None = None  # a tied mlm_head's decoder table (.npy), checked
 
     def graph_path(self, key: str) -> Path:
         return self.paths[key]
@@ -168,6 +169,10 @@ class _Loader:
         self._check(tokenizer_path, encoder.tokenizer.sha256, "tokenizer")
         for key in keys:
             self._check(paths[key], manifest.graphs[key].sha256, f"graph {key}")
+        tied = own.tasks.fill_mask.tied_decoder if own.tasks.fill_mask is not None else None
+        decoder_table_path = directory / tied.file if tied is not None else None
+        if tied is not None:
+            self._check(decoder_table_path, tied.sha256, "tied decoder table")
         return ModelFiles(
             name=own.name,
             version=own.version,
@@ -179,6 +184,7 @@ class _Loader:
             encoder_version=encoder.version,
             tokenizer_path=tokenizer_path,
             paths=paths,
+            decoder_table_path=decoder_table_path,
         )
 
     def newest_complete(self, model_dir: Path) -> ModelFiles:

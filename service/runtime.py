@@ -48,13 +48,20 @@ class GraphSession:
         intra_op_threads: int,
         inter_op_threads: int,
         io_binding: bool | None = None,
+        initializers: dict[str, np.ndarray] | None = None,
     ):
+        """`initializers`: name -> array that replaces the graph's initializer of that name (same dtype and
+        shape); on CPU the session uses the array's memory instead of a copy of its own (a table shared by
+        several sessions is held once)."""
         wants_cuda = provider in ("auto", "cuda") and CUDA in ort.get_available_providers()
         providers = [CUDA, CPU] if wants_cuda else [CPU]
+        options = session_options(intra_op_threads, inter_op_threads)
+        # The OrtValues must outlive the session, which reads their memory.
+        self._initializers = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in (initializers or {}).items()}
+        for name, value in self._initializers.items():
+            options.add_initializer(name, value)
         try:
-            self.session = ort.InferenceSession(
-                str(path), session_options(intra_op_threads, inter_op_threads), providers=providers
-            )
+            self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:  # ORT raises several unrelated types for unreadable graphs
             raise StartupError(f"{path}: ONNX Runtime cannot load it: {exc}") from None
         self.providers = self.session.get_providers()
@@ -67,6 +74,8 @@ class GraphSession:
         self.device = "cuda" if self.provider == CUDA else "cpu"
         # I/O binding keeps outputs on the device until copied once; on CPU it works the same way.
         self.io_binding = self.provider == CUDA if io_binding is None else io_binding
+        self._constants: dict[str, np.ndarray] = {}  # see set_constant_inputs
+        self._bound_constants: dict[str, ort.OrtValue | None] = {}
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         where = "/".join(Path(path).parts[-3:])  # NAME/VERSION/file.onnx
@@ -78,12 +87,28 @@ class GraphSession:
             self.io_binding,
         )
 
+    def set_constant_inputs(self, feeds: dict[str, np.ndarray]) -> None:
+        """Inputs given to every run (a tied decoder's table): with I/O binding on CUDA, copied to the device
+        once; on CPU the array itself is fed (ORT reads a CPU numpy input in place)."""
+        self._constants = dict(feeds)
+        on_device = self.io_binding and self.device == "cuda"
+        self._bound_constants = {
+            name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), "cuda", 0) if on_device else None
+            for name, a in feeds.items()
+        }
+
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        constants = self._constants
         if not self.io_binding:
-            return dict(zip(outputs, self.session.run(outputs, feeds), strict=True))
+            return dict(zip(outputs, self.session.run(outputs, {**feeds, **constants}), strict=True))
         binding = self.session.io_binding()
         for name, array in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name, array in constants.items():
+            if (value := self._bound_constants[name]) is not None:
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, array)
         for name in outputs:
             binding.bind_output(name, self.device)
         self.session.run_with_iobinding(binding)

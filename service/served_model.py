@@ -37,12 +37,16 @@ class ServedModel:
         session_factory: Callable[[str], GraphSession],
         encoder: EncoderGroup,
         attention: AttentionGraph | None,
+        tokenizer: ModelTokenizer | None = None,
+        decoder_table: np.ndarray | None = None,
     ):
+        """`tokenizer`: one shared with models of the same tokenizer file (made here when None).
+        `decoder_table`: a tied mlm_head's decoder weight (V, C), fed to the head on each run."""
         self.files = files
         self.manifest: Manifest = files.manifest
         self.name = files.name
         self.version = files.version
-        self.tokenizer = ModelTokenizer(
+        self.tokenizer = tokenizer or ModelTokenizer(
             files.tokenizer_path, self.manifest.tokenizer, self.manifest.max_length
         )
         self.encoder = encoder
@@ -50,6 +54,11 @@ class ServedModel:
         self.mlm_head = (
             session_factory(str(files.graph_path(tasks.fill_mask.graph))) if tasks.fill_mask else None
         )
+        tied = tasks.fill_mask.tied_decoder if tasks.fill_mask is not None else None
+        if (tied is None) != (decoder_table is None):
+            raise ValueError(f"model {self.name}: a tied mlm_head needs its decoder table, and only it does")
+        if tied is not None:  # every run reads this one table (on CPU, not copied; on CUDA, copied once)
+            self.mlm_head.set_constant_inputs({tied.input: decoder_table})
         self.classifier_head = (
             session_factory(str(files.graph_path(tasks.classify.graph))) if tasks.classify else None
         )

@@ -40,9 +40,11 @@ def test_head_only_models_hold_heads_and_a_pinned_reference(shared_repo):
         manifest = Manifest.read(directory)
         assert manifest.schema_version == 2 and manifest.encoder.name == SHARED_ENCODER
         assert manifest.encoder.manifest_sha256 == sha256_file(encoder_dir / "manifest.json")
+        fill_mask = manifest.tasks.fill_mask
+        tied = [fill_mask.tied_decoder.file] if fill_mask is not None and fill_mask.tied_decoder else []
         assert sorted(p.name for p in directory.iterdir()) == sorted(
-            ["manifest.json", *(spec.file for spec in manifest.graphs.values())]
-        )  # no encoder graph, no tokenizer
+            ["manifest.json", *tied, *(spec.file for spec in manifest.graphs.values())]
+        )  # no encoder graph, no tokenizer (a tied MLM head: its decoder table, see test_tied_decoder.py)
         assert manifest.tokenizer == Manifest.read(encoder_dir).tokenizer
         assert "shared_encoder" in manifest.export.seconds  # the encoder was checked against this checkpoint
 
@@ -65,8 +67,13 @@ def test_head_only_models_match_transformers_through_the_shared_encoder(shared_r
         head_dir = shared_repo / name / "1"
         if kind == "BertForMaskedLM":
             rows = mask.astype(bool)
+            tied = Manifest.read(head_dir).tasks.fill_mask.tied_decoder  # the checkpoint ties its decoder
             got = session(head_dir / "mlm_head.onnx").run(
-                None, {"hidden_states": hidden["last_hidden_state"][rows]}
+                None,
+                {
+                    "hidden_states": hidden["last_hidden_state"][rows],
+                    tied.input: np.load(head_dir / tied.file),
+                },
             )
             assert np.abs(got[0] - expected[rows]).max() <= TOLERANCE
         else:  # the head holds the checkpoint's own pooler, fed the [CLS] row
