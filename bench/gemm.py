@@ -75,13 +75,18 @@ def measure(threads: int, hidden: int, intermediate: int, seconds_per_shape: flo
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def child_arguments(description: str) -> argparse.Namespace:
+    """The arguments of a measuring child process (this module's and bench/limits.py's)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--hidden", type=int, required=True)
     parser.add_argument("--intermediate", type=int, required=True)
     parser.add_argument("--seconds-per-shape", type=float, default=0.3)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = child_arguments(__doc__.splitlines()[0])
     json.dump(measure(args.threads, args.hidden, args.intermediate, args.seconds_per_shape), sys.stdout)
     sys.stdout.write("\n")
 

@@ -20,7 +20,6 @@ thread pool never shares a process with the targets.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
@@ -187,12 +186,9 @@ def fractions(targets: dict[str, tuple[float | None, str]], limits: dict) -> dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--hidden", type=int, required=True)
-    parser.add_argument("--intermediate", type=int, required=True)
-    parser.add_argument("--seconds-per-shape", type=float, default=0.3)
-    args = parser.parse_args()
+    from bertserve.bench.gemm import child_arguments
+
+    args = child_arguments(__doc__.splitlines()[0])
     kernel = measure_kernels(args.threads, args.hidden, args.intermediate, args.seconds_per_shape)
     json.dump(kernel, sys.stdout)
     sys.stdout.write("\n")

@@ -18,36 +18,15 @@ import pytest
 
 from bertserve.client import Client
 from tests.helpers.server import ROOT, bertserve_command, metric, scrape
+from tests.helpers.texts import random_texts
 
 MODEL = "tiny-embed"
-WORDS = [
-    "the",
-    "cat",
-    "sat",
-    "on",
-    "a",
-    "mat",
-    "and",
-    "dog",
-    "is",
-    "in",
-    "paris",
-    "capital",
-    "of",
-    "france",
-    "river",
-    "bank",
-    "money",
-    "tree",
-    "house",
-]
 LINES = 5_000
 KILL_AFTER_ROWS = 1_000  # the first run is killed once this many rows are written (of LINES // 2 fed)
 
 
 def corpus(n: int, seed: int = 11) -> list[str]:
-    rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 20)))) for _ in range(n)]
+    return random_texts(n, seed)
 
 
 def embed_file(address: str, *args: str, **popen) -> subprocess.Popen:

@@ -13,36 +13,15 @@ from bertserve.client import Client
 from bertserve.client_stream import StreamRequestError
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.server import ServerThread, metric, scrape
+from tests.helpers.texts import random_texts
 
 MODEL = "tiny-embed"
-WORDS = [
-    "the",
-    "cat",
-    "sat",
-    "on",
-    "a",
-    "mat",
-    "and",
-    "dog",
-    "is",
-    "in",
-    "paris",
-    "capital",
-    "of",
-    "france",
-    "river",
-    "bank",
-    "money",
-    "tree",
-    "house",
-]
 CODE_OF_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def corpus(n: int, seed: int = 3, max_words: int = 25) -> list[str]:
     """Texts of 1 to `max_words` words (25 words can exceed the tiny models' max_length 72: truncate)."""
-    rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, max_words)))) for _ in range(n)]
+    return random_texts(n, seed, max_words=max_words)
 
 
 def unary(client: Client, texts: list[str], size: int = 256, **options) -> np.ndarray:
