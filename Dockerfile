@@ -13,7 +13,8 @@
 #   cpu       python slim + onnxruntime + the serving runtime; copies /models; no torch, no transformers
 #
 # Settings come from BERTSERVE_* environment variables (see docs/architecture.md). The image serves
-# gRPC on 50051 and Prometheus metrics on 8002 (/metrics; 9090 is Prometheus' own port).
+# gRPC on 50051, HTTP on 8080 (OpenAI-style embeddings, JSON, KServe v2 REST) and Prometheus metrics on
+# 8002 (/metrics; 9090 is Prometheus' own port).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04
@@ -97,12 +98,13 @@ ENV BERTSERVE_MODEL_REPO=/models \
     BERTSERVE_HOST=0.0.0.0 \
     BERTSERVE_PORT=50051 \
     BERTSERVE_METRICS_PORT=8002 \
+    BERTSERVE_HTTP_PORT=8080 \
     BERTSERVE_PROVIDER=cuda \
     BERTSERVE_PRECISION=fp16 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 10001:10001
-EXPOSE 50051 8002
+EXPOSE 50051 8002 8080
 HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 \
     CMD ["python", "-c", "import os, sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as hg; ch = grpc.insecure_channel('127.0.0.1:' + os.environ.get('BERTSERVE_PORT', '50051')); r = hg.HealthStub(ch).Check(h.HealthCheckRequest(service=''), timeout=4); sys.exit(0 if r.status == h.HealthCheckResponse.SERVING else 1)"]
 ENTRYPOINT ["bertserve"]
@@ -125,10 +127,11 @@ ENV BERTSERVE_MODEL_REPO=/models \
     BERTSERVE_HOST=0.0.0.0 \
     BERTSERVE_PORT=50051 \
     BERTSERVE_METRICS_PORT=8002 \
+    BERTSERVE_HTTP_PORT=8080 \
     BERTSERVE_PROVIDER=cpu \
     BERTSERVE_PRECISION=fp32
 USER 10001:10001
-EXPOSE 50051 8002
+EXPOSE 50051 8002 8080
 # grpc.health.v1 Check on the overall service (""): exit 0 only when SERVING (NOT_SERVING while warming
 # up and while draining after SIGTERM).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \

@@ -20,7 +20,9 @@ from tests.deploy_support import ROOT, Stage, parse_dockerfile, venv_tool
 
 DOCKERFILE = ROOT / "Dockerfile"
 # The images listen on the server's default ports (service/settings.py).
-GRPC_PORT, METRICS_PORT = (str(Settings.model_fields[name].default) for name in ("port", "metrics_port"))
+GRPC_PORT, METRICS_PORT, HTTP_PORT = (
+    str(Settings.model_fields[name].default) for name in ("port", "metrics_port", "http_port")
+)
 RUNTIME_STAGES = ("cpu", "cuda")
 
 
@@ -140,7 +142,7 @@ def test_runtime_stage_is_non_root_with_ports_health_and_models(dockerfile, targ
     stage = stages[target]
     users = stage.all("USER")
     assert users and users[-1].split(":")[0] not in ("0", "root")
-    assert stage.all("EXPOSE") == [f"{GRPC_PORT} {METRICS_PORT}"]
+    assert stage.all("EXPOSE") == [f"{GRPC_PORT} {METRICS_PORT} {HTTP_PORT}"]
     assert any(c.startswith("--from=exporter") and c.endswith("/models /models") for c in stage.all("COPY"))
     runs = " ".join(stage.all("RUN"))
     assert "torch" not in runs and "transformers" not in runs
@@ -163,6 +165,7 @@ def test_runtime_environment_is_valid_settings(dockerfile, target, monkeypatch):
     settings_env = {k: v for k, v in env.items() if k.startswith("BERTSERVE_")}
     assert settings_env["BERTSERVE_PORT"] == GRPC_PORT
     assert settings_env["BERTSERVE_METRICS_PORT"] == METRICS_PORT
+    assert settings_env["BERTSERVE_HTTP_PORT"] == HTTP_PORT
     assert settings_env["BERTSERVE_HOST"] == "0.0.0.0"
     for key, value in settings_env.items():
         monkeypatch.setenv(key, value)
