@@ -147,7 +147,7 @@ def measure_kernels(threads: int, hidden: int, intermediate: int, seconds_per_sh
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")  # a kernel's best case
     shapes = [
         (rows, k, n)
-        for rows in (512, 2048)
+        for rows in (512, 2048, 8192)
         for k, n in ((hidden, intermediate), (intermediate, hidden), (hidden, hidden))
     ]
     out: dict[str, dict] = {}
