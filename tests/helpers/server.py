@@ -111,7 +111,18 @@ class ServerProcess:
     """`bertserve serve ARGS` as a subprocess."""
 
     def __init__(self, *args: str, env: dict | None = None):
-        self.args = ["serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--http-port", "0", *args]
+        self.args = [
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--http-port",
+            "0",
+            *args,
+        ]
         self.env = {**os.environ, **(env or {})}
         self.process: subprocess.Popen | None = None
         self.port: int | None = None
