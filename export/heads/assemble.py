@@ -36,7 +36,7 @@ BASE_FILES = (
     "config_sentence_transformers.json",
     "1_Pooling/config.json",
 )
-_SAFETENSORS_METADATA = {"format": "pt"}
+SAFETENSORS_METADATA = {"format": "pt"}
 
 
 class HeadsError(ExportError):
@@ -51,8 +51,8 @@ def save_heads(
 ) -> Path:
     """Writes both head files and heads.json (record + checksums); returns heads.json's path."""
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(classifier_state, str(directory / CLASSIFIER_FILE), metadata=_SAFETENSORS_METADATA)
-    save_file(mlm_state, str(directory / MLM_FILE), metadata=_SAFETENSORS_METADATA)
+    save_file(classifier_state, str(directory / CLASSIFIER_FILE), metadata=SAFETENSORS_METADATA)
+    save_file(mlm_state, str(directory / MLM_FILE), metadata=SAFETENSORS_METADATA)
     record = dict(record)
     record["files"] = {
         name: {"sha256": sha256_file(directory / name), "size_bytes": (directory / name).stat().st_size}
@@ -94,12 +94,12 @@ def _base_encoder_state(base_dir: Path) -> dict[str, torch.Tensor]:
     }
 
 
-def _write_checkpoint(
+def write_checkpoint_directory(
     base_dir: Path, out_dir: Path, config: dict, state: dict[str, torch.Tensor], card: str
 ) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(state, str(out_dir / "model.safetensors"), metadata=_SAFETENSORS_METADATA)
+    save_file(state, str(out_dir / "model.safetensors"), metadata=SAFETENSORS_METADATA)
     for name in BASE_FILES:
         if (base_dir / name).is_file():
             (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
@@ -133,7 +133,7 @@ def assemble_classifier(base_dir: Path, heads_dir: Path, out_dir: Path) -> Path:
         "definition.\nEncoder: all-MiniLM-L6-v2, frozen; pooler + classifier trained by `bertserve "
         f"train-heads`.\nHeld-out accuracy: {figures['accuracy']:.4f} on {figures['examples']} synsets.\n"
     )
-    return _write_checkpoint(base_dir, out_dir, config, state, card)
+    return write_checkpoint_directory(base_dir, out_dir, config, state, card)
 
 
 def assemble_fill_mask(base_dir: Path, heads_dir: Path, out_dir: Path) -> Path:
@@ -149,7 +149,7 @@ def assemble_fill_mask(base_dir: Path, heads_dir: Path, out_dir: Path) -> Path:
         f"WordNet glosses.\nHeld-out masked-token accuracy: top-1 {figures['top1']:.4f}, top-5 "
         f"{figures['top5']:.4f} on {figures['masks']} masks.\n"
     )
-    return _write_checkpoint(base_dir, out_dir, config, state, card)
+    return write_checkpoint_directory(base_dir, out_dir, config, state, card)
 
 
 def assemble_checkpoints(

@@ -8,7 +8,6 @@ checkpoint and the trained tensors, checking both against the record's sha256.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -16,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from bertserve.export.checkpoint import find_weights_file, read_weights
 from bertserve.export.errors import ExportError
-from bertserve.export.heads.assemble import BASE_FILES
+from bertserve.export.heads.assemble import SAFETENSORS_METADATA, write_checkpoint_directory
 from bertserve.export.model import BertForMaskedLM
 from bertserve.manifest import sha256_file
 
@@ -24,7 +23,6 @@ COMMITTED_DIR = Path(__file__).parent / "weights"  # the default fill-mask model
 CHECKPOINT_SUBDIR = "checkpoint"
 TRAINED_FILE = "trained.safetensors"
 RECORD_FILE = "pretrain.json"
-_METADATA = {"format": "pt"}
 _CONFIG_DROPPED = ("_name_or_path", "transformers_version", "gradient_checkpointing", "use_cache")
 
 
@@ -42,20 +40,12 @@ def checkpoint_state(model: BertForMaskedLM) -> dict[str, torch.Tensor]:
 
 
 def _write_directory(base_dir: Path, out_dir: Path, state: dict[str, torch.Tensor], card: str) -> Path:
-    base_dir, out_dir = Path(base_dir), Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config = json.loads((base_dir / "config.json").read_text())
+    """A BertForMaskedLM checkpoint: the base's config (tied decoder), `state`, the base's tokenizer files."""
+    config = json.loads((Path(base_dir) / "config.json").read_text())
     for key in _CONFIG_DROPPED:
         config.pop(key, None)
     config |= {"architectures": ["BertForMaskedLM"], "tie_word_embeddings": True}
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(state, str(out_dir / "model.safetensors"), metadata=_METADATA)
-    for name in BASE_FILES:
-        if (base_dir / name).is_file():
-            (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(base_dir / name, out_dir / name)
-    (out_dir / "README.md").write_text(card)
-    return out_dir
+    return write_checkpoint_directory(Path(base_dir), Path(out_dir), config, state, card)
 
 
 def write_checkpoint(model: BertForMaskedLM, base_dir: Path, out_dir: Path, card: str) -> Path:
@@ -66,7 +56,7 @@ def write_trained(model: BertForMaskedLM, names: list[str], out_dir: Path, recor
     """trained.safetensors (the tensors that trained) + pretrain.json (record + their sha256)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     state = checkpoint_state(model)
-    save_file({n: state[n] for n in names}, str(out_dir / TRAINED_FILE), metadata=_METADATA)
+    save_file({n: state[n] for n in names}, str(out_dir / TRAINED_FILE), metadata=SAFETENSORS_METADATA)
     record = record | {
         "files": {
             TRAINED_FILE: {
