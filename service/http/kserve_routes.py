@@ -22,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import numpy as np
-
 from bertserve import __version__
 from bertserve.service.core import DEFAULT_FILL_MASK_TOP_K
 from bertserve.service.errors import InvalidInput, ModelNotFound
@@ -40,7 +38,7 @@ from bertserve.service.http.schema import Fields, json_object, kind_of
 from bertserve.service.http.status import kserve_error
 from bertserve.service.http.transport import Response, json_response
 from bertserve.service.kserve.servicer import DEFAULT_TASKS, EXTENSIONS, PLATFORM, SERVER_NAME, model_outputs
-from bertserve.service.kserve.tensors import TEXT_INPUT
+from bertserve.service.kserve.tensors import TEXT_INPUT, OutputTensor, classify_tensors, fill_mask_tensors
 from bertserve.service.served_model import ServedModel
 from bertserve.service.tasks import Task
 
@@ -173,27 +171,20 @@ async def _run_task(front: HttpFront, model: ServedModel, task: Task, texts, par
             raw_scores=parameter(parameters, "raw_scores", False),
             deadline=call.deadline,
         )
-        labels = [[s.label.encode() for s in row] for row in result.labels]
-        scores = np.asarray([[s.score for s in row] for row in result.labels], dtype=np.float32)
-        return {"labels": ("BYTES", labels), "label_scores": ("FP32", scores)}
+        return _pairs(classify_tensors(result))
     top_k = parameter(parameters, "top_k", DEFAULT_FILL_MASK_TOP_K)
     result = await core.fill_mask(
         model.name, texts, truncate=truncate, top_k=top_k, sequences=sequences, deadline=call.deadline
     )
-    for i, masks in enumerate(result.masks):
-        if len(masks) != 1:
-            raise InvalidInput(
-                f"inputs[{TEXT_INPUT!r}][{i}]: {len(masks)} {model.manifest.tasks.fill_mask.mask_token} "
-                "tokens; this protocol takes exactly one per input (bertserve.v1 FillMask takes more)"
-            )
-    tops = [masks[0] for masks in result.masks]
-    tensors = {
-        "mask_tokens": ("BYTES", [[t.encode() for t in top.tokens] for top in tops]),
-        "mask_scores": ("FP32", np.asarray([top.scores for top in tops], dtype=np.float32)),
+    return _pairs(fill_mask_tensors(model.manifest.tasks.fill_mask.mask_token, result, sequences))
+
+
+def _pairs(tensors: dict[str, OutputTensor]) -> dict[str, tuple]:
+    """name -> (datatype, values) as `output_tensor` takes them: BYTES as lists of rows."""
+    return {
+        name: (t.datatype, t.values.tolist() if t.datatype == "BYTES" else t.values)
+        for name, t in tensors.items()
     }
-    if sequences:
-        tensors["mask_sequences"] = ("BYTES", [[s.encode() for s in top.sequences] for top in tops])
-    return tensors
 
 
 async def infer(front: HttpFront, call: Call) -> Response:

@@ -28,7 +28,6 @@ import functools
 import time
 
 import grpc
-import numpy as np
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
@@ -36,8 +35,16 @@ from bertserve import __version__
 from bertserve.kserve import open_inference_pb2 as pb
 from bertserve.service.core import DEFAULT_FILL_MASK_TOP_K, InferenceCore
 from bertserve.service.errors import InvalidInput, ModelNotFound, quote
-from bertserve.service.kserve.tensors import TEXT_INPUT, OutputTensor, parameter, read_texts, write_outputs
-from bertserve.service.results import ClassifyResult, FillMaskResult, ModelInfo
+from bertserve.service.kserve.tensors import (
+    TEXT_INPUT,
+    OutputTensor,
+    classify_tensors,
+    fill_mask_tensors,
+    parameter,
+    read_texts,
+    write_outputs,
+)
+from bertserve.service.results import ModelInfo
 from bertserve.service.rpc_status import (
     Lifecycle,
     deadline_of,
@@ -251,9 +258,9 @@ class OpenInferenceServicer:
             if task is Task.EMBED:
                 tensors["embedding"] = OutputTensor("embedding", "FP32", outcome.vectors)
             elif task is Task.CLASSIFY:
-                tensors.update(_classify_tensors(outcome))
+                tensors.update(classify_tensors(outcome))
             else:
-                tensors.update(_fill_mask_tensors(model, outcome, "mask_sequences" in names))
+                tensors.update(fill_mask_tensors(model.mask_token, outcome, "mask_sequences" in names))
         outputs = [tensors[name] for name in names]
         reply = functools.partial(_response, model, request.id, outputs, bool(request.raw_input_contents))
         if sum(t.values.size for t in outputs) * 4 > OFF_LOOP_BYTES:
@@ -268,46 +275,6 @@ def _response(model: ModelInfo, request_id: str, outputs: list[OutputTensor], ra
     response = pb.ModelInferResponse(model_name=model.name, model_version=str(model.version), id=request_id)
     write_outputs(response, outputs, raw=raw)
     return serialized(response)
-
-
-def _fill_mask_tensors(model: ModelInfo, outcome: FillMaskResult, sequences: bool) -> dict:
-    for i, masks in enumerate(outcome.masks):
-        if len(masks) != 1:
-            raise InvalidInput(
-                f"inputs[{TEXT_INPUT!r}][{i}]: {len(masks)} {model.mask_token} "
-                "tokens; this protocol takes exactly one per input (bertserve.v1 FillMask takes more)"
-            )
-    tops = [masks[0] for masks in outcome.masks]
-    tensors = {
-        "mask_tokens": OutputTensor(
-            "mask_tokens", "BYTES", _object_array([[t.encode() for t in top.tokens] for top in tops])
-        ),
-        "mask_scores": OutputTensor("mask_scores", "FP32", _stack([top.scores for top in tops])),
-    }
-    if sequences:
-        texts = [[text.encode() for text in top.sequences] for top in tops]
-        tensors["mask_sequences"] = OutputTensor("mask_sequences", "BYTES", _object_array(texts))
-    return tensors
-
-
-def _classify_tensors(outcome: ClassifyResult) -> dict:
-    labels = [[s.label.encode() for s in row] for row in outcome.labels]
-    scores = [[s.score for s in row] for row in outcome.labels]
-    return {
-        "labels": OutputTensor("labels", "BYTES", _object_array(labels)),
-        "label_scores": OutputTensor("label_scores", "FP32", _stack(scores)),
-    }
-
-
-def _stack(rows) -> np.ndarray:
-    return np.asarray(rows, dtype=np.float32)  # (n, width)
-
-
-def _object_array(rows: list[list[bytes]]) -> np.ndarray:
-    out = np.empty((len(rows), len(rows[0]) if rows else 0), dtype=object)  # (n, k)
-    for i, row in enumerate(rows):
-        out[i, :] = row
-    return out
 
 
 def add_to_server(

@@ -11,6 +11,7 @@ import numpy as np
 
 from bertserve.kserve import open_inference_pb2 as pb
 from bertserve.service.errors import InvalidInput, quote
+from bertserve.service.results import ClassifyResult, FillMaskResult
 
 TEXT_INPUT = "text"
 LENGTH_PREFIX = struct.Struct("<I")  # BYTES elements in raw contents: uint32 little-endian length, then bytes
@@ -129,3 +130,45 @@ def write_outputs(response: pb.ModelInferResponse, outputs: list[OutputTensor], 
                 response.raw_output_contents.append(encode_bytes_elements(flat))
             else:
                 tensor.contents.bytes_contents.extend(flat)
+
+
+def fill_mask_tensors(mask_token: str, outcome: FillMaskResult, sequences: bool) -> dict[str, OutputTensor]:
+    """The fill_mask outputs (exactly one mask per input) of a core result, for both KServe fronts."""
+    for i, masks in enumerate(outcome.masks):
+        if len(masks) != 1:
+            raise InvalidInput(
+                f"inputs[{TEXT_INPUT!r}][{i}]: {len(masks)} {mask_token} "
+                "tokens; this protocol takes exactly one per input (bertserve.v1 FillMask takes more)"
+            )
+    tops = [masks[0] for masks in outcome.masks]
+    tensors = {
+        "mask_tokens": OutputTensor(
+            "mask_tokens", "BYTES", _object_array([[t.encode() for t in top.tokens] for top in tops])
+        ),
+        "mask_scores": OutputTensor("mask_scores", "FP32", _stack([top.scores for top in tops])),
+    }
+    if sequences:
+        texts = [[text.encode() for text in top.sequences] for top in tops]
+        tensors["mask_sequences"] = OutputTensor("mask_sequences", "BYTES", _object_array(texts))
+    return tensors
+
+
+def classify_tensors(outcome: ClassifyResult) -> dict[str, OutputTensor]:
+    """The classify outputs of a core result, best label first, for both KServe fronts."""
+    labels = [[s.label.encode() for s in row] for row in outcome.labels]
+    scores = [[s.score for s in row] for row in outcome.labels]
+    return {
+        "labels": OutputTensor("labels", "BYTES", _object_array(labels)),
+        "label_scores": OutputTensor("label_scores", "FP32", _stack(scores)),
+    }
+
+
+def _stack(rows) -> np.ndarray:
+    return np.asarray(rows, dtype=np.float32)  # (n, width)
+
+
+def _object_array(rows: list[list[bytes]]) -> np.ndarray:
+    out = np.empty((len(rows), len(rows[0]) if rows else 0), dtype=object)  # (n, k)
+    for i, row in enumerate(rows):
+        out[i, :] = row
+    return out
