@@ -21,7 +21,7 @@ import numpy as np
 from bertserve import client_results as results
 from bertserve.v1 import inference_pb2 as pb
 
-DEFAULT_BATCH_SIZE = 8  # half the server's default max_stream_inputs_in_flight (16): two requests in flight
+DEFAULT_BATCH_SIZE = 32  # a quarter of the server's default max_stream_inputs_in_flight (128)
 DEFAULT_REQUESTS_IN_FLIGHT = 8
 RETRYABLE = {grpc.StatusCode.RESOURCE_EXHAUSTED}  # the server's queue was full: worth sending again
 MAX_RETRIES = 30  # per request

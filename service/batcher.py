@@ -11,6 +11,12 @@ call's inputs may land in several batches; each result goes to its own future, s
 back in order. Inputs whose caller cancelled or whose deadline passed are dropped before compute and
 counted.
 
+Two lanes of batch work: interactive (unary calls) and bulk (streams: `WorkItem.bulk`). Interactive
+inputs go first; bulk batches run when no interactive input waits, or after `INTERACTIVE_TURNS_PER_BULK`
+interactive batches in a row (bulk work is never starved). While interactive calls are active (one seen
+within `INTERACTIVE_RECENT_S`), bulk batches are cut to `max_bulk_batch_tokens`, so an interactive call
+that arrives waits behind at most one small bulk batch; otherwise they use the same limits as any batch.
+
 Exclusive jobs (Attention runs: one input through another graph) are admitted by the same owner
 (`submit_exclusive`, their own limit `max_queue_exclusive`) and run on the same worker thread; the owner
 alternates, so a batch waits behind at most one exclusive job and never shares the cores with one.
@@ -45,6 +51,8 @@ __all__ = ["Batcher", "BatchLimits", "BatchObserver", "BatchStats", "ItemResult"
 # this close to its deadline is counted as expired rather than cancelled.
 DEADLINE_SLACK_S = 0.05
 EARLY_REFUSAL_SHARE = 0.5  # of the estimated queue wait that must fit before the deadline
+INTERACTIVE_TURNS_PER_BULK = 4  # interactive batches in a row while bulk inputs wait, then one bulk batch
+INTERACTIVE_RECENT_S = 1.0  # interactive calls count as active this long after the last one arrived or ended
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class BatchLimits:
     max_queue_inputs: int
     max_padding_ratio: float = float("inf")  # padded tokens / real tokens a batch may reach
     max_queue_exclusive: int = 256  # exclusive jobs (attention runs) waiting
+    max_bulk_batch_tokens: int = 4_194_304  # padded tokens of a bulk batch while interactive calls are active
 
 
 @dataclass(eq=False)
@@ -68,6 +77,7 @@ class WorkItem:
     deadline: float | None = None  # time.monotonic() seconds
     mask_positions: np.ndarray | None = None  # fill_mask only
     model: Any = None  # the model whose head this row needs (ServedModel); None: the compute's only model
+    bulk: bool = False  # a stream's input: batched after interactive inputs (see the module's docstring)
     enqueued_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -119,6 +129,18 @@ def _timed(fn: Callable[..., Any], *args) -> tuple[Any, float, float]:
     return value, started, time.monotonic() - started
 
 
+class Lane:
+    """Queued batch inputs of one kind (interactive or bulk), in arrival order, owned by the queue owner."""
+
+    def __init__(self, bulk: bool):
+        self.bulk = bulk
+        self.items: list[WorkItem] = []
+        self.tokens = 0  # of the inputs queued in this lane, incoming included
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
 class Batcher:
     def __init__(
         self,
@@ -127,17 +149,23 @@ class Batcher:
         limits: BatchLimits,
         executor: Executor,
         observer: BatchObserver | None = None,
+        concurrency: int = 1,
     ):
+        """`concurrency`: batches computed at once (the encoder's instances; `executor` has that many
+        threads)."""
         self.name = name
+        self.concurrency = concurrency
+        self._running: set[asyncio.Task] = set()  # batches computing
         self._compute = compute
         self.limits = limits
         self._executor = executor
         self._observer = observer or BatchObserver()
         self._incoming: deque[WorkItem] = deque()  # appended by submit, taken by the owner
-        self._pending: list[WorkItem] = []  # owned by the owner task, arrival order
+        self._lanes = {False: Lane(bulk=False), True: Lane(bulk=True)}  # owned by the owner task
+        self._interactive_streak = 0  # interactive batches run in a row while bulk inputs waited
+        self._interactive_seen = -float("inf")  # time.monotonic() an interactive call last arrived or ended
         self._exclusive: deque[ExclusiveJob] = deque()
         self._depth = 0  # batch inputs queued (incoming + pending), not yet computing
-        self._queued_tokens = 0
         self._wakeup = asyncio.Event()
         self._closing = False
         self._batches = 0
@@ -153,15 +181,22 @@ class Batcher:
     def start(self) -> None:
         self._owner = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.name}")
 
-    def estimated_wait_s(self, extra_tokens: int = 0) -> float | None:
-        """Seconds until `extra_tokens` more would be computed: the queued batch tokens and theirs, at the
-        recent cost per padded token (None before the first batch)."""
+    def estimated_wait_s(self, extra_tokens: int = 0, bulk: bool = False) -> float | None:
+        """Seconds until `extra_tokens` more would be computed, at the recent cost per padded token (None
+        before the first batch): bulk inputs wait for every queued token, interactive ones for the
+        interactive tokens and one bulk batch."""
         per_token = self.cost.seconds_per_token
         if per_token is None:
             return None
-        return (self._queued_tokens + extra_tokens) * per_token
+        interactive, bulk_tokens = self._lanes[False].tokens, self._lanes[True].tokens
+        ahead = interactive + bulk_tokens if bulk else interactive + min(bulk_tokens, self._bulk_budget())
+        return (ahead + extra_tokens) * per_token / self.concurrency
 
-    def _check_admission(self, n: int, tokens: int, deadline: float | None) -> None:
+    @property
+    def _queued_tokens(self) -> int:
+        return self._lanes[False].tokens + self._lanes[True].tokens
+
+    def _check_admission(self, n: int, tokens: int, deadline: float | None, bulk: bool) -> None:
         if self._closing:
             raise ShuttingDown(f"model {self.name}: the server is shutting down")
         if self._depth + n > self.limits.max_queue_inputs:
@@ -171,7 +206,7 @@ class Batcher:
             )
         if deadline is None or self._queued_tokens == 0:  # nothing ahead: never refused for its deadline
             return
-        wait = self.estimated_wait_s(tokens)
+        wait = self.estimated_wait_s(tokens, bulk)
         # Refused only when even a fraction of the estimate would miss the deadline: the estimate is rough.
         if wait is not None and time.monotonic() + EARLY_REFUSAL_SHARE * wait > deadline:
             raise DeadlineTooShort(
@@ -180,13 +215,19 @@ class Batcher:
             )
 
     def submit(self, items: list[WorkItem]) -> None:
-        """Admits all of a call's inputs or none; results arrive on each item's future."""
+        """Admits all of a call's inputs or none (all interactive or all bulk); results arrive on each
+        item's future."""
+        if not items:
+            return
+        bulk = items[0].bulk
         tokens = sum(item.length for item in items)
         deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
-        self._check_admission(len(items), tokens, deadline)
+        self._check_admission(len(items), tokens, deadline, bulk)
+        if not bulk:
+            self._interactive_seen = time.monotonic()
         self._incoming.extend(items)
         self._depth += len(items)
-        self._queued_tokens += tokens
+        self._lanes[bulk].tokens += tokens
         self._observer.queue_depth(self.depth)
         self._wakeup.set()
 
@@ -225,19 +266,22 @@ class Batcher:
     async def abort(self) -> None:
         """Stops at once: queued inputs fail with ShuttingDown (used when the grace period is over)."""
         self._closing = True
-        if self._owner is not None:
-            self._owner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._owner
+        for task in (self._owner, *self._running):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._fail_queued(ShuttingDown(f"model {self.name}: the server stopped"))
 
     def _fail_queued(self, error: Exception) -> None:
         self._take_incoming()
-        for waiting in (*self._pending, *self._exclusive):
+        lanes = self._lanes.values()
+        for waiting in (*(item for lane in lanes for item in lane.items), *self._exclusive):
             if not waiting.future.done():
                 waiting.future.set_exception(error)
-        self._unqueue(self._pending)
-        self._pending = []
+        for lane in lanes:
+            self._unqueue(lane, lane.items)
+            lane.items = []
         self._exclusive.clear()
         self._observer.queue_depth(self.depth)
 
@@ -256,45 +300,75 @@ class Batcher:
         Turns alternate when both kinds wait: after an exclusive job, a queued batch goes first."""
         self._take_incoming()
         self._drop_dead()
-        if self._exclusive and not (self._last_was_exclusive and self._pending):
+        lane = self._next_lane()
+        if self._exclusive and not (self._last_was_exclusive and lane is not None):
+            if self._running:  # an exclusive job runs alone: after the batches computing
+                await self._wait_for_wakeup(None)
+                return False
             self._last_was_exclusive = True
             await self._execute_exclusive(self._exclusive.popleft())
             return False
-        if not self._pending:
-            if self._closing:
+        if lane is None or len(self._running) >= self.concurrency:
+            if lane is None and self._closing and not self._running:
                 return True
-            await self._wait_for_wakeup(None)
+            await self._wait_for_wakeup(None)  # an input arrives, or a batch finishes
             return False
-        if not self._closing and not self._exclusive and not self._batch_full():
-            remaining = self._pending[0].enqueued_at + self.limits.max_queue_delay_s - time.monotonic()
+        max_tokens = self._bulk_budget() if lane.bulk else self.limits.max_batch_tokens
+        if not self._closing and not self._exclusive and not self._batch_full(lane, max_tokens):
+            remaining = lane.items[0].enqueued_at + self.limits.max_queue_delay_s - time.monotonic()
             if remaining > 0:
                 await self._wait_for_wakeup(remaining)
                 return False
         limits = self.limits
-        chosen = cut_batch(
-            self._pending, limits.max_batch_size, limits.max_batch_tokens, limits.max_padding_ratio
-        )
+        chosen = cut_batch(lane.items, limits.max_batch_size, max_tokens, limits.max_padding_ratio)
         taken = set(chosen)
-        batch = [self._pending[i] for i in chosen]
-        self._pending = [item for i, item in enumerate(self._pending) if i not in taken]
+        batch = [lane.items[i] for i in chosen]
+        lane.items = [item for i, item in enumerate(lane.items) if i not in taken]
         self._last_was_exclusive = False
-        await self._execute(batch)
+        waiting_bulk = bool(self._lanes[True])
+        self._interactive_streak = self._interactive_streak + 1 if not lane.bulk and waiting_bulk else 0
+        self._unqueue(lane, batch)
+        task = asyncio.get_running_loop().create_task(self._execute(lane, batch))
+        self._running.add(task)
+        task.add_done_callback(self._batch_finished)
         return False
+
+    def _batch_finished(self, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        self._wakeup.set()
+        if not task.cancelled() and (error := task.exception()) is not None:  # a bug: futures unanswered
+            log.error("model %s: a batch failed outside the compute", self.name, exc_info=error)
+
+    def _next_lane(self) -> Lane | None:
+        """Interactive first; bulk when no interactive input waits or after a streak of interactive batches."""
+        interactive, bulk = self._lanes[False], self._lanes[True]
+        if interactive and not (bulk and self._interactive_streak >= INTERACTIVE_TURNS_PER_BULK):
+            return interactive
+        if bulk:
+            return bulk
+        return None
+
+    def _bulk_budget(self) -> int:
+        """Padded tokens of the next bulk batch: small while interactive calls are active."""
+        active = time.monotonic() - self._interactive_seen < INTERACTIVE_RECENT_S
+        limit = self.limits.max_batch_tokens
+        return min(limit, self.limits.max_bulk_batch_tokens) if active else limit
 
     async def _wait_for_wakeup(self, timeout: float | None) -> None:
         self._wakeup.clear()
-        if self._incoming or self._closing:
+        if self._incoming or (self._closing and not self._running):
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wakeup.wait(), timeout)
 
     def _take_incoming(self) -> None:
         while self._incoming:
-            self._pending.append(self._incoming.popleft())
+            item = self._incoming.popleft()
+            self._lanes[item.bulk].items.append(item)
 
-    def _unqueue(self, items: list[WorkItem]) -> None:
+    def _unqueue(self, lane: Lane, items: list[WorkItem]) -> None:
         self._depth -= len(items)
-        self._queued_tokens -= sum(item.length for item in items)
+        lane.tokens -= sum(item.length for item in items)
         self._observer.queue_depth(self.depth)
 
     def _classify_dead(self, waiting: list, now: float) -> tuple[list, list, list]:
@@ -312,10 +386,14 @@ class Batcher:
 
     def _drop_dead(self) -> None:
         now = time.monotonic()
-        live, cancelled, expired = self._classify_dead(self._pending, now)
-        if cancelled or expired:
-            self._pending = live
-            self._unqueue(cancelled + expired)
+        cancelled, expired = [], []
+        for lane in self._lanes.values():
+            live, lane_cancelled, lane_expired = self._classify_dead(lane.items, now)
+            if lane_cancelled or lane_expired:
+                lane.items = live
+                self._unqueue(lane, lane_cancelled + lane_expired)
+                cancelled += lane_cancelled
+                expired += lane_expired
         if self._exclusive:
             live_jobs, cancelled_jobs, expired_jobs = self._classify_dead(list(self._exclusive), now)
             if cancelled_jobs or expired_jobs:
@@ -328,11 +406,11 @@ class Batcher:
         if expired:
             self._observer.dropped("deadline", len(expired))
 
-    def _batch_full(self) -> bool:
-        if len(self._pending) >= self.limits.max_batch_size:
+    def _batch_full(self, lane: Lane, max_tokens: int) -> bool:
+        if len(lane.items) >= self.limits.max_batch_size:
             return True
-        longest = max(item.length for item in self._pending)
-        return longest * (len(self._pending) + 1) > self.limits.max_batch_tokens
+        longest = max(item.length for item in lane.items)
+        return longest * (len(lane.items) + 1) > max_tokens
 
     async def _in_worker(
         self, waiting: list, fn: Callable[..., Any], *args
@@ -356,11 +434,12 @@ class Batcher:
                     )
             return None
 
-    async def _execute(self, batch: list[WorkItem]) -> None:
-        self._unqueue(batch)
+    async def _execute(self, lane: Lane, batch: list[WorkItem]) -> None:
         self._batches += 1
         batch_id = self._batches
         timed = await self._in_worker(batch, self._compute, batch)
+        if not lane.bulk:
+            self._interactive_seen = time.monotonic()
         if timed is None:
             return
         values, started, inference_s = timed

@@ -114,12 +114,15 @@ class InferenceCore:
             s.max_queue_inputs,
             s.max_padding_ratio,
             s.max_queue_attention,
+            s.max_stream_batch_tokens,
         )
         # fixed once loaded
         self._infos = {m.name: model_info_of(m, registry.default_rpcs(m)) for m in registry.ordered}
         for group in self.encoders:  # one queue owner per encoder, shared by its models and tasks
             observer = metrics.observer(group.name, group.graph_key)
-            group.batcher = Batcher(group.name, group.compute, limits, group.executor, observer)
+            group.batcher = Batcher(
+                group.name, group.compute, limits, group.executor, observer, concurrency=group.instances
+            )
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -155,11 +158,12 @@ class InferenceCore:
         truncate: bool = False,
         normalize: bool | None = None,
         deadline: float | None = None,
+        bulk: bool = False,
     ) -> EmbedResult:
         """One embedding per text, in order. `model` "" = the default embedding model; `normalize` None =
-        the model's default."""
+        the model's default; `bulk`: a stream's inputs, batched after unary calls' (service/batcher.py)."""
         (result,) = await self.infer(
-            model, texts, [EmbedCall(normalize)], truncate=truncate, deadline=deadline
+            model, texts, [EmbedCall(normalize)], truncate=truncate, deadline=deadline, bulk=bulk
         )
         return result
 
@@ -202,6 +206,7 @@ class InferenceCore:
         *,
         truncate: bool = False,
         deadline: float | None = None,
+        bulk: bool = False,
     ) -> list[EmbedResult | FillMaskResult | ClassifyResult]:
         """Several tasks of one model on the same texts (e.g. KServe outputs of two tasks): tokenized
         once, admitted together (all or none) and batched together, so one encoder run can serve them
@@ -216,7 +221,7 @@ class InferenceCore:
                 if call.task is Task.FILL_MASK and call.sequences:
                     sizes = [len(m) for m in masks]
                     check_fill_mask_response_size(texts, sizes, option.top_k, self.settings.max_message_bytes)
-        results = await self._run(served, encoded, options, masks, deadline)
+        results = await self._run(served, encoded, options, masks, deadline, bulk)
         n = len(encoded)
         out = []
         for k, (call, option) in enumerate(zip(calls, options, strict=True)):
@@ -296,7 +301,9 @@ class InferenceCore:
         pending: list[asyncio.Task[EmbedResult]] = []
         try:
             async for texts in chunks:
-                call = self.embed(model, texts, truncate=truncate, normalize=normalize, deadline=deadline)
+                call = self.embed(
+                    model, texts, truncate=truncate, normalize=normalize, deadline=deadline, bulk=True
+                )
                 pending.append(asyncio.ensure_future(call))
                 while len(pending) >= window:
                     yield await pending.pop(0)
@@ -368,6 +375,7 @@ class InferenceCore:
         options: list[TaskOptions],
         masks: list[np.ndarray] | None,
         deadline: float | None,
+        bulk: bool,
     ) -> list[ItemResult]:
         """Admits the inputs of every task at once to the model's encoder queue and awaits every result:
         task by task, input by input."""
@@ -381,6 +389,7 @@ class InferenceCore:
                 deadline=deadline,
                 mask_positions=masks[i] if option.task is Task.FILL_MASK else None,
                 model=model,
+                bulk=bulk,
             )
             for option in options
             for i, e in enumerate(encoded)

@@ -365,7 +365,7 @@ def register(subparsers) -> None:
         type=int,
         default=DEFAULT_BATCH_SIZE,
         help=f"texts per stream request (default {DEFAULT_BATCH_SIZE}; at most half the server's "
-        "max_stream_inputs_in_flight, so two requests are in flight)",
+        "max_stream_inputs_in_flight, 128 by default, so that two or more requests are in flight)",
     )
     parser.add_argument(
         "--timeout", type=float, default=None, help="seconds for the whole job (default: none)"

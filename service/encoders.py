@@ -2,13 +2,16 @@
 
 Models share a group when their encoder graph for the chosen precision has the same sha256: a head-only
 model that names an encoder model, or an older repository whose models hold byte-identical copies. A
-group owns the encoder's ONNX session, one worker thread and one queue owner (`Batcher`): Embed,
-FillMask and Classify calls of all its models share batches; `compute` runs the encoder ONCE per batch,
-asking only for the outputs the batch's rows need, then each model's head on that model's rows.
+group owns the encoder's ONNX sessions (`instances` of them, as Triton's instance groups: each runs
+its own batch on its own worker thread with `intra_op_threads` threads) and one queue owner (`Batcher`):
+Embed, FillMask and Classify calls of all its models share batches; `compute` runs the encoder ONCE per
+batch, on a free instance, asking only for the outputs the batch's rows need, then each model's head on
+that model's rows.
 """
 
 from __future__ import annotations
 
+import queue
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -26,15 +29,23 @@ WARM_UP_TEXT = "The server warms up before it reports serving."
 
 
 class EncoderGroup:
-    def __init__(self, name: str, sha256: str, graph_key: str, session: GraphSession, pad_id: int):
+    def __init__(self, name: str, sha256: str, graph_key: str, sessions: list[GraphSession], pad_id: int):
         self.name = name  # the model whose encoder this is (first in order for byte-identical copies)
         self.sha256 = sha256
         self.graph_key = graph_key  # encoder, encoder_int8 or encoder_fp16
-        self.session = session
+        self.sessions = sessions  # the instances; the batcher runs at most len(sessions) batches at once
+        self.session = sessions[0]
+        self._free: queue.SimpleQueue[GraphSession] = queue.SimpleQueue()
+        for session in sessions:
+            self._free.put(session)
         self.pad_id = pad_id
         self.models: list[ServedModel] = []  # in the server's order
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bertserve-{name}")
+        self.executor = ThreadPoolExecutor(max_workers=len(sessions), thread_name_prefix=f"bertserve-{name}")
         self.batcher: Batcher | None = None  # set by the core
+
+    @property
+    def instances(self) -> int:
+        return len(self.sessions)
 
     @property
     def provider(self) -> str:
@@ -54,10 +65,12 @@ class EncoderGroup:
             model = item.model if item.model is not None else self.models[0]
             rows.setdefault((model, item.options.task), []).append(row)
         wanted = list(dict.fromkeys(model.encoder_output(task) for model, task in rows))
-        outputs = self.session.run(
-            {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids},
-            wanted,
-        )
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        session = self._free.get_nowait()  # never empty: the batcher runs at most `instances` batches at once
+        try:
+            outputs = session.run(feeds, wanted)
+        finally:
+            self._free.put(session)
         results: list[object] = [None] * size
         for (model, task), task_rows in rows.items():
             model.finish(task, batch, task_rows, outputs, results)

@@ -109,9 +109,8 @@ def load(settings: Settings) -> ModelRegistry:
         path, sha256, _ = _encoder_identity(files)
         if sha256 not in groups:
             pad_id = files.manifest.tokenizer.pad_token_id
-            groups[sha256] = EncoderGroup(
-                names[sha256], sha256, files.encoder_key, session(path, sha256), pad_id
-            )
+            instances = [session(path, sha256) for _ in range(settings.instances)]
+            groups[sha256] = EncoderGroup(names[sha256], sha256, files.encoder_key, instances, pad_id)
         group = groups[sha256]
         attention = None
         if ENCODER_ATTENTIONS in files.manifest.graphs:

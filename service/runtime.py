@@ -31,9 +31,12 @@ def session_options(intra_op_threads: int, inter_op_threads: int) -> ort.Session
     # tokenization need: measured here (2 cores, 16 callers, MiniLM) +40-65% throughput without spinning.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # The CPU arena keeps the largest batch's activations for the life of the process (MiniLM after
-    # batches of up to 32 x 256 tokens: 563 MB RSS with it, 296 MB without); without it, buffers go back
-    # to the allocator after each run, and throughput measured the same (in-process, mixed corpus, A/B).
-    options.enable_cpu_mem_arena = False
+    # batches of up to 32 x 256 tokens: 563 MB RSS with it, 296 MB without). Without it every run takes
+    # its buffers from malloc, and the server fixes glibc's mmap threshold at 128 KiB (service/memory.py),
+    # so each buffer is a fresh mapping whose pages fault in on every run: in-process, MiniLM, mixed
+    # corpus, batch 8, interleaved runs: 70-71 inputs/s without the arena, 111-117 with it (95-101
+    # without both the arena and the fixed threshold). max_batch_tokens bounds what the arena keeps.
+    options.enable_cpu_mem_arena = True
     options.log_severity_level = 3  # errors only; the server logs what matters itself
     return options
 

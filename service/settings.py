@@ -14,6 +14,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from bertserve.repository import MODEL_SPEC, parse_model_spec
 
 ENV_PREFIX = "BERTSERVE_"
+STREAM_WINDOW = 128  # max_stream_inputs_in_flight's default
+STREAM_BATCH_TOKENS = 256  # max_stream_batch_tokens' default
 
 
 class SettingsError(ValueError):
@@ -34,6 +36,10 @@ class Settings(BaseSettings):
     provider: Literal["auto", "cpu", "cuda"] = "auto"
     intra_op_threads: int = Field(0, ge=0, le=256)  # 0 = ONNX Runtime's default (one per physical core)
     inter_op_threads: int = Field(1, ge=0, le=64)
+    # Model instances per encoder (as Triton's instance groups): this many ONNX Runtime sessions, each with
+    # intra_op_threads threads, each computing its own batch at the same time. Memory: one copy of the
+    # encoder's weights per instance.
+    instances: int = Field(1, ge=1, le=64)
     max_batch_size: int = Field(32, ge=1, le=4096)
     max_batch_tokens: int = Field(16384, ge=2, le=4_194_304)  # padded length x inputs
     # A batch stops growing before its padded tokens exceed this multiple of its real tokens. On CPU,
@@ -55,12 +61,14 @@ class Settings(BaseSettings):
     max_queue_attention: int = Field(256, ge=1, le=100_000)
     max_inputs_per_request: int = Field(256, ge=1, le=100_000)
     # EmbedStream: inputs of one stream admitted and not yet answered and sent (service/streaming.py). The
-    # server reads the stream's next request only when it fits, so a stream runs in constant memory and a
-    # unary caller waits behind at most this many of a stream's inputs (the queue is FIFO). A request
-    # larger than this runs alone; clients send requests of half of it (two in flight). Measured with
-    # MiniLM on 2 busy cores: a lone unary caller's p50 during a stream 2.0 s at 64 (requests of 32), 1.0 s
-    # at 32, 0.5 s at 16, with no loss of stream throughput. Raise it on GPUs, where batches are bigger.
-    max_stream_inputs_in_flight: int = Field(16, ge=1, le=100_000)
+    # server reads the stream's next request only when it fits, so a stream runs in constant memory. A
+    # request larger than this runs alone; clients send requests of a quarter of it. Stream inputs are
+    # batched after unary calls' (service/batcher.py), so the window sets how well a stream's batches can
+    # group lengths, not how long a unary caller waits.
+    max_stream_inputs_in_flight: int = Field(STREAM_WINDOW, ge=1, le=100_000)
+    # Padded tokens of a batch of stream inputs while unary calls are active (one seen in the last second):
+    # a unary call waits behind at most one such batch. Without unary calls, streams use max_batch_tokens.
+    max_stream_batch_tokens: int = Field(STREAM_BATCH_TOKENS, ge=2, le=4_194_304)
     max_input_chars: int = Field(20_000, ge=1, le=10_000_000)
     max_masks_per_input: int = Field(32, ge=1, le=1024)
     max_message_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=1 << 30)

@@ -176,6 +176,7 @@ class _Stream:
                 truncate=request.truncate,
                 normalize=request.normalize if request.HasField("normalize") else None,
                 deadline=self.deadline,
+                bulk=True,
             )
             if result.vectors.nbytes > OFF_LOOP_BYTES:
                 payload = await self.core.off_loop(result_payload, request.id, result)

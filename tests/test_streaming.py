@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertserve.client import Client
-from bertserve.client_stream import StreamRequestError
+from bertserve.client_stream import DEFAULT_BATCH_SIZE, StreamRequestError
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.server import ServerThread, metric, scrape
 from tests.helpers.texts import random_texts
@@ -37,7 +37,7 @@ def test_20000_inputs_come_back_in_order_equal_to_unary_embed(tiny_server):
     texts = corpus(20_000)
     before = scrape(tiny_server.metrics_url)
     with Client(tiny_server.address, timeout=300) as client:
-        streamed = client.embed_stream_batches(texts, model=MODEL, truncate=True)  # 8 texts a request
+        streamed = client.embed_stream_batches(texts, model=MODEL, truncate=True)  # 32 texts a request
         streamed = np.concatenate(list(streamed))
         expected = unary(client, texts, model=MODEL, truncate=True)
         # the per-vector iterator, on a prefix, with options passed through
@@ -59,13 +59,13 @@ def test_20000_inputs_come_back_in_order_equal_to_unary_embed(tiny_server):
             ("ok", "bertserve_requests_total", {"rpc": "EmbedStream", "code": "OK"}),
             ("answered", "bertserve_stream_requests_total", {"code": "OK"}),
             ("admissions", "bertserve_stream_inputs_in_flight_count", {}),
-            ("within_window", "bertserve_stream_inputs_in_flight_bucket", {"le": "16.0"}),
+            ("within_window", "bertserve_stream_inputs_in_flight_bucket", {"le": "128.0"}),
         ]
     }
     assert moved["ok"] == 2
-    assert moved["answered"] == 20_000 / 8 + 300 // 7 + 1
+    assert moved["answered"] == 20_000 / DEFAULT_BATCH_SIZE + 300 // 7 + 1
     assert moved["admissions"] == moved["answered"]
-    # max_stream_inputs_in_flight (16 by default) was never exceeded
+    # max_stream_inputs_in_flight (128 by default) was never exceeded
     assert moved["within_window"] == moved["admissions"]
     assert metric(after, "bertserve_streams_open") == 0
 
