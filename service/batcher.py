@@ -34,14 +34,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from bertserve.service.batch_items import (
+    BatchLimits,
+    BatchObserver,
+    BatchStats,
+    ExclusiveJob,
+    ItemResult,
+    Lane,
+    WorkItem,
+)
 from bertserve.service.batch_policy import CostEstimate, cut_batch
 from bertserve.service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
-from bertserve.service.tasks import TaskOptions
 
 log = logging.getLogger(__name__)
 
@@ -55,90 +60,11 @@ INTERACTIVE_TURNS_PER_BULK = 4  # interactive batches in a row while bulk inputs
 INTERACTIVE_RECENT_S = 1.0  # interactive calls count as active this long after the last one arrived or ended
 
 
-@dataclass(frozen=True)
-class BatchLimits:
-    max_batch_size: int
-    max_batch_tokens: int
-    max_queue_delay_s: float
-    max_queue_inputs: int
-    max_padding_ratio: float = float("inf")  # padded tokens / real tokens a batch may reach
-    max_queue_exclusive: int = 256  # exclusive jobs (attention runs) waiting
-    max_bulk_batch_tokens: int = 4_194_304  # padded tokens of a bulk batch while interactive calls are active
-
-
-@dataclass(eq=False)
-class WorkItem:
-    """One input of one call, tokenized."""
-
-    ids: np.ndarray  # (T,) int64
-    type_ids: np.ndarray  # (T,) int64
-    options: TaskOptions
-    future: asyncio.Future
-    deadline: float | None = None  # time.monotonic() seconds
-    mask_positions: np.ndarray | None = None  # fill_mask only
-    model: Any = None  # the model whose head this row needs (ServedModel); None: the compute's only model
-    bulk: bool = False  # a stream's input: batched after interactive inputs (see the module's docstring)
-    enqueued_at: float = field(default_factory=time.monotonic)
-
-    @property
-    def length(self) -> int:
-        return int(self.ids.shape[0])
-
-
-@dataclass(eq=False)
-class ExclusiveJob:
-    """One call that runs alone on the worker thread (an attention run)."""
-
-    run: Callable[[], Any]
-    tokens: int
-    future: asyncio.Future
-    deadline: float | None
-    enqueued_at: float = field(default_factory=time.monotonic)
-
-
-@dataclass(frozen=True)
-class ItemResult:
-    value: Any  # what the compute function returned for this input
-    queue_s: float  # from admission until the worker started the compute
-    inference_s: float  # the compute, measured in the worker
-    batch_id: int
-
-
-@dataclass(frozen=True)
-class BatchStats:
-    size: int
-    padded_tokens: int
-    real_tokens: int
-    queue_s: list[float]
-    inference_s: float
-    exclusive: bool = False  # an exclusive job (attention run), not an encoder batch
-
-
-class BatchObserver:
-    """Hooks for metrics; the default does nothing."""
-
-    def queue_depth(self, depth: int) -> None: ...
-    def dropped(self, reason: str, count: int) -> None: ...
-    def batch_done(self, stats: BatchStats) -> None: ...
-
-
 def _timed(fn: Callable[..., Any], *args) -> tuple[Any, float, float]:
     """Runs in the worker: (result, start in time.monotonic(), seconds of compute)."""
     started = time.monotonic()
     value = fn(*args)
     return value, started, time.monotonic() - started
-
-
-class Lane:
-    """Queued batch inputs of one kind (interactive or bulk), in arrival order, owned by the queue owner."""
-
-    def __init__(self, bulk: bool):
-        self.bulk = bulk
-        self.items: list[WorkItem] = []
-        self.tokens = 0  # of the inputs queued in this lane, incoming included
-
-    def __bool__(self) -> bool:
-        return bool(self.items)
 
 
 class Batcher:

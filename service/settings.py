@@ -15,7 +15,7 @@ from bertserve.repository import MODEL_SPEC, parse_model_spec
 
 ENV_PREFIX = "BERTSERVE_"
 STREAM_WINDOW = 128  # max_stream_inputs_in_flight's default
-STREAM_BATCH_TOKENS = 256  # max_stream_batch_tokens' default
+STREAM_BATCH_TOKENS = 128  # max_stream_batch_tokens' default
 
 
 class SettingsError(ValueError):
