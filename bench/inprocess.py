@@ -8,6 +8,7 @@ a few passes for the best batch size tried, which is what a server at saturation
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,18 +62,43 @@ def plan_batches(sequences: list[list[int]], batch_size: int, input_names: set[s
     return batches
 
 
-def _timed_pass(session: ort.InferenceSession, batches: list[Batch]) -> float:
+def _timed_pass(sessions: list[ort.InferenceSession], batches: list[Batch]) -> float:
+    """Seconds to run every batch once; with several sessions (model instances), each on its own thread
+    takes the next batch when it is free, as the server's instances do."""
+    queue = iter(batches)
+    lock = threading.Lock()
+
+    def work(session: ort.InferenceSession) -> None:
+        while True:
+            with lock:
+                batch = next(queue, None)
+            if batch is None:
+                return
+            session.run([OUTPUT], batch.feeds)
+
     start = time.perf_counter()
-    for batch in batches:
-        session.run([OUTPUT], batch.feeds)
+    workers = [threading.Thread(target=work, args=(s,)) for s in sessions[1:]]
+    for worker in workers:
+        worker.start()
+    work(sessions[0])
+    for worker in workers:
+        worker.join()
     return time.perf_counter() - start
 
 
 def measure_ceiling(
-    graph: Path, tokenizer: Tokenizer, corpus: Corpus, threads: int, batch_sizes: list[int], passes: int
+    graph: Path,
+    tokenizer: Tokenizer,
+    corpus: Corpus,
+    threads: int,
+    batch_sizes: list[int],
+    passes: int,
+    instances: int = 1,
 ) -> dict:
-    """Inputs/s at the best batch size, plus every batch size tried."""
-    session = make_session(graph, threads)
+    """Inputs/s at the best batch size, plus every batch size tried; `instances` sessions of
+    threads / instances threads each."""
+    sessions = [make_session(graph, max(1, threads // instances)) for _ in range(instances)]
+    session = sessions[0]
     input_names = {i.name for i in session.get_inputs()}
     start = time.perf_counter()
     sequences = [e.ids for e in tokenizer.encode_batch(corpus.texts)]
@@ -81,7 +107,7 @@ def measure_ceiling(
     for batch_size in batch_sizes:
         batches = plan_batches(sequences, batch_size, input_names)
         session.run([OUTPUT], batches[len(batches) // 2].feeds)  # warm-up
-        seconds = min(_timed_pass(session, batches) for _ in range(passes))
+        seconds = min(_timed_pass(sessions, batches) for _ in range(passes))
         real = sum(b.real_tokens for b in batches)
         padded = sum(b.padded_tokens for b in batches)
         by_batch_size[batch_size] = {
@@ -94,6 +120,7 @@ def measure_ceiling(
     return {
         "graph": graph.name,
         "threads": threads,
+        "instances": instances,
         "inputs": len(sequences),
         "best_batch_size": best,
         **by_batch_size[best],

@@ -81,7 +81,7 @@ class Batcher:
         threads)."""
         self.name = name
         self.concurrency = concurrency
-        self._running: set[asyncio.Task] = set()  # batches computing
+        self._running: dict[asyncio.Task, bool] = {}  # batches computing -> bulk or not
         self._compute = compute
         self.limits = limits
         self._executor = executor
@@ -227,15 +227,16 @@ class Batcher:
         self._take_incoming()
         self._drop_dead()
         lane = self._next_lane()
-        if self._exclusive and not (self._last_was_exclusive and lane is not None):
+        batch_work = any(self._lanes.values())
+        if self._exclusive and not (self._last_was_exclusive and batch_work):
             if self._running:  # an exclusive job runs alone: after the batches computing
                 await self._wait_for_wakeup(None)
                 return False
             self._last_was_exclusive = True
             await self._execute_exclusive(self._exclusive.popleft())
             return False
-        if lane is None or len(self._running) >= self.concurrency:
-            if lane is None and self._closing and not self._running:
+        if lane is None:
+            if self._closing and not batch_work and not self._running:
                 return True
             await self._wait_for_wakeup(None)  # an input arrives, or a batch finishes
             return False
@@ -255,30 +256,42 @@ class Batcher:
         self._interactive_streak = self._interactive_streak + 1 if not lane.bulk and waiting_bulk else 0
         self._unqueue(lane, batch)
         task = asyncio.get_running_loop().create_task(self._execute(lane, batch))
-        self._running.add(task)
+        self._running[task] = lane.bulk
         task.add_done_callback(self._batch_finished)
         return False
 
     def _batch_finished(self, task: asyncio.Task) -> None:
-        self._running.discard(task)
+        self._running.pop(task, None)
         self._wakeup.set()
         if not task.cancelled() and (error := task.exception()) is not None:  # a bug: futures unanswered
             log.error("model %s: a batch failed outside the compute", self.name, exc_info=error)
 
     def _next_lane(self) -> Lane | None:
-        """Interactive first; bulk when no interactive input waits or after a streak of interactive batches."""
+        """The lane whose batch starts now, None when none may: interactive first, bulk when no interactive
+        input waits or after a streak of interactive batches."""
         interactive, bulk = self._lanes[False], self._lanes[True]
-        if interactive and not (bulk and self._interactive_streak >= INTERACTIVE_TURNS_PER_BULK):
-            return interactive
-        if bulk:
-            return bulk
+        bulk_turn = bulk and self._interactive_streak >= INTERACTIVE_TURNS_PER_BULK
+        for lane in (bulk, interactive) if bulk_turn else (interactive, bulk):
+            if lane and self._may_start(lane):
+                return lane
         return None
+
+    def _may_start(self, lane: Lane) -> bool:
+        """A free instance, and for a bulk batch beside interactive calls, one instance left free for them
+        (with several instances: a unary call then never waits for a stream's batch)."""
+        if len(self._running) >= self.concurrency:
+            return False
+        if not lane.bulk or self.concurrency == 1 or not self._interactive_active():
+            return True
+        return sum(self._running.values()) < self.concurrency - 1
+
+    def _interactive_active(self) -> bool:
+        return time.monotonic() - self._interactive_seen < INTERACTIVE_RECENT_S
 
     def _bulk_budget(self) -> int:
         """Padded tokens of the next bulk batch: small while interactive calls are active."""
-        active = time.monotonic() - self._interactive_seen < INTERACTIVE_RECENT_S
         limit = self.limits.max_batch_tokens
-        return min(limit, self.limits.max_bulk_batch_tokens) if active else limit
+        return min(limit, self.limits.max_bulk_batch_tokens) if self._interactive_active() else limit
 
     async def _wait_for_wakeup(self, timeout: float | None) -> None:
         self._wakeup.clear()

@@ -148,3 +148,27 @@ def test_instances_compute_batches_at_the_same_time_and_exclusive_jobs_alone():
     values = run_batcher(model, limits(max_batch_size=1), scenario, concurrency=2)
     assert values == list(range(12)) + ["attention"] * 3
     assert computing == [0, 0, 0]  # never beside a batch
+
+
+def test_with_instances_bulk_batches_leave_one_free_for_interactive_calls():
+    release_bulk = threading.Event()
+
+    def model(batch):
+        if batch[0].bulk:
+            release_bulk.wait(10)
+        return [int(i.ids[0]) for i in batch]
+
+    async def scenario(batcher):
+        await asyncio.gather(*await submit_each(batcher, [(5, 0, False)]))  # interactive calls are active
+        bulk = await submit_each(batcher, [(5, tag, True) for tag in range(1, 5)])
+        # one instance computes a bulk batch; the other stays free, so this call is answered at once
+        late = await submit_each(batcher, [(5, 9, False)])
+        answered = await asyncio.wait_for(late[0], 5)
+        still_queued = batcher.depth
+        release_bulk.set()
+        await asyncio.gather(*bulk)
+        return answered.value, still_queued
+
+    value, still_queued = run_batcher(model, limits(max_batch_size=1), scenario, concurrency=2)
+    assert value == 9
+    assert still_queued == 3  # the other bulk inputs waited: one bulk batch at a time beside interactive calls

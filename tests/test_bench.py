@@ -12,6 +12,7 @@ import json
 import math
 
 import grpc
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -171,3 +172,27 @@ def test_a_phase_stops_sending_at_its_time_limit():
     opened = asyncio.run(open_loop(slow, requests, rate=100.0, time_limit_s=0.3))
     assert opened.stopped_early and 5 <= len(opened.latencies) < 100 and opened.seconds < 1.0
     assert closed.summary()["requests_planned"] == 200
+
+
+def test_the_ceiling_runs_every_batch_once_on_each_instance_at_once():
+    """With model instances, the in-process ceiling runs its sessions side by side, as the server does."""
+    import threading
+
+    from bertserve.bench.inprocess import Batch, _timed_pass
+
+    meet = threading.Barrier(2, timeout=5)  # broken unless both sessions compute at the same time
+    ran: list[tuple[int, int]] = []
+
+    class Session:
+        def __init__(self, number):
+            self.number = number
+
+        def run(self, outputs, feeds):
+            if not any(n == self.number for n, _ in ran):
+                meet.wait()
+            ran.append((self.number, int(feeds["input_ids"][0, 0])))
+
+    batches = [Batch({"input_ids": np.full((1, 3), k)}, 1, 3, 3) for k in range(10)]
+    assert _timed_pass([Session(0), Session(1)], batches) > 0
+    assert sorted(k for _, k in ran) == list(range(10))
+    assert {n for n, _ in ran} == {0, 1}
