@@ -172,3 +172,23 @@ def test_with_instances_bulk_batches_leave_one_free_for_interactive_calls():
     value, still_queued = run_batcher(model, limits(max_batch_size=1), scenario, concurrency=2)
     assert value == 9
     assert still_queued == 3  # the other bulk inputs waited: one bulk batch at a time beside interactive calls
+
+
+def test_with_instances_free_the_queued_inputs_are_shared_out():
+    both = threading.Barrier(2, timeout=5)
+    sizes = []
+
+    def model(batch):
+        sizes.append(len(batch))
+        if len(sizes) <= 2:
+            both.wait()  # the first two batches compute side by side
+        return [int(i.ids[0]) for i in batch]
+
+    async def scenario(batcher):
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in range(8)]
+        batcher.submit([item(5, tag, future) for tag, future in enumerate(futures)])  # one call of 8
+        return [r.value for r in await asyncio.gather(*futures)]
+
+    assert run_batcher(model, limits(max_batch_size=32), scenario, concurrency=2) == list(range(8))
+    assert sizes == [4, 4]
