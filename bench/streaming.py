@@ -1,9 +1,10 @@
 """The streaming phases of `bertserve bench` (bertserve's gRPC target only): EmbedStream's throughput over
 the mixed corpus, and what a running stream costs a lone unary caller.
 
-- stream alone: one EmbedStream carrying the whole mixed corpus (`STREAM_BATCH` texts per request, at
-  most `STREAM_REQUESTS_IN_FLIGHT` requests unanswered, as `Client.embed_stream` does): inputs/s, to
-  compare with the in-process ceiling.
+- stream alone: one EmbedStream carrying the mixed corpus, repeated up to `STREAM_MIN_INPUTS` inputs so
+  that the first batches and the last answer weigh little (`STREAM_BATCH` texts per request, at most
+  `STREAM_REQUESTS_IN_FLIGHT` requests unanswered, as `Client.embed_stream` does): inputs/s, to compare
+  with the in-process ceiling.
 - unary alone, then unary during a stream: one caller sending the corpus's requests one after the other
   (closed loop, concurrency 1), first alone, then while a stream cycles over the corpus: p50/p99 of each,
   and the stream's own rate meanwhile.
@@ -24,6 +25,7 @@ from bertserve.v1 import inference_pb2, inference_pb2_grpc
 
 STREAM_BATCH = DEFAULT_BATCH_SIZE  # texts per EmbedStream request (Client.embed_stream's default)
 STREAM_REQUESTS_IN_FLIGHT = 8  # requests sent and not yet answered (Client.embed_stream's default)
+STREAM_MIN_INPUTS = 1000  # inputs the lone stream carries at least (the corpus repeated)
 UNARY_CONCURRENCY = 1  # a lone latency-sensitive caller
 TIMEOUT_S = 600.0
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20)]
@@ -83,7 +85,8 @@ async def phases(
             request = inference_pb2.EmbedRequest(inputs=texts, model=model, truncate=True)
             return await stub.Embed(request, timeout=TIMEOUT_S)
 
-        alone = await run_stream(stub, model, _chunks(texts, cycle=False), asyncio.Event())
+        repeats = -(-STREAM_MIN_INPUTS // max(1, len(texts)))
+        alone = await run_stream(stub, model, _chunks(texts * repeats, cycle=False), asyncio.Event())
         log(f"  stream alone: {alone['inputs_per_s']:.1f} inputs/s ({alone['inputs']} inputs)")
         lone = (await closed_loop(unary, requests, UNARY_CONCURRENCY, "unary alone", time_limit_s)).summary()
         stop = asyncio.Event()

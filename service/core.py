@@ -62,6 +62,11 @@ from bertserve.service.tokenization import EncodedInput
 from bertserve.service.validation import check_fill_mask_response_size, check_texts, check_top_k
 
 DEFAULT_FILL_MASK_TOP_K = 5
+# Calls with at most this many characters in all are tokenized on the event loop, where the hop to the CPU
+# pool and back cost about 0.6 ms at c=1 (reply tokenize_ms 0.74, against 0.1 ms per input in process).
+# Measured loop time for 256 characters: about 0.06 ms of English, 0.25 ms of punctuation, 0.56 ms of CJK
+# (the worst case); longer calls go to the pool.
+INLINE_TOKENIZE_CHARS = 256
 STREAM_WINDOW = 4  # chunks of a stream in flight at once (admitted, batched) before the first is answered
 
 T = TypeVar("T")
@@ -352,7 +357,10 @@ class InferenceCore:
     ) -> tuple[list[EncodedInput], float]:
         checked = check_texts(texts, self.settings.max_inputs_per_request, self.settings.max_input_chars)
         started = time.perf_counter()
-        encoded = await self.off_loop(model.tokenizer.encode, checked, truncate)
+        if sum(len(text) for text in checked) <= INLINE_TOKENIZE_CHARS:
+            encoded = model.tokenizer.encode(checked, truncate)  # tens of microseconds: cheaper than a hop
+        else:
+            encoded = await self.off_loop(model.tokenizer.encode, checked, truncate)
         return encoded, time.perf_counter() - started
 
     def _masks(self, model: ServedModel, index: int, encoded: EncodedInput) -> np.ndarray:
