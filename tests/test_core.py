@@ -113,3 +113,32 @@ def test_attention_and_info(tiny_server):
     assert by_name["tiny-mlm"].encoder == "tiny-mlm" and "attention" in by_name["tiny-embed"].tasks
     assert info.limits.max_queue_attention == tiny_server.settings.max_queue_attention
     assert deadline_after(None) is None and deadline_after(1.0) > time.monotonic()
+
+
+def test_short_calls_are_tokenized_on_the_loop_and_longer_ones_on_the_cpu_pool(tiny_server, monkeypatch):
+    """INLINE_TOKENIZE_CHARS bounds the event-loop time a call's tokenization may take."""
+    import threading
+
+    from bertserve.service.core import INLINE_TOKENIZE_CHARS
+
+    tokenizer = tiny_server.server.core.registry.resolve("tiny-embed", None).tokenizer
+    on_loop = []
+    original = tokenizer.encode
+
+    def spy(texts, truncate):
+        on_loop.append(threading.current_thread().name)
+        return original(texts, truncate)
+
+    monkeypatch.setattr(tokenizer, "encode", spy)
+    loop_thread = tiny_server.call(lambda: _thread_name())
+    short, long = "a" * (INLINE_TOKENIZE_CHARS // 2), "a " * INLINE_TOKENIZE_CHARS
+    run(tiny_server, "embed", "tiny-embed", [short, short], truncate=True)  # exactly at the limit
+    run(tiny_server, "embed", "tiny-embed", [long], truncate=True)
+    assert on_loop[0] == loop_thread
+    assert on_loop[1] != loop_thread
+
+
+async def _thread_name():
+    import threading
+
+    return threading.current_thread().name

@@ -121,8 +121,8 @@ class InferenceServicer:
         """Bulk embedding: the client streams requests (each with its own id and inputs), the server streams
         one response per request back, with that id, as each finishes (not necessarily in request order).
         Flow control: the server holds at most max_stream_inputs_in_flight of the stream's inputs at once
-        (admitted to the same queue as unary calls) and reads the next request only when one is answered and
-        its response sent, so a client that stops reading slows its own stream down. A failed request gets a
+        (admitted to the same queue as unary calls, batched after them) and reads the next request only when
+        one is answered and its response sent, so a client that stops reading slows its own stream down. A failed request gets a
         response with its id and `error`; the stream goes on unless the first request set stop_on_error.
         While the server drains, it reads no more requests, answers those it read, then ends the stream with
         UNAVAILABLE (resend the requests whose ids got no response elsewhere).
