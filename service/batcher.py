@@ -17,6 +17,10 @@ interactive batches in a row (bulk work is never starved). While interactive cal
 within `INTERACTIVE_RECENT_S`), bulk batches are cut to `max_bulk_batch_tokens`, so an interactive call
 that arrives waits behind at most one small bulk batch; otherwise they use the same limits as any batch.
 
+With `concurrency` N (the encoder's model instances), up to N batches compute at once, each on its own
+worker thread; the queued inputs are shared out between free instances, and while interactive calls are
+active bulk batches leave one instance free for them.
+
 Exclusive jobs (Attention runs: one input through another graph) are admitted by the same owner
 (`submit_exclusive`, their own limit `max_queue_exclusive`) and run on the same worker thread; the owner
 alternates, so a batch waits behind at most one exclusive job and never shares the cores with one.

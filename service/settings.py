@@ -41,7 +41,11 @@ class Settings(BaseSettings):
     # encoder's weights per instance.
     instances: int = Field(1, ge=1, le=64)
     max_batch_size: int = Field(32, ge=1, le=4096)
-    max_batch_tokens: int = Field(16384, ge=2, le=4_194_304)  # padded length x inputs
+    # Padded length x inputs. ONNX Runtime's arena keeps the largest batch's activations, so this also bounds
+    # that memory: MiniLM server RSS after the quick bench 457 MB at 16384, 365 MB at 2048. On CPU, smaller
+    # batches are no slower (in process, length-sorted: 2048-token batches 102-105 inputs/s, 16384-token
+    # ones 36: their activations leave the cache). Raise it on GPUs (the Kubernetes gpu overlay: 16384).
+    max_batch_tokens: int = Field(2048, ge=2, le=4_194_304)
     # A batch stops growing before its padded tokens exceed this multiple of its real tokens. On CPU,
     # compute grows with padded tokens: with 16 callers of mixed lengths (MiniLM, 2 cores) 1.1 gave about
     # 3x the throughput of no limit, and 1.05 was as fast as 1.1 or faster (fp32 and int8, 16 and 64
