@@ -52,6 +52,13 @@ def _stream_ratios(stream: dict | None, ceiling_inputs_per_s: float | None) -> d
     }
 
 
+def _single_vs_bulk(per_call: dict | None) -> float | None:
+    """Single-input calls at c=32 / requests of 32 inputs, inputs/s on the same server (the per-call tax)."""
+    if not per_call:
+        return None
+    return _div(per_call["single"]["inputs_per_s"], per_call["bulk"]["inputs_per_s"])
+
+
 def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> dict:
     server = _saturation(targets, SERVER)
     naive = _saturation(targets, NAIVE)
@@ -74,6 +81,7 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
         "int8_vs_server_fp32": _div(_saturation(targets, SERVER_INT8), server),
         "batching_gain": _div(server, _saturation(targets, SERVER_BS1)),
         **_stream_ratios(targets.get(SERVER, {}).get("stream"), ceiling.get("inputs_per_s")),
+        "single_vs_bulk": _single_vs_bulk(targets.get(SERVER, {}).get("per_call")),
         "http_vs_grpc": _div(_saturation(targets, SERVER_HTTP), server),
         "p50_c1_minus_inprocess_ms": (at_one["p50_ms"] - single["p50_ms"]) if at_one and single else None,
         "gemm_peak_fraction": _div(saturated and saturated["gflops_per_s"], gemm_peak_gflops),

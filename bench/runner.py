@@ -21,7 +21,7 @@ from bertserve.bench.loadgen import make_requests
 from bertserve.bench.machine import describe_machine
 from bertserve.bench.model_setup import ModelUnderTest, resolve_model
 from bertserve.bench.processes import bertserve_process, child_pythonpath, naive_process
-from bertserve.bench.targets import TargetRun, Workload
+from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun, Workload
 from bertserve.manifest import ENCODER, ENCODER_INT8
 
 PROFILE_TEXTS = 200  # texts in the profiled pass
@@ -232,6 +232,8 @@ async def run(config: BenchConfig) -> dict:
             config.phase_time_limit_s,
             stream_target=analysis.SERVER if config.stream else None,
             stream_texts=tuple(mixed.texts),
+            single=tuple(make_requests(mixed.texts, mixed.tokens, 1, flops_of)),
+            bulk=tuple(make_requests(mixed.texts, mixed.tokens, PER_CALL_CONCURRENCY, flops_of)),
         )
         targets: dict[str, dict] = {}
         open_rate = config.open_rate

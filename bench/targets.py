@@ -20,6 +20,8 @@ from bertserve.bench.server_metrics import phase_delta, scrape
 from bertserve.v1 import inference_pb2, inference_pb2_grpc
 
 WARMUP_MAX = 32  # warm-up requests before a phase: one round at its concurrency, at most this many
+PER_CALL_CONCURRENCY = 32  # single-input callers, against requests of this many inputs (the per-call tax)
+BULK_CALLERS = 2  # callers sending those requests: enough to keep the server busy
 REQUEST_TIMEOUT_S = 300.0  # a hung server fails its requests (DEADLINE_EXCEEDED), never the bench
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20)]
 
@@ -34,6 +36,9 @@ class Workload:
     startup_timeout_s: float = 180.0
     stream_target: str | None = None  # the target that also runs the EmbedStream phases (bench/streaming.py)
     stream_texts: tuple[str, ...] = ()  # what its streams carry (the mixed corpus)
+    # On stream_target too: the mixed corpus as single-input requests and as requests of PER_CALL_CONCURRENCY
+    single: tuple[Request, ...] = ()
+    bulk: tuple[Request, ...] = ()
 
 
 def embed_call(channel: grpc.aio.Channel, model: str) -> Call:
@@ -126,6 +131,7 @@ class TargetRun:
                     self.call, w.mixed, rate, label=f"{self.server.name} open", time_limit_s=limit
                 )
                 opened = await self._phase(f"open {rate:.0f} rps", phase, [], 1)
+                per_call = await self._per_call() if self.server.name == w.stream_target else None
             streamed = None
             if self.server.name == w.stream_target:
                 texts = list(w.stream_texts)
@@ -148,4 +154,20 @@ class TargetRun:
             "fixed": fixed,
             "open": opened,
             "stream": streamed,  # EmbedStream phases (bench/streaming.py), on stream_target only
+            "per_call": per_call,  # single-input calls vs requests of many inputs, on stream_target only
         }
+
+    async def _per_call(self) -> dict | None:
+        """The same texts as PER_CALL_CONCURRENCY single-input callers, then as requests of that many inputs
+        from BULK_CALLERS callers: what a call costs beyond its inputs (ratio `single_vs_bulk`)."""
+        w = self.workload
+        if not (w.single and w.bulk):
+            return None
+        result = {}
+        for key, requests, c in (("single", w.single, PER_CALL_CONCURRENCY), ("bulk", w.bulk, BULK_CALLERS)):
+            label = f"{key} c={c}"
+            phase = closed_loop(
+                self.call, list(requests), c, f"{self.server.name} {label}", w.phase_time_limit_s
+            )
+            result[key] = await self._phase(label, phase, list(requests[: min(c, WARMUP_MAX)]), c)
+        return result

@@ -119,8 +119,18 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     assert main(argv) == 0
     result = json.loads((out / "bench.json").read_text())  # strict JSON: no NaN
 
-    for key in ("server_vs_inprocess", "server_vs_naive_fp32", "int8_vs_naive", "gemm_peak_fraction"):
+    ratio_keys = (
+        "server_vs_inprocess",
+        "server_vs_naive_fp32",
+        "int8_vs_naive",
+        "gemm_peak_fraction",
+        "single_vs_bulk",
+    )
+    for key in ratio_keys:
         assert math.isfinite(result["ratios"][key]) and result["ratios"][key] > 0, key
+    per_call = result["targets"]["server-fp32"]["per_call"]  # the same 24 texts, one per call and 32 per call
+    assert per_call["single"]["inputs"] == per_call["bulk"]["inputs"] == 24
+    assert per_call["bulk"]["requests_ok"] == 1 and per_call["single"]["requests_ok"] == 24
     assert (
         result["padding_ratio"] >= 1.0
         and result["gemm_peak_fraction"] == result["ratios"]["gemm_peak_fraction"]
