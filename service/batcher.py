@@ -253,7 +253,9 @@ class Batcher:
         limits = self.limits
         # with several instances free, the queued inputs are shared out instead of all going to one
         share = -(-len(lane.items) // (self.concurrency - len(self._running)))
-        chosen = cut_batch(lane.items, min(limits.max_batch_size, share), max_tokens, limits.max_padding_ratio)
+        chosen = cut_batch(
+            lane.items, min(limits.max_batch_size, share), max_tokens, limits.max_padding_ratio
+        )
         taken = set(chosen)
         batch = [lane.items[i] for i in chosen]
         lane.items = [item for i, item in enumerate(lane.items) if i not in taken]

@@ -38,13 +38,13 @@ class Settings(BaseSettings):
     inter_op_threads: int = Field(1, ge=0, le=64)
     # Model instances per encoder (as Triton's instance groups): this many ONNX Runtime sessions, each with
     # intra_op_threads threads, each computing its own batch at the same time. Memory: one copy of the
-    # encoder's weights per instance.
+    # encoder's weights, and one arena (see max_batch_tokens), per instance.
     instances: int = Field(1, ge=1, le=64)
     max_batch_size: int = Field(32, ge=1, le=4096)
-    # Padded length x inputs. ONNX Runtime's arena keeps the largest batch's activations, so this also bounds
-    # that memory: MiniLM server RSS after the quick bench 457 MB at 16384, 365 MB at 2048. On CPU, smaller
-    # batches are no slower (in process, length-sorted: 2048-token batches 102-105 inputs/s, 16384-token
-    # ones 36: their activations leave the cache). Raise it on GPUs (the Kubernetes gpu overlay: 16384).
+    # Padded length x inputs. ONNX Runtime's arena keeps the largest batch's activations, so this also
+    # bounds that memory: MiniLM server RSS after the quick bench 457 MB at 16384, 365-378 MB at 2048. On
+    # CPU, smaller batches are no slower (in process, length-sorted: 2048-token batches 102-105 inputs/s,
+    # 16384-token ones 36: their activations leave the cache). Raise it on GPUs (the gpu overlay: 16384).
     max_batch_tokens: int = Field(2048, ge=2, le=4_194_304)
     # A batch stops growing before its padded tokens exceed this multiple of its real tokens. On CPU,
     # compute grows with padded tokens: with 16 callers of mixed lengths (MiniLM, 2 cores) 1.1 gave about

@@ -171,7 +171,9 @@ def test_with_instances_bulk_batches_leave_one_free_for_interactive_calls():
 
     value, still_queued = run_batcher(model, limits(max_batch_size=1), scenario, concurrency=2)
     assert value == 9
-    assert still_queued == 3  # the other bulk inputs waited: one bulk batch at a time beside interactive calls
+    assert (
+        still_queued == 3
+    )  # the other bulk inputs waited: one bulk batch at a time beside interactive calls
 
 
 def test_with_instances_free_the_queued_inputs_are_shared_out():
