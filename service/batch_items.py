@@ -88,6 +88,7 @@ class Lane:
         self.bulk = bulk
         self.items: list[WorkItem] = []
         self.tokens = 0  # of the inputs queued in this lane, incoming included
+        self.inputs = 0  # inputs queued in this lane, incoming included
 
     def __bool__(self) -> bool:
         return bool(self.items)

@@ -129,9 +129,13 @@ class Batcher:
     def _check_admission(self, n: int, tokens: int, deadline: float | None, bulk: bool) -> None:
         if self._closing:
             raise ShuttingDown(f"model {self.name}: the server is shutting down")
-        if self._depth + n > self.limits.max_queue_inputs:
+        # Each lane has its own bound, so streams filling theirs never refuse unary calls (memory: at most
+        # twice max_queue_inputs inputs queued).
+        queued = self._lanes[bulk].inputs
+        if queued + n > self.limits.max_queue_inputs:
+            kind = "stream" if bulk else "unary"
             raise Overloaded(
-                f"model {self.name}: queue holds {self._depth} of max_queue_inputs "
+                f"model {self.name}: the {kind} queue holds {queued} of max_queue_inputs "
                 f"{self.limits.max_queue_inputs} inputs; this call adds {n}; retry later"
             )
         if deadline is None or self._queued_tokens == 0:  # nothing ahead: never refused for its deadline
@@ -158,6 +162,7 @@ class Batcher:
         self._incoming.extend(items)
         self._depth += len(items)
         self._lanes[bulk].tokens += tokens
+        self._lanes[bulk].inputs += len(items)
         self._observer.queue_depth(self.depth)
         self._wakeup.set()
 
@@ -315,6 +320,7 @@ class Batcher:
 
     def _unqueue(self, lane: Lane, items: list[WorkItem]) -> None:
         self._depth -= len(items)
+        lane.inputs -= len(items)
         lane.tokens -= sum(item.length for item in items)
         self._observer.queue_depth(self.depth)
 

@@ -34,7 +34,7 @@ SETTING_HELP = {
     "max_batch_tokens": "most tokens in one batch, counted as padded length x inputs",
     "max_padding_ratio": "a batch stops growing before its padded tokens exceed this multiple of its real tokens",
     "max_queue_delay_ms": "how long an idle model waits for more inputs before it computes",
-    "max_queue_inputs": "inputs that may wait per model; beyond, calls get RESOURCE_EXHAUSTED at once",
+    "max_queue_inputs": "inputs that may wait per encoder, for unary calls and for streams each; beyond, RESOURCE_EXHAUSTED at once",
     "max_queue_attention": "Attention calls that may wait per encoder; beyond, RESOURCE_EXHAUSTED",
     "max_concurrent_rpcs": "gRPC calls in flight at once; beyond, RESOURCE_EXHAUSTED at once (0: twice max_queue_inputs)",
     "max_inputs_per_request": "most inputs in one call (INVALID_ARGUMENT beyond)",

@@ -56,6 +56,8 @@ class Settings(BaseSettings):
     # model never waits; inputs that arrive while it computes still share the next batch. Measured here,
     # 2 ms of waiting cost about 5 ms at p50 for a lone call and gave no throughput.
     max_queue_delay_ms: float = Field(0.0, ge=0, le=10_000)
+    # Per encoder and per lane: unary calls' inputs and streams' inputs each (service/batcher.py), so streams
+    # that fill theirs never refuse unary calls.
     max_queue_inputs: int = Field(1024, ge=1, le=1_000_000)
     # gRPC calls in flight at once (grpc.health.v1 Check excepted); beyond it a call is refused at once with
     # RESOURCE_EXHAUSTED and counted (service/admission.py). 0 = twice max_queue_inputs: a full queue of

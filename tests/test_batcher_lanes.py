@@ -11,6 +11,7 @@ import numpy as np
 
 from bertserve.service import batcher as batcher_module
 from bertserve.service.batcher import INTERACTIVE_TURNS_PER_BULK, Batcher, BatchLimits, WorkItem
+from bertserve.service.errors import Overloaded
 from bertserve.service.tasks import Task, TaskOptions
 
 EMBED = TaskOptions(Task.EMBED)
@@ -194,3 +195,31 @@ def test_with_instances_free_the_queued_inputs_are_shared_out():
 
     assert run_batcher(model, limits(max_batch_size=32), scenario, concurrency=2) == list(range(8))
     assert sizes == [4, 4]
+
+
+def test_streams_filling_their_queue_never_refuse_unary_calls():
+    """Each lane has its own max_queue_inputs: bulk inputs up to the bound leave room for unary calls."""
+    release = threading.Event()
+
+    def model(batch):
+        release.wait(10)
+        return [int(i.ids[0]) for i in batch]
+
+    async def scenario(batcher):
+        loop = asyncio.get_running_loop()
+        bulk = [item(5, tag, loop.create_future(), bulk=True) for tag in range(4)]
+        batcher.submit(bulk)  # the stream lane is full
+        refused = None
+        try:
+            batcher.submit([item(5, 9, loop.create_future(), bulk=True)])
+        except Overloaded as error:
+            refused = str(error)
+        unary = [item(5, 7, loop.create_future())]
+        batcher.submit(unary)  # admitted all the same
+        release.set()
+        results = await asyncio.gather(*(i.future for i in bulk + unary))
+        return refused, [r.value for r in results]
+
+    refused, values = run_batcher(model, limits(max_queue_inputs=4), scenario)
+    assert refused is not None and "stream queue holds 4 of max_queue_inputs 4" in refused
+    assert values == [0, 1, 2, 3, 7]
