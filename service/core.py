@@ -358,7 +358,7 @@ class InferenceCore:
         checked = check_texts(texts, self.settings.max_inputs_per_request, self.settings.max_input_chars)
         started = time.perf_counter()
         if sum(len(text) for text in checked) <= INLINE_TOKENIZE_CHARS:
-            encoded = model.tokenizer.encode(checked, truncate)  # tens of microseconds: cheaper than a hop
+            encoded = model.tokenizer.encode(checked, truncate)  # bounded: see INLINE_TOKENIZE_CHARS
         else:
             encoded = await self.off_loop(model.tokenizer.encode, checked, truncate)
         return encoded, time.perf_counter() - started
