@@ -171,82 +171,80 @@ def train(
     log: Callable[[str], None] = print,
 ) -> RunResult:
     """Trains in place up to recipe.steps (or stop_after steps in total, or time.time() >= deadline), saving
-    the state every save_every steps and when it stops."""
+    the state every save_every steps and when it stops. Call it inside `deterministic_torch(recipe.threads)`
+    (pipeline.pretrain does, around the evaluation too)."""
     if len(data) == 0:
         raise ExportError("no training texts")
-    with deterministic_torch(recipe.threads):
-        layers = LayerRange(*recipe.layers)
-        names = trainable_names(model, layers, recipe.train_embeddings)
-        optimizer, schedule = build_optimizer(model, names, recipe)
-        state_path = Path(state_dir) / STATE_FILE
-        step, losses = 0, []
-        if resume and state_path.is_file():
-            step, losses = _load_state(state_path, model, names, optimizer, schedule, recipe)
-            log(f"-> resumed from {state_path} at step {step}")
-        last = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
-        lengths = np.array([len(ids) for ids in data.ids])
-        per_epoch = batches_per_epoch(len(data), recipe.batch_size)
-        epoch_cache: dict[int, list[np.ndarray]] = {}
-        tokens, started = 0, time.perf_counter()
-        set_modes(model, layers, recipe.train_embeddings)
-        interactive = sys.stderr.isatty()
-        bar = tqdm(
-            total=last,
-            initial=step,
-            unit="step",
-            dynamic_ncols=True,
-            mininterval=0.5 if interactive else 60,
-            file=sys.stderr,
-            disable=None if interactive else False,
-        )
-        try:
-            while step < last and (deadline is None or time.time() < deadline):
-                epoch, index = divmod(step, per_epoch)
-                if epoch not in epoch_cache:
-                    epoch_cache = {epoch: batches_of_epoch(lengths, recipe.batch_size, recipe.seed, epoch)}
-                batch = epoch_cache[epoch][index]
-                rng = np.random.default_rng([recipe.seed, 1, step])
-                inputs, labels = mask_texts(
-                    [data.ids[i] for i in batch],
-                    [data.word_ids[i] for i in batch],
-                    recipe.masking,
-                    rng,
-                    mask_token_id,
-                    random_token_ids,
+    layers = LayerRange(*recipe.layers)
+    names = trainable_names(model, layers, recipe.train_embeddings)
+    optimizer, schedule = build_optimizer(model, names, recipe)
+    state_path = Path(state_dir) / STATE_FILE
+    step, losses = 0, []
+    if resume and state_path.is_file():
+        step, losses = _load_state(state_path, model, names, optimizer, schedule, recipe)
+        log(f"-> resumed from {state_path} at step {step}")
+    last = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
+    lengths = np.array([len(ids) for ids in data.ids])
+    per_epoch = batches_per_epoch(len(data), recipe.batch_size)
+    epoch_cache: dict[int, list[np.ndarray]] = {}
+    tokens, started = 0, time.perf_counter()
+    set_modes(model, layers, recipe.train_embeddings)
+    interactive = sys.stderr.isatty()
+    bar = tqdm(
+        total=last,
+        initial=step,
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=0.5 if interactive else 60,
+        file=sys.stderr,
+        disable=None if interactive else False,
+    )
+    try:
+        while step < last and (deadline is None or time.time() < deadline):
+            epoch, index = divmod(step, per_epoch)
+            if epoch not in epoch_cache:
+                epoch_cache = {epoch: batches_of_epoch(lengths, recipe.batch_size, recipe.seed, epoch)}
+            batch = epoch_cache[epoch][index]
+            rng = np.random.default_rng([recipe.seed, 1, step])
+            inputs, labels = mask_texts(
+                [data.ids[i] for i in batch],
+                [data.word_ids[i] for i in batch],
+                recipe.masking,
+                rng,
+                mask_token_id,
+                random_token_ids,
+            )
+            input_ids = pad_batch(inputs, 0)
+            attention_mask = pad_batch([np.ones(len(a), dtype=np.int64) for a in inputs], 0)
+            label_ids = pad_batch(labels, IGNORE)
+            torch.manual_seed(recipe.seed * 1_000_003 + step)  # dropout
+            if (label_ids != IGNORE).any():
+                loss = mlm_loss(model, layers, recipe.train_embeddings, input_ids, attention_mask, label_ids)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(
+                    [p for p in model.parameters() if p.requires_grad], recipe.max_grad_norm
                 )
-                input_ids = pad_batch(inputs, 0)
-                attention_mask = pad_batch([np.ones(len(a), dtype=np.int64) for a in inputs], 0)
-                label_ids = pad_batch(labels, IGNORE)
-                torch.manual_seed(recipe.seed * 1_000_003 + step)  # dropout
-                if (label_ids != IGNORE).any():
-                    loss = mlm_loss(
-                        model, layers, recipe.train_embeddings, input_ids, attention_mask, label_ids
-                    )
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(
-                        [p for p in model.parameters() if p.requires_grad], recipe.max_grad_norm
-                    )
-                    optimizer.step()
-                    losses.append(loss.item())
-                else:  # nothing chosen in the whole batch (tiny batches only): the step still counts
-                    losses.append(math.nan)
-                schedule.step()
-                step += 1
-                tokens += int(attention_mask.sum())
-                seconds = time.perf_counter() - started
-                recent = [v for v in losses[-50:] if not math.isnan(v)]
-                bar.set_postfix(
-                    loss=f"{np.mean(recent):.3f}" if recent else "-",
-                    tok_s=f"{tokens / seconds:.0f}",
-                    lr=f"{schedule.get_last_lr()[0]:.2e}",
-                    refresh=False,
-                )
-                bar.update(1)
-                if save_every and step % save_every == 0:
-                    _save_state(state_path, model, names, optimizer, schedule, step, recipe, losses)
-        finally:
-            bar.close()
-        _save_state(state_path, model, names, optimizer, schedule, step, recipe, losses)
+                optimizer.step()
+                losses.append(loss.item())
+            else:  # nothing chosen in the whole batch (tiny batches only): the step still counts
+                losses.append(math.nan)
+            schedule.step()
+            step += 1
+            tokens += int(attention_mask.sum())
+            seconds = time.perf_counter() - started
+            recent = [v for v in losses[-50:] if not math.isnan(v)]
+            bar.set_postfix(
+                loss=f"{np.mean(recent):.3f}" if recent else "-",
+                tok_s=f"{tokens / seconds:.0f}",
+                lr=f"{schedule.get_last_lr()[0]:.2e}",
+                refresh=False,
+            )
+            bar.update(1)
+            if save_every and step % save_every == 0:
+                _save_state(state_path, model, names, optimizer, schedule, step, recipe, losses)
+    finally:
+        bar.close()
+    _save_state(state_path, model, names, optimizer, schedule, step, recipe, losses)
     model.eval()
     return RunResult(step, step >= recipe.steps, losses, tokens, time.perf_counter() - started)
