@@ -171,6 +171,11 @@ class Tasks(_Strict):
     fill_mask: FillMaskTask | None = None
     classify: ClassifyTask | None = None
 
+    @property
+    def tied_decoder(self) -> TiedDecoder | None:
+        """The fill_mask head's tied decoder, when it has one."""
+        return self.fill_mask.tied_decoder if self.fill_mask is not None else None
+
 
 class ModelDimensions(_Strict):
     vocab_size: int

@@ -8,7 +8,7 @@ import logging
 
 import numpy as np
 
-from bertserve.manifest import ENCODER_ATTENTIONS, TiedDecoder, TokenizerSpec
+from bertserve.manifest import ENCODER_ATTENTIONS, TokenizerSpec
 from bertserve.service.attention import AttentionGraph
 from bertserve.service.encoders import EncoderGroup
 from bertserve.service.errors import ModelNotFound, StartupError, TaskUnavailable
@@ -45,16 +45,11 @@ def _encoder_names(found: list[ModelFiles]) -> dict[str, str]:
     return names
 
 
-def _tied_decoder(files: ModelFiles) -> TiedDecoder | None:
-    fill_mask = files.manifest.tasks.fill_mask
-    return fill_mask.tied_decoder if fill_mask is not None else None
-
-
 def _decoder_tables(found: list[ModelFiles]) -> dict[str, np.ndarray]:
     """Tied decoder tables by sha256, each loaded once (its file's sha256 was checked by `discover`)."""
     tables: dict[str, np.ndarray] = {}
     for files in found:
-        tied = _tied_decoder(files)
+        tied = files.manifest.tasks.tied_decoder
         if tied is None or tied.sha256 in tables:
             continue
         table = np.load(files.decoder_table_path, allow_pickle=False)
@@ -72,7 +67,7 @@ def _shared_initializers(found: list[ModelFiles], tables: dict[str, np.ndarray])
     tied decoder's (bit-identical, checked at export), so their sessions take that one array."""
     shared: dict[str, dict[str, np.ndarray]] = {}
     for files in found:
-        tied = _tied_decoder(files)
+        tied = files.manifest.tasks.tied_decoder
         for key, initializer in tied.encoder_initializers.items() if tied is not None else ():
             if key in files.manifest.graphs:
                 shared.setdefault(files.manifest.graphs[key].sha256, {})[initializer] = tables[tied.sha256]
@@ -124,7 +119,7 @@ def load(settings: Settings) -> ModelRegistry:
         tokenizer_key = (spec, max_length)  # the spec holds the file's sha256
         if tokenizer_key not in tokenizers:
             tokenizers[tokenizer_key] = ModelTokenizer(files.tokenizer_path, spec, max_length)
-        tied = _tied_decoder(files)
+        tied = files.manifest.tasks.tied_decoder
         table = tables[tied.sha256] if tied is not None else None
         model = ServedModel(files, session, group, attention, tokenizers[tokenizer_key], table)
         group.models.append(model)

@@ -169,7 +169,7 @@ class _Loader:
         self._check(tokenizer_path, encoder.tokenizer.sha256, "tokenizer")
         for key in keys:
             self._check(paths[key], manifest.graphs[key].sha256, f"graph {key}")
-        tied = own.tasks.fill_mask.tied_decoder if own.tasks.fill_mask is not None else None
+        tied = own.tasks.tied_decoder
         decoder_table_path = directory / tied.file if tied is not None else None
         if tied is not None:
             self._check(decoder_table_path, tied.sha256, "tied decoder table")

@@ -54,7 +54,7 @@ class ServedModel:
         self.mlm_head = (
             session_factory(str(files.graph_path(tasks.fill_mask.graph))) if tasks.fill_mask else None
         )
-        tied = tasks.fill_mask.tied_decoder if tasks.fill_mask is not None else None
+        tied = tasks.tied_decoder
         if (tied is None) != (decoder_table is None):
             raise ValueError(f"model {self.name}: a tied mlm_head needs its decoder table, and only it does")
         if tied is not None:  # every run reads this one table (on CPU, not copied; on CUDA, copied once)

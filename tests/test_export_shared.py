@@ -40,8 +40,7 @@ def test_head_only_models_hold_heads_and_a_pinned_reference(shared_repo):
         manifest = Manifest.read(directory)
         assert manifest.schema_version == 2 and manifest.encoder.name == SHARED_ENCODER
         assert manifest.encoder.manifest_sha256 == sha256_file(encoder_dir / "manifest.json")
-        fill_mask = manifest.tasks.fill_mask
-        tied = [fill_mask.tied_decoder.file] if fill_mask is not None and fill_mask.tied_decoder else []
+        tied = [manifest.tasks.tied_decoder.file] if manifest.tasks.tied_decoder else []
         assert sorted(p.name for p in directory.iterdir()) == sorted(
             ["manifest.json", *tied, *(spec.file for spec in manifest.graphs.values())]
         )  # no encoder graph, no tokenizer (a tied MLM head: its decoder table, see test_tied_decoder.py)
