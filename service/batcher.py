@@ -95,7 +95,6 @@ class Batcher:
         self._interactive_streak = 0  # interactive batches run in a row while bulk inputs waited
         self._interactive_seen = -float("inf")  # time.monotonic() an interactive call last arrived or ended
         self._exclusive: deque[ExclusiveJob] = deque()
-        self._depth = 0  # batch inputs queued (incoming + pending), not yet computing
         self._wakeup = asyncio.Event()
         self._closing = False
         self._batches = 0
@@ -106,7 +105,7 @@ class Batcher:
     @property
     def depth(self) -> int:
         """Inputs waiting: batch inputs and exclusive jobs."""
-        return self._depth + len(self._exclusive)
+        return self._lanes[False].inputs + self._lanes[True].inputs + len(self._exclusive)
 
     def start(self) -> None:
         self._owner = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.name}")
@@ -160,7 +159,6 @@ class Batcher:
         if not bulk:
             self._interactive_seen = time.monotonic()
         self._incoming.extend(items)
-        self._depth += len(items)
         self._lanes[bulk].tokens += tokens
         self._lanes[bulk].inputs += len(items)
         self._observer.queue_depth(self.depth)
@@ -319,7 +317,6 @@ class Batcher:
             self._lanes[item.bulk].items.append(item)
 
     def _unqueue(self, lane: Lane, items: list[WorkItem]) -> None:
-        self._depth -= len(items)
         lane.inputs -= len(items)
         lane.tokens -= sum(item.length for item in items)
         self._observer.queue_depth(self.depth)
