@@ -9,17 +9,12 @@ import httpx
 import pytest
 
 from tests.helpers.server import ServerThread
-from tests.test_server_tls import pki  # noqa: F401  (the certificates fixture)
+from tests.test_server_tls import pki, tls_server_settings  # noqa: F401  (the certificates and settings fixtures)
 
 
-def test_https_uses_the_tls_settings(tiny_repo, pki):  # noqa: F811
+def test_https_uses_the_tls_settings(tls_server_settings, pki):  # noqa: F811
     trust = ssl.create_default_context(cafile=str(pki / "ca.pem"))
-    common = dict(
-        model_repo=tiny_repo,
-        models=["tiny-embed"],
-        tls_cert=pki / "server.pem",
-        tls_key=pki / "server-key.pem",
-    )
+    common = tls_server_settings
     with ServerThread(**common) as server:
         url = f"https://127.0.0.1:{server.server.http_port}"
         assert server.server.http.scheme == "https"

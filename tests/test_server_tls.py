@@ -59,20 +59,26 @@ def pki(tmp_path_factory):
     return directory
 
 
+@pytest.fixture
+def tls_server_settings(tiny_repo, pki) -> dict:
+    """A tiny-embed server's settings with the test CA's server certificate (add tls_client_ca for mutual TLS)."""
+    return dict(
+        model_repo=tiny_repo,
+        models=["tiny-embed"],
+        tls_cert=pki / "server.pem",
+        tls_key=pki / "server-key.pem",
+    )
+
+
 def _refused(client: Client) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as failure:
         client.info(timeout=5)
     return failure.value.code()
 
 
-def test_tls_and_mutual_tls(tiny_repo, pki):
+def test_tls_and_mutual_tls(tls_server_settings, pki):
     ca = (pki / "ca.pem").read_bytes()
-    common = dict(
-        model_repo=tiny_repo,
-        models=["tiny-embed"],
-        tls_cert=pki / "server.pem",
-        tls_key=pki / "server-key.pem",
-    )
+    common = tls_server_settings
     with ServerThread(**common) as server:
         with Client(server.address, credentials=grpc.ssl_channel_credentials(ca)) as client:
             assert client.info().models[0].name == "tiny-embed"
