@@ -8,7 +8,8 @@ from __future__ import annotations
 
 SERVER, SERVER_BS1, SERVER_INT8, NAIVE = "server-fp32", "server-fp32-bs1", "server-int8", "naive-fp32"
 SERVER_HTTP = "server-fp32-http"  # server-fp32 called over HTTP (opt-in: --targets)
-TARGETS = (SERVER, SERVER_HTTP, SERVER_BS1, SERVER_INT8, NAIVE)  # in measuring order
+SERVER_FP16 = "server-fp16"  # the fp16 graph (--provider cuda, where it takes server-int8's place)
+TARGETS = (SERVER, SERVER_HTTP, SERVER_BS1, SERVER_INT8, SERVER_FP16, NAIVE)  # in measuring order
 
 
 def _div(a: float | None, b: float | None) -> float | None:
@@ -79,6 +80,7 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
         "server_vs_naive_fp32": _div(server, naive),
         "int8_vs_naive": _div(_saturation(targets, SERVER_INT8), naive),
         "int8_vs_server_fp32": _div(_saturation(targets, SERVER_INT8), server),
+        "fp16_vs_server_fp32": _div(_saturation(targets, SERVER_FP16), server),
         "batching_gain": _div(server, _saturation(targets, SERVER_BS1)),
         **_stream_ratios(targets.get(SERVER, {}).get("stream"), ceiling.get("inputs_per_s")),
         "single_vs_bulk": _single_vs_bulk(targets.get(SERVER, {}).get("per_call")),
@@ -97,6 +99,7 @@ def rates(targets: dict, inprocess: dict) -> dict[str, tuple[float | None, str]]
         SERVER_HTTP: "fp32",
         SERVER_BS1: "fp32",
         SERVER_INT8: "int8",
+        SERVER_FP16: "fp16",
         NAIVE: "fp32",
     }
     out: dict[str, tuple[float | None, str]] = {

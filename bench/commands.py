@@ -87,8 +87,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--targets",
         type=_targets,
-        help="comma-separated subset of server-fp32,server-fp32-http,server-fp32-bs1,server-int8,naive-fp32 "
-        "(default: all but server-fp32-http)",
+        help="comma-separated subset of server-fp32,server-fp32-http,server-fp32-bs1,server-int8,server-fp16,"
+        "naive-fp32 (default: all but server-fp32-http and server-fp16; with --provider cuda server-int8 becomes "
+        "server-fp16 and naive-fp32 is left out)",
+    )
+    parser.add_argument(
+        "--provider",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: in-process ceilings (I/O binding), kernels and servers on ONNX Runtime's CUDA provider, the "
+        "fp16 graph instead of int8, and the GPU's dense fp16 peak (needs onnxruntime-gpu and a GPU)",
     )
     parser.add_argument(
         "--server-setting", type=_setting, action="append", default=[], metavar="NAME=VALUE",
@@ -117,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     common = dict(model_repo=args.model_repo, out=args.out, model=args.model, checkpoint=args.checkpoint,
-                  threads=args.threads, server_settings=dict(args.server_setting))  # fmt: skip
+                  threads=args.threads, server_settings=dict(args.server_setting), provider=args.provider)  # fmt: skip
     config = (
         BenchConfig.quick_preset(**common, **overrides) if args.quick else BenchConfig(**common, **overrides)
     )

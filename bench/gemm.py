@@ -82,6 +82,7 @@ def child_arguments(description: str) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, required=True)
     parser.add_argument("--intermediate", type=int, required=True)
     parser.add_argument("--seconds-per-shape", type=float, default=0.3)
+    parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")  # bench/limits.py only
     return parser.parse_args()
 
 

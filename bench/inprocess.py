@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from bertserve.bench.corpus import Corpus
 from bertserve.bench.stats import latency_summary
-from bertserve.service.runtime import session_options
+from bertserve.service.runtime import GraphSession, session_options
 
 OUTPUT = "sentence_embedding"
 
@@ -32,8 +32,25 @@ class Batch:
     padded_tokens: int
 
 
-def make_session(graph: Path, threads: int) -> ort.InferenceSession:
+class DeviceSession:
+    """The server's own CUDA path (service.runtime.GraphSession: CUDA provider checked, I/O binding) behind
+    the `run(outputs, feeds)` / `get_inputs()` of an ORT session, so the ceilings use either alike."""
+
+    def __init__(self, graph: Path, threads: int):
+        self.graph = GraphSession(graph, "cuda", threads, 1)  # StartupError unless CUDA really runs it
+
+    def get_inputs(self):
+        return self.graph.session.get_inputs()
+
+    def run(self, outputs: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        results = self.graph.run(feeds, outputs)
+        return [results[name] for name in outputs]
+
+
+def make_session(graph: Path, threads: int, provider: str = "cpu") -> ort.InferenceSession | DeviceSession:
     """The server's own session options (service.runtime), so any tuning there applies here too."""
+    if provider == "cuda":
+        return DeviceSession(graph, threads)
     options = session_options(intra_op_threads=threads, inter_op_threads=1)
     return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
 
@@ -94,10 +111,11 @@ def measure_ceiling(
     batch_sizes: list[int],
     passes: int,
     instances: int = 1,
+    provider: str = "cpu",
 ) -> dict:
     """Inputs/s at the best batch size, plus every batch size tried; `instances` sessions of
     threads / instances threads each."""
-    sessions = [make_session(graph, max(1, threads // instances)) for _ in range(instances)]
+    sessions = [make_session(graph, max(1, threads // instances), provider) for _ in range(instances)]
     session = sessions[0]
     input_names = {i.name for i in session.get_inputs()}
     start = time.perf_counter()
@@ -130,10 +148,10 @@ def measure_ceiling(
 
 
 def measure_single_latency(
-    graph: Path, tokenizer: Tokenizer, corpus: Corpus, threads: int, count: int
+    graph: Path, tokenizer: Tokenizer, corpus: Corpus, threads: int, count: int, provider: str = "cpu"
 ) -> dict:
     """Latency of one input at a time (batch 1), tokenization included, over the first `count` texts."""
-    session = make_session(graph, threads)
+    session = make_session(graph, threads, provider)
     input_names = {i.name for i in session.get_inputs()}
     texts = corpus.texts[:count]
     session.run([OUTPUT], _feeds([tokenizer.encode(texts[0]).ids], input_names))  # warm-up

@@ -169,18 +169,23 @@ def measure_kernels(threads: int, hidden: int, intermediate: int, seconds_per_sh
     }  # fmt: skip
 
 
+PEAK_KEYS = {"fp32": "fp32_gflops", "int8": "int8_gops", "fp16": "fp16_gflops"}  # precision -> limits key
+
+
 def fractions(targets: dict[str, tuple[float | None, str]], limits: dict) -> dict:
-    """Per target (rate in GOP/s, precision): its fraction of the theoretical and of the kernel peak."""
-    key = {"fp32": "fp32_gflops", "int8": "int8_gops"}
+    """Per target (rate in GOP/s, precision): its fraction of the theoretical and of the kernel peak (None
+    where that peak is not known, e.g. a GPU missing from bench/gpu.py's table)."""
     rows = {}
     for name, (rate, precision) in targets.items():
         if rate is None:
             continue
+        key = PEAK_KEYS[precision]
+        theory, kernel = limits["theoretical"].get(key), limits["kernel"].get(key)
         rows[name] = {
             "precision": precision,
             "gops": round(rate, 2),
-            "of_theoretical": round(rate / limits["theoretical"][key[precision]], 4),
-            "of_kernel": round(rate / limits["kernel"][key[precision]], 4),
+            "of_theoretical": round(rate / theory, 4) if theory else None,
+            "of_kernel": round(rate / kernel, 4) if kernel else None,
         }
     return rows
 
@@ -189,19 +194,26 @@ def main() -> None:
     from bertserve.bench.gemm import child_arguments
 
     args = child_arguments(__doc__.splitlines()[0])
-    kernel = measure_kernels(args.threads, args.hidden, args.intermediate, args.seconds_per_shape)
+    if args.provider == "cuda":
+        from bertserve.bench.gpu import measure_kernels as measure_on_gpu
+
+        kernel = measure_on_gpu(args.hidden, args.intermediate, args.seconds_per_shape)
+    else:
+        kernel = measure_kernels(args.threads, args.hidden, args.intermediate, args.seconds_per_shape)
     json.dump(kernel, sys.stdout)
     sys.stdout.write("\n")
 
 
 def measure_in_subprocess(
-    threads: int, cores: int, dimensions: ModelDimensions, seconds_per_shape: float
+    threads: int, cores: int, dimensions: ModelDimensions, seconds_per_shape: float, provider: str = "cpu"
 ) -> dict:
-    """{"theoretical": ..., "kernel": ...}; the kernels run in a child process pinned to `threads`."""
+    """{"theoretical": ..., "kernel": ...}: the CPU's (or, with provider cuda, GPU 0's) peaks; the kernels
+    run in a child process pinned to `threads`."""
     from bertserve.bench.gemm import thread_environment
 
     argv = [sys.executable, "-m", "bertserve.bench.limits", "--threads", str(threads), "--hidden", str(dimensions.hidden_size),
-            "--intermediate", str(dimensions.intermediate_size), "--seconds-per-shape", str(seconds_per_shape)]  # fmt: skip
+            "--intermediate", str(dimensions.intermediate_size), "--seconds-per-shape", str(seconds_per_shape),
+            "--provider", provider]  # fmt: skip
     done = subprocess.run(
         argv,
         capture_output=True,
@@ -211,14 +223,25 @@ def measure_in_subprocess(
     )
     if done.returncode != 0:
         raise BenchError(f"kernel peak measurement failed: {done.stderr.strip().splitlines()[-1:]}")
-    limits = {"theoretical": theoretical(min(threads, cores)), "kernel": json.loads(done.stdout)}
-    for precision, key in (("fp32", "fp32_gflops"), ("int8", "int8_gops")):
-        if limits["kernel"][key] > limits["theoretical"][key]:
-            limits.setdefault("warnings", []).append(
-                f"{precision}: ONNX Runtime's kernel reached {limits['kernel'][key]} above the theoretical "
-                f"{limits['theoretical'][key]}: the CPU runs above the clock it reports"
+    warnings = []
+    if provider == "cuda":
+        from bertserve.bench.gpu import describe_gpu
+
+        gpu = describe_gpu()
+        theory = gpu["theoretical"]
+        if not theory:
+            warnings.append(f"{gpu['gpu']} is not in bench/gpu.py's table: no theoretical peak is given")
+    else:
+        theory = theoretical(min(threads, cores))
+    limits = {"theoretical": theory, "kernel": json.loads(done.stdout)}
+    for precision, key in PEAK_KEYS.items():
+        measured, bound = limits["kernel"].get(key), theory.get(key)
+        if measured and bound and measured > bound:
+            warnings.append(
+                f"{precision}: ONNX Runtime's kernel reached {measured} above the theoretical {bound}: "
+                "the device runs above the clock it reports"
             )
-    return limits
+    return limits | ({"warnings": warnings} if warnings else {})
 
 
 if __name__ == "__main__":

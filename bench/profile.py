@@ -19,13 +19,20 @@ from bertserve.service.runtime import session_options
 
 
 def op_profile(
-    graph: Path, tokenizer: Tokenizer, corpus: Corpus, threads: int, batch_size: int, out: Path
+    graph: Path,
+    tokenizer: Tokenizer,
+    corpus: Corpus,
+    threads: int,
+    batch_size: int,
+    out: Path,
+    provider: str = "cpu",
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     options = session_options(intra_op_threads=threads, inter_op_threads=1)
     options.enable_profiling = True
     options.profile_file_prefix = str(out / f"ort-{graph.stem}-batch{batch_size}")
-    session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+    providers = (["CUDAExecutionProvider"] if provider == "cuda" else []) + ["CPUExecutionProvider"]
+    session = ort.InferenceSession(str(graph), options, providers=providers)
     input_names = {i.name for i in session.get_inputs()}
     batches = plan_batches([e.ids for e in tokenizer.encode_batch(corpus.texts)], batch_size, input_names)
     for batch in batches:

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from bertserve.bench.analysis import padding_ratio
+from bertserve.bench.limits import PEAK_KEYS
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -115,20 +116,14 @@ def markdown(result: dict) -> str:
     lines += _table(["metric", "goal", "measured", "met"], rows)
     limits = result["ratios"].get("limits")
     if limits:
-        theory, kernel = limits["theoretical"], limits["kernel"]
-        lines += ["", "## Physical limits", "",
-                  f"Theoretical: {theory['cores']} cores x {theory['clock_ghz']} GHz ({theory['clock_source']}) x "
-                  f"{theory['fp32_ops_per_cycle_per_core']} fp32 / {theory['int8_ops_per_cycle_per_core']} int8 operations "
-                  f"per cycle per core ({theory['unit']}) = fp32 {_num(theory['fp32_gflops'])} GFLOP/s, int8 "
-                  f"{_num(theory['int8_gops'])} GOP/s. ONNX Runtime's own kernels (best shape): fp32 "
-                  f"{_num(kernel['fp32_gflops'])} GFLOP/s, int8 {_num(kernel['int8_gops'])} GOP/s.", ""]  # fmt: skip
+        lines += ["", "## Physical limits", "", limits_text(limits["theoretical"], limits["kernel"]), ""]
         rows = [
             [
                 name,
                 f["precision"],
                 _num(f["gops"]),
-                _num(100 * f["of_theoretical"], 1),
-                _num(100 * f["of_kernel"], 1),
+                _num(f["of_theoretical"] and 100 * f["of_theoretical"], 1),
+                _num(f["of_kernel"] and 100 * f["of_kernel"], 1),
             ]
             for name, f in limits["fractions"].items()
         ]
@@ -144,6 +139,24 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def limits_text(theory: dict, kernel: dict) -> str:
+    """The theoretical peak with its formula's terms (a CPU's or a GPU's), then ONNX Runtime's kernels."""
+    if "sms" in theory:
+        text = (f"Theoretical ({theory['gpu']}, {theory['architecture']}): {theory['sms']} SMs x {theory['clock_ghz']} GHz "
+                f"({theory['clock_source']}) x {theory['fp16_ops_per_clock_per_sm']} fp16 tensor-core / "
+                f"{theory['fp32_ops_per_clock_per_sm']} fp32 operations per clock per SM = fp16 "
+                f"{_num(theory['fp16_gflops'])} GFLOP/s, fp32 {_num(theory['fp32_gflops'])} GFLOP/s.")  # fmt: skip
+    elif theory:
+        text = (f"Theoretical: {theory['cores']} cores x {theory['clock_ghz']} GHz ({theory['clock_source']}) x "
+                f"{theory['fp32_ops_per_cycle_per_core']} fp32 / {theory['int8_ops_per_cycle_per_core']} int8 operations "
+                f"per cycle per core ({theory['unit']}) = fp32 {_num(theory['fp32_gflops'])} GFLOP/s, int8 "
+                f"{_num(theory['int8_gops'])} GOP/s.")  # fmt: skip
+    else:
+        text = "Theoretical: not known for this device (see the notes)."
+    measured = ", ".join(f"{p} {_num(kernel[k])} GOP/s" for p, k in PEAK_KEYS.items() if k in kernel)
+    return f"{text} ONNX Runtime's own kernels (best shape): {measured}."
+
+
 def plots(result: dict, out: Path) -> list[str]:
     import matplotlib
 
@@ -155,7 +168,7 @@ def plots(result: dict, out: Path) -> list[str]:
     for name, target in targets.items():
         cs = [p["concurrency"] for p in target["closed"]]
         ax.plot(cs, [p["inputs_per_s"] for p in target["closed"]], marker="o", label=name)
-    for precision, style in (("fp32", "--"), ("int8", ":")):
+    for precision, style in (("fp32", "--"), ("int8", ":"), ("fp16", "-.")):
         ceiling = result["inprocess"].get(precision, {}).get("mixed")
         if ceiling:
             ax.axhline(

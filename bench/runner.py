@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bertserve.bench import analysis, gemm, inprocess, limits, profile, report
+from bertserve.bench import analysis, gemm, gpu, inprocess, limits, profile, report
 from bertserve.bench.corpus import Corpus, fixed_length_corpus, load_tokenizer, mixed_corpus
 from bertserve.bench.flops import corpus_flops, encoder_flops
 from bertserve.bench.loadgen import make_requests
@@ -22,7 +22,7 @@ from bertserve.bench.machine import describe_machine
 from bertserve.bench.model_setup import ModelUnderTest, resolve_model
 from bertserve.bench.processes import bertserve_process, child_pythonpath, naive_process
 from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun, Workload
-from bertserve.manifest import ENCODER, ENCODER_INT8
+from bertserve.manifest import ENCODER, ENCODER_FP16, ENCODER_INT8
 
 PROFILE_TEXTS = 200  # texts in the profiled pass
 
@@ -54,6 +54,18 @@ class BenchConfig:
     targets: list[str] = field(
         default_factory=lambda: [analysis.SERVER, analysis.SERVER_BS1, analysis.SERVER_INT8, analysis.NAIVE]
     )
+    provider: str = (
+        "cpu"  # cuda: ceilings, kernels and servers on ONNX Runtime's CUDA provider (bench/gpu.py)
+    )
+
+    @property
+    def measured_targets(self) -> list[str]:
+        """On CUDA the low-precision target is fp16 (int8 is a CPU graph) and the naive PyTorch server, a
+        CPU baseline, is left out."""
+        if self.provider != "cuda":
+            return self.targets
+        swap = {analysis.SERVER_INT8: analysis.SERVER_FP16, analysis.NAIVE: None}
+        return [t for t in (swap.get(t, t) for t in self.targets) if t is not None]
 
     @property
     def instances(self) -> int:
@@ -80,9 +92,7 @@ def log(message: str) -> None:
 
 def _ceilings(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, fixed: Corpus) -> dict:
     dims = model.manifest.dimensions
-    graphs = {"fp32": model.graph(ENCODER)}
-    if model.int8_repo is not None:
-        graphs["int8"] = model.graph(ENCODER_INT8)
+    graphs = _graphs(config, model)
     results: dict[str, dict] = {}
     for precision, graph in graphs.items():
         results[precision] = {}
@@ -97,6 +107,7 @@ def _ceilings(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corp
                     config.ceiling_batch_sizes,
                     config.ceiling_passes,
                     n,
+                    config.provider,
                 )
                 for n in sorted({1, config.instances})
             ]
@@ -111,21 +122,35 @@ def _ceilings(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corp
                 f"{c['best_batch_size']}, {c['instances']} session(s) (tried {c['layouts_tried']})"
             )
     results["fp32"]["single"] = inprocess.measure_single_latency(
-        graphs["fp32"], tokenizer, mixed, config.threads, min(len(mixed.texts), config.single_latency_texts)
+        graphs["fp32"],
+        tokenizer,
+        mixed,
+        config.threads,
+        min(len(mixed.texts), config.single_latency_texts),
+        config.provider,
     )
     log(f"  in-process fp32 one input at a time: p50 {results['fp32']['single']['p50_ms']:.2f} ms")
     return results
 
 
+def _graphs(config: BenchConfig, model: ModelUnderTest) -> dict[str, Path]:
+    """Precision -> encoder graph measured in process: fp32, and int8 on CPU or fp16 on CUDA when there."""
+    graphs = {"fp32": model.graph(ENCODER)}
+    if config.provider == "cuda" and ENCODER_FP16 in model.manifest.graphs:
+        graphs["fp16"] = model.graph(ENCODER_FP16)
+    elif config.provider == "cpu" and model.int8_repo is not None:
+        graphs["int8"] = model.graph(ENCODER_INT8)
+    return graphs
+
+
 def _profiles(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, ceilings: dict) -> dict:
     """ORT's per-operator profile of each graph at its best ceiling batch size, on the mixed corpus."""
     sample = Corpus(mixed.name, mixed.texts[:PROFILE_TEXTS], mixed.tokens[:PROFILE_TEXTS])
-    graphs = {"fp32": model.graph(ENCODER)} | ({"int8": model.graph(ENCODER_INT8)} if model.int8_repo else {})
     results = {}
-    for precision, graph in graphs.items():
+    for precision, graph in _graphs(config, model).items():
         batch_size = ceilings[precision]["mixed"]["best_batch_size"]
         results[precision] = profile.op_profile(
-            graph, tokenizer, sample, config.threads, batch_size, config.out / "profiles"
+            graph, tokenizer, sample, config.threads, batch_size, config.out / "profiles", config.provider
         )
         top = ", ".join(
             f"{op} {share:.0%}" for op, share in list(results[precision]["share_by_op"].items())[:4]
@@ -137,16 +162,17 @@ def _profiles(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corp
 def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
     """Target name -> the server process to measure, in measuring order (server-fp32 first)."""
     servers = {}
-    settings = config.server_settings
-    if analysis.SERVER in config.targets:
+    settings = config.server_settings | ({"provider": "cuda"} if config.provider == "cuda" else {})
+    targets = config.measured_targets
+    if analysis.SERVER in targets:
         servers[analysis.SERVER] = bertserve_process(
             analysis.SERVER, model.repo, model.spec, config.threads, logs, settings
         )
-    if analysis.SERVER_HTTP in config.targets:
+    if analysis.SERVER_HTTP in targets:
         servers[analysis.SERVER_HTTP] = bertserve_process(
             analysis.SERVER_HTTP, model.repo, model.spec, config.threads, logs, settings, protocol="http"
         )
-    if analysis.SERVER_BS1 in config.targets:
+    if analysis.SERVER_BS1 in targets:
         servers[analysis.SERVER_BS1] = bertserve_process(
             analysis.SERVER_BS1,
             model.repo,
@@ -155,7 +181,7 @@ def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
             logs,
             settings | {"max_batch_size": "1"},
         )
-    if analysis.SERVER_INT8 in config.targets and model.int8_repo is not None:
+    if analysis.SERVER_INT8 in targets and model.int8_repo is not None:
         servers[analysis.SERVER_INT8] = bertserve_process(
             analysis.SERVER_INT8,
             model.int8_repo,
@@ -164,7 +190,16 @@ def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
             logs,
             settings | {"precision": "int8"},
         )
-    if analysis.NAIVE in config.targets and model.checkpoint is not None:
+    if analysis.SERVER_FP16 in targets and ENCODER_FP16 in model.manifest.graphs:
+        servers[analysis.SERVER_FP16] = bertserve_process(
+            analysis.SERVER_FP16,
+            model.repo,
+            model.spec,
+            config.threads,
+            logs,
+            settings | {"precision": "fp16"},
+        )
+    if analysis.NAIVE in targets and model.checkpoint is not None:
         embed = model.manifest.tasks.embed
         servers[analysis.NAIVE] = naive_process(
             model.checkpoint, config.threads, embed.pooling, embed.normalize, model.manifest.max_length, logs
@@ -187,6 +222,10 @@ async def run(config: BenchConfig) -> dict:
             "PyTorch (the naive baseline) and the GEMM peak suffer most; figures of this run are not comparable"
         )
         log(f"warning: {notes[-1]}")
+    if config.provider == "cuda":
+        gpu.require_cuda()  # before anything slow: a clear error on a machine without a usable GPU
+        machine["gpu"] = {k: v for k, v in gpu.describe_gpu().items() if k != "theoretical"}
+        notes.append("provider cuda: no naive PyTorch baseline and no CPU GEMM peak; fp16 instead of int8")
     with tempfile.TemporaryDirectory(prefix="bertserve-bench-") as scratch:
         log(f"[1/5] model and corpus (at {time.perf_counter() - started:.0f} s)")
         model = resolve_model(config.model_repo, config.model, config.checkpoint, Path(scratch), log)
@@ -199,23 +238,24 @@ async def run(config: BenchConfig) -> dict:
         log(f"  {model.spec}; mixed {mixed.summary()}; {fixed.name} x {len(fixed.texts)}")
         if model.checkpoint is None:
             notes.append("no checkpoint: the naive baseline was not measured (pass --checkpoint)")
-        if model.int8_repo is None:
+        if model.int8_repo is None and config.provider == "cpu":
             notes.append("no int8 encoder and no checkpoint to export one: int8 was not measured")
 
         log(f"[2/5] GEMM peak (at {time.perf_counter() - started:.0f} s)")
-        gemm_peak = gemm.measure_in_subprocess(config.threads, dims, config.gemm_seconds_per_shape)
-        log(
-            f"  fp32 GEMM peak {gemm_peak['peak_gflops']:.1f} GFLOP/s ({gemm_peak['peak_library']}, {gemm_peak['peak_shape']})"
-        )
+        gemm_peak = {}
+        if config.provider == "cpu":
+            gemm_peak = gemm.measure_in_subprocess(config.threads, dims, config.gemm_seconds_per_shape)
+            log(
+                f"  fp32 GEMM peak {gemm_peak['peak_gflops']:.1f} GFLOP/s ({gemm_peak['peak_library']}, {gemm_peak['peak_shape']})"
+            )
         physical = limits.measure_in_subprocess(
-            config.threads, machine["physical_cores"] or config.threads, dims, config.gemm_seconds_per_shape
+            config.threads,
+            machine["physical_cores"] or config.threads,
+            dims,
+            config.gemm_seconds_per_shape,
+            config.provider,
         )
-        theory, kernel = physical["theoretical"], physical["kernel"]
-        log(
-            f"  limits: theoretical fp32 {theory['fp32_gflops']:.0f} GFLOP/s, int8 {theory['int8_gops']:.0f} GOP/s "
-            f"({theory['cores']} cores at {theory['clock_ghz']} GHz); ONNX Runtime kernels fp32 "
-            f"{kernel['fp32_gflops']:.1f}, int8 {kernel['int8_gops']:.1f}"
-        )
+        log(f"  {report.limits_text(physical['theoretical'], physical['kernel'])}")
         notes.extend(physical.get("warnings", []))
 
         log(f"[3/5] in-process ceilings (at {time.perf_counter() - started:.0f} s)")
@@ -285,6 +325,7 @@ async def run(config: BenchConfig) -> dict:
             "fixed_length": config.fixed_length,
             "inputs_per_request": config.inputs_per_request,
             "ceiling_batch_sizes": config.ceiling_batch_sizes,
+            "provider": config.provider,
             "server_settings": config.server_settings,
             "open_rate_rps": open_rate,
             "phase_time_limit_s": config.phase_time_limit_s,

@@ -1,0 +1,71 @@
+"""`bertserve bench --provider cuda` on a machine without a GPU (CI never has one): the GPU peak table
+against NVIDIA's published figures, nvidia-smi parsing, the target swap, and a clear refusal."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bertserve.bench import analysis, gpu, limits
+from bertserve.bench.commands import register
+from bertserve.bench.processes import BenchError
+from bertserve.bench.runner import BenchConfig
+
+# (nvidia-smi name, then per precision the boost clock in MHz NVIDIA quotes that peak at and the dense
+# TFLOP/s it quotes: tensor-core fp16 and CUDA-core fp32, from NVIDIA's data sheets and white papers; Hopper's
+# tensor figure is quoted at 1830 MHz, its fp32 figure at 1980)
+PUBLISHED = [
+    ("NVIDIA H100 80GB HBM3", (1830, 989.4), (1980, 66.9)),
+    ("NVIDIA H100 PCIe", (1620, 756.0), (1755, 51.2)),
+    ("NVIDIA H200", (1830, 989.4), (1980, 66.9)),
+    ("NVIDIA A100-SXM4-80GB", (1410, 312.0), (1410, 19.5)),
+    ("NVIDIA A10", (1695, 125.0), (1695, 31.2)),
+    ("NVIDIA L4", (2040, 121.0), (2040, 30.3)),
+    ("NVIDIA L40S", (2520, 362.0), (2520, 91.6)),
+    ("Tesla T4", (1590, 65.0), (1590, 8.1)),
+    ("Tesla V100-SXM2-16GB", (1530, 125.0), (1530, 15.7)),
+]
+
+
+@pytest.mark.parametrize(("name", "fp16", "fp32"), PUBLISHED)
+def test_gpu_peak_table_matches_nvidias_published_figures(name, fp16, fp32):
+    for key, (mhz, tflops) in (("fp16_gflops", fp16), ("fp32_gflops", fp32)):
+        assert gpu.theoretical(name, mhz)[key] / 1e3 == pytest.approx(tflops, rel=0.02), key
+
+
+def test_an_unknown_gpu_gets_no_theoretical_peak_and_fractions_say_so():
+    assert gpu.theoretical("NVIDIA Made Up 9000", 2000) == {}
+    physical = {"theoretical": {}, "kernel": {"fp16_gflops": 500.0, "fp32_gflops": 50.0}}
+    rows = limits.fractions({"server-fp16": (250.0, "fp16")}, physical)
+    assert rows["server-fp16"]["of_theoretical"] is None and rows["server-fp16"]["of_kernel"] == 0.5
+
+
+def test_nvidia_smi_answer_is_read_as_name_and_clock():
+    assert gpu.parse_nvidia_smi("NVIDIA H100 80GB HBM3, 1980\nNVIDIA H100 80GB HBM3, 1980\n") == (
+        "NVIDIA H100 80GB HBM3",
+        1980.0,
+    )
+    with pytest.raises(BenchError, match="NAME, MHZ"):
+        gpu.parse_nvidia_smi("No devices were found\n")
+
+
+def test_on_cuda_int8_gives_way_to_fp16_and_the_cpu_baseline_is_left_out(tmp_path):
+    config = BenchConfig(model_repo=tmp_path, out=tmp_path, provider="cuda")
+    assert analysis.SERVER_INT8 in config.targets and analysis.NAIVE in config.targets
+    assert config.measured_targets == [analysis.SERVER, analysis.SERVER_BS1, analysis.SERVER_FP16]
+    assert BenchConfig(model_repo=tmp_path, out=tmp_path).measured_targets == config.targets
+
+
+def test_cuda_bench_without_a_usable_gpu_stops_at_once_with_the_reason(tmp_path, capsys):
+    """This machine's onnxruntime has no CUDA provider (or onnxruntime-gpu without a GPU): exit 1 and say
+    why, before any model is loaded or measured."""
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(
+        ["bench", "--model-repo", str(tmp_path / "none"), "--out", str(tmp_path / "out"), "--provider", "cuda"]
+    )
+    assert args.run(args) == 1
+    error = capsys.readouterr().err
+    assert "--provider cuda" in error and ("no CUDA provider" in error or "got" in error)
+    assert not (tmp_path / "out" / "bench.json").exists()
