@@ -77,7 +77,7 @@ class EncoderGroup:
         return results
 
     def warm_up(self) -> None:
-        """Blocking: one batch through every model's heads, and each attention graph once."""
+        """Blocking: one batch through every model's heads on each instance, and each attention graph once."""
         items = []
         for model in self.models:
             encoded = model.tokenizer.encode([WARM_UP_TEXT], truncate=True)[0]
@@ -92,5 +92,5 @@ class EncoderGroup:
                 )
             if model.attention is not None:
                 model.attention.run(encoded.ids, encoded.type_ids, [0], [0])
-        if items:
-            self.compute(items)
+        for _ in self.sessions if items else ():
+            self.compute(items)  # the free instances are a FIFO queue: each run takes the next instance
