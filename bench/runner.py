@@ -86,6 +86,18 @@ class BenchConfig:
         return cls(**(preset | overrides))
 
 
+def _portable(path: Path) -> str:
+    """A path as bench.json records it: relative to the working directory (or from `site-packages/` on for
+    an installed package), so results committed to a repository name no machine's directories."""
+    path = path.resolve()
+    if "site-packages" in path.parts:
+        return str(Path(*path.parts[path.parts.index("site-packages") :]))
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return path.name
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -313,7 +325,7 @@ async def run(config: BenchConfig) -> dict:
             "max_length": model.manifest.max_length,
             "dimensions": dims.model_dump(),
             "graphs": sorted(model.manifest.graphs),
-            "checkpoint": str(model.checkpoint) if model.checkpoint else None,
+            "checkpoint": _portable(model.checkpoint) if model.checkpoint else None,
             "int8_exported_by_bench": model.int8_repo is not None and model.int8_repo != model.repo,
         },  # fmt: skip
         "corpus": {"mixed": mixed.summary(), "fixed": fixed.summary()},

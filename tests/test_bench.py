@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -118,6 +119,7 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
             "--concurrency", "1,4", "--texts", "24", "--fixed-texts", "8"]  # fmt: skip
     assert main(argv) == 0
     result = json.loads((out / "bench.json").read_text())  # strict JSON: no NaN
+    assert not Path(result["model"]["checkpoint"]).is_absolute()  # committed results name no machine's paths
 
     ratio_keys = (
         "server_vs_inprocess",
