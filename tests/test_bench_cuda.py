@@ -63,7 +63,15 @@ def test_cuda_bench_without_a_usable_gpu_stops_at_once_with_the_reason(tmp_path,
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = parser.parse_args(
-        ["bench", "--model-repo", str(tmp_path / "none"), "--out", str(tmp_path / "out"), "--provider", "cuda"]
+        [
+            "bench",
+            "--model-repo",
+            str(tmp_path / "none"),
+            "--out",
+            str(tmp_path / "out"),
+            "--provider",
+            "cuda",
+        ]
     )
     assert args.run(args) == 1
     error = capsys.readouterr().err

@@ -26,7 +26,9 @@ def test_every_instance_is_warmed_up_and_instances_answer_alike(tiny_repo, tiny_
         return real_run(self, feeds, outputs)
 
     monkeypatch.setattr(GraphSession, "run", recording_run)
-    with ServerThread(model_repo=tiny_repo, models=["tiny-embed"], instances=2, max_queue_delay_ms=5) as server:
+    with ServerThread(
+        model_repo=tiny_repo, models=["tiny-embed"], instances=2, max_queue_delay_ms=5
+    ) as server:
         (encoder,) = server.server.core.encoders
         instances = {id(s) for s in encoder.sessions}
         assert len(instances) == 2
