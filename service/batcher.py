@@ -19,7 +19,9 @@ that arrives waits behind at most one small bulk batch; otherwise they use the s
 
 With `concurrency` N (the encoder's model instances), up to N batches compute at once, each on its own
 worker thread; the queued inputs are shared out between free instances, and while interactive calls are
-active bulk batches leave one instance free for them.
+active bulk batches leave one instance free for them. One batch more than N (`PREFETCH_BATCHES`) is cut
+ahead and waits in the executor, so an instance never idles while the loop answers calls; a bulk batch is
+never cut ahead while interactive calls are active (it would stand between them and the instance).
 
 Exclusive jobs (Attention runs: one input through another graph) are admitted by the same owner
 (`submit_exclusive`, their own limit `max_queue_exclusive`) and run on the same worker thread; the owner
@@ -62,6 +64,9 @@ DEADLINE_SLACK_S = 0.05
 EARLY_REFUSAL_SHARE = 0.5  # of the estimated queue wait that must fit before the deadline
 INTERACTIVE_TURNS_PER_BULK = 4  # interactive batches in a row while bulk inputs wait, then one bulk batch
 INTERACTIVE_RECENT_S = 1.0  # interactive calls count as active this long after the last one arrived or ended
+# Batches handed to the workers beyond one per instance: the next batch waits in the executor and starts
+# the moment an instance is free, without a round trip through the event loop (which is busy with calls).
+PREFETCH_BATCHES = 1
 
 
 def _timed(fn: Callable[..., Any], *args) -> tuple[Any, float, float]:
@@ -69,6 +74,21 @@ def _timed(fn: Callable[..., Any], *args) -> tuple[Any, float, float]:
     started = time.monotonic()
     value = fn(*args)
     return value, started, time.monotonic() - started
+
+
+def _run_live(compute: Callable[[list[WorkItem]], list[Any]], batch: list[WorkItem]):
+    """Runs in the worker: computes the batch's inputs that are still wanted when it starts (a batch cut
+    ahead waited for an instance; its callers may have left). ((indices computed, their values), start in
+    time.monotonic(), seconds of compute). Reading `future.done()` here is safe: a future only ever goes
+    from pending to done, so an input seen as wanted costs at most a wasted row."""
+    started = time.monotonic()
+    live = [
+        i
+        for i, item in enumerate(batch)
+        if not item.future.done() and (item.deadline is None or item.deadline > started)
+    ]
+    values = compute([batch[i] for i in live]) if live else []
+    return (live, values), started, time.monotonic() - started
 
 
 class Batcher:
@@ -255,7 +275,7 @@ class Batcher:
                 return False
         limits = self.limits
         # with several instances free, the queued inputs are shared out instead of all going to one
-        share = -(-len(lane.items) // (self.concurrency - len(self._running)))
+        share = -(-len(lane.items) // max(1, self.concurrency - len(self._running)))
         chosen = cut_batch(
             lane.items, min(limits.max_batch_size, share), max_tokens, limits.max_padding_ratio
         )
@@ -288,9 +308,13 @@ class Batcher:
         return None
 
     def _may_start(self, lane: Lane) -> bool:
-        """A free instance, and for a bulk batch beside interactive calls, one instance left free for them
-        (with several instances: a unary call then never waits for a stream's batch)."""
-        if len(self._running) >= self.concurrency:
+        """A free instance (or room to cut one batch ahead), and for a bulk batch beside interactive calls,
+        one instance left free for them (with several instances: a unary call then never waits for a
+        stream's batch) and no bulk batch cut ahead."""
+        running = len(self._running)
+        if running >= self.concurrency + PREFETCH_BATCHES:
+            return False
+        if running >= self.concurrency and lane.bulk and self._interactive_active():
             return False
         if not lane.bulk or self.concurrency == 1 or not self._interactive_active():
             return True
@@ -363,12 +387,13 @@ class Batcher:
         return longest * (len(lane.items) + 1) > max_tokens
 
     async def _in_worker(
-        self, waiting: list, fn: Callable[..., Any], *args
+        self, waiting: list, run: Callable[..., Any], *args
     ) -> tuple[Any, float, float] | None:
-        """`fn(*args)` on the worker, timed there; None when it failed (the futures are failed)."""
+        """`run(*args)` on the worker (`_timed` or `_run_live`: (value, start, seconds)); None when it
+        failed (the futures are failed)."""
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, _timed, fn, *args)
+            return await loop.run_in_executor(self._executor, run, *args)
         except asyncio.CancelledError:  # abort(): the grace period is over
             for one in waiting:
                 if not one.future.done():
@@ -387,12 +412,23 @@ class Batcher:
     async def _execute(self, lane: Lane, batch: list[WorkItem]) -> None:
         self._batches += 1
         batch_id = self._batches
-        timed = await self._in_worker(batch, self._compute, batch)
+        timed = await self._in_worker(batch, _run_live, self._compute, batch)
         if not lane.bulk:
             self._interactive_seen = time.monotonic()
         if timed is None:
             return
-        values, started, inference_s = timed
+        (live, values), started, inference_s = timed
+        if len(live) < len(batch):  # its callers left while it waited for an instance: count them
+            computed = set(live)
+            _, cancelled, expired = self._classify_dead(
+                [item for i, item in enumerate(batch) if i not in computed], time.monotonic()
+            )
+            for reason, dropped in (("cancelled", cancelled), ("deadline", expired)):
+                if dropped:
+                    self._observer.dropped(reason, len(dropped))
+            batch = [batch[i] for i in live]
+            if not batch:
+                return
         padded = max(item.length for item in batch) * len(batch)
         self.cost.add(inference_s, padded)
         queue_s = [max(0.0, started - item.enqueued_at) for item in batch]
@@ -407,7 +443,7 @@ class Batcher:
         self._observer.queue_depth(self.depth)
         self._batches += 1
         batch_id = self._batches
-        timed = await self._in_worker([job], job.run)
+        timed = await self._in_worker([job], _timed, job.run)
         if timed is None:
             return
         value, started, inference_s = timed

@@ -8,6 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from bertserve.service import batcher as batcher_module
 from bertserve.service.batcher import INTERACTIVE_TURNS_PER_BULK, Batcher, BatchLimits, WorkItem
@@ -67,7 +68,13 @@ def run_batcher(compute, batch_limits: BatchLimits, scenario, concurrency: int =
     return asyncio.run(main())
 
 
-def test_an_interactive_call_goes_before_queued_bulk_inputs():
+@pytest.fixture
+def no_prefetch(monkeypatch):
+    """The lane order alone: no batch cut ahead (test_a_batch_is_cut_ahead... covers that mechanism)."""
+    monkeypatch.setattr(batcher_module, "PREFETCH_BATCHES", 0)
+
+
+def test_an_interactive_call_goes_before_queued_bulk_inputs(no_prefetch):
     model = Recorder()
 
     async def scenario(batcher):
@@ -82,7 +89,7 @@ def test_an_interactive_call_goes_before_queued_bulk_inputs():
     assert sorted(t for b in model.batches[2:] for t in b) == list(range(1, 12))
 
 
-def test_bulk_batches_are_small_only_while_interactive_calls_are_active(monkeypatch):
+def test_bulk_batches_are_small_only_while_interactive_calls_are_active(monkeypatch, no_prefetch):
     def bulk_batch_sizes(recent_s: float) -> list[int]:
         monkeypatch.setattr(batcher_module, "INTERACTIVE_RECENT_S", recent_s)
         model = Recorder()
@@ -101,7 +108,7 @@ def test_bulk_batches_are_small_only_while_interactive_calls_are_active(monkeypa
     assert bulk_batch_sizes(recent_s=0.0) == [8]  # nobody interactive: max_batch_tokens
 
 
-def test_bulk_inputs_are_not_starved_by_interactive_calls():
+def test_bulk_inputs_are_not_starved_by_interactive_calls(no_prefetch):
     model = Recorder()
 
     async def scenario(batcher):
@@ -115,6 +122,51 @@ def test_bulk_inputs_are_not_starved_by_interactive_calls():
     # the computing batch, then INTERACTIVE_TURNS_PER_BULK interactive batches, then the bulk input
     assert order.index(99) == 1 + INTERACTIVE_TURNS_PER_BULK
     assert order == [*range(1 + INTERACTIVE_TURNS_PER_BULK), 99, *range(1 + INTERACTIVE_TURNS_PER_BULK, 10)]
+
+
+def test_a_batch_is_cut_ahead_so_the_instance_never_waits_for_the_event_loop():
+    """While a batch computes, the next one is already handed to the executor: it starts the moment the
+    instance is free, without a round trip through the (busy) event loop."""
+    model = Recorder()
+    handed: list[int] = []
+
+    class CountingPool(ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            handed.append(len(handed))
+            return super().submit(fn, *args, **kwargs)
+
+    async def main():
+        with CountingPool(1) as pool:
+            batcher = Batcher("m", model, limits(max_batch_size=1), pool)
+            batcher.start()
+            futures = await submit_each(batcher, [(5, tag, False) for tag in range(3)])
+            await asyncio.sleep(0.05)  # the first batch is held by the model
+            in_executor = len(handed)
+            model.release.set()
+            await asyncio.gather(*futures)
+            await batcher.close()
+        return in_executor
+
+    assert asyncio.run(main()) == 1 + batcher_module.PREFETCH_BATCHES == 2  # computing + one cut ahead
+    assert model.batches == [[0], [1], [2]]
+
+
+def test_no_bulk_batch_is_cut_ahead_of_an_interactive_call(monkeypatch):
+    """While interactive calls are active, a stream's batch is never cut ahead: an interactive call that
+    arrives waits for the batch computing only."""
+    monkeypatch.setattr(batcher_module, "INTERACTIVE_RECENT_S", 60.0)
+    model = Recorder()
+
+    async def scenario(batcher):
+        first = await submit_each(batcher, [(5, 100, False)])  # interactive: computing, held by the model
+        bulk = await submit_each(batcher, [(5, tag, True) for tag in range(4)])
+        await asyncio.sleep(0.05)
+        interactive = await submit_each(batcher, [(5, 101, False)])
+        model.release.set()
+        await asyncio.gather(*first, *bulk, *interactive)
+
+    run_batcher(model, limits(max_batch_size=1), scenario)
+    assert model.batches[:2] == [[100], [101]]
 
 
 def test_instances_compute_batches_at_the_same_time_and_exclusive_jobs_alone():
