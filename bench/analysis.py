@@ -41,12 +41,25 @@ def padding_ratio(phase: dict | None) -> float | None:
     return _div(phase["server"].get("batch_tokens_padded"), phase["tokens"])
 
 
+def _adjacent(phase: dict, ceiling_inputs_per_s: float | None) -> float | None:
+    """The ceiling to hold a phase against: the higher of the in-process checks measured right before and
+    after it (the stricter of the two, and free of the machine's drift since the first ceiling), else the
+    first ceiling."""
+    return max(phase.get("ceiling_checks") or [], default=None) or ceiling_inputs_per_s
+
+
 def _stream_ratios(stream: dict | None, ceiling_inputs_per_s: float | None) -> dict:
     """One EmbedStream's rate / the in-process ceiling; a lone unary caller's p99 during a stream / alone."""
     if not stream:
-        return {"stream_vs_inprocess": None, "unary_p99_during_stream_vs_alone": None}
+        return {
+            "stream_vs_inprocess": None,
+            "stream_vs_inprocess_first_ceiling": None,
+            "unary_p99_during_stream_vs_alone": None,
+        }
+    rate = stream["alone"]["inputs_per_s"]
     return {
-        "stream_vs_inprocess": _div(stream["alone"]["inputs_per_s"], ceiling_inputs_per_s),
+        "stream_vs_inprocess": _div(rate, _adjacent(stream["alone"], ceiling_inputs_per_s)),
+        "stream_vs_inprocess_first_ceiling": _div(rate, ceiling_inputs_per_s),
         "unary_p99_during_stream_vs_alone": _div(
             stream["unary_during_stream"]["p99_ms"], stream["unary_alone"]["p99_ms"]
         ),
@@ -72,8 +85,10 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
     busiest = (
         targets[SERVER]["closed"][-1] if SERVER in targets else None
     )  # highest concurrency: biggest batches
+    saturation = targets[SERVER]["saturation"] if SERVER in targets else {}
     return {
-        "server_vs_inprocess": _div(server, ceiling.get("inputs_per_s")),
+        "server_vs_inprocess": _div(server, _adjacent(saturation, ceiling.get("inputs_per_s"))),
+        "server_vs_inprocess_first_ceiling": _div(server, ceiling.get("inputs_per_s")),
         "server_vs_inprocess_fixed": _div(
             server_fixed and server_fixed["inputs_per_s"], ceiling_fixed.get("inputs_per_s")
         ),

@@ -14,7 +14,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import grpc
 
@@ -55,6 +55,16 @@ class PhaseResult:
     tokens: int = 0
     flops: float = 0.0
     errors: Counter = field(default_factory=Counter)  # status code name -> count
+
+    @classmethod
+    def merged(cls, parts: list[PhaseResult]) -> PhaseResult:
+        """One result over several windows of the same phase (lists joined, counts and seconds added)."""
+        out = cls(parts[0].mode, parts[0].concurrency, parts[0].offered_rate)
+        for part in parts:
+            for f in fields(cls)[3:]:
+                mine, theirs = getattr(out, f.name), getattr(part, f.name)
+                setattr(out, f.name, (mine or theirs) if isinstance(mine, bool) else mine + theirs)
+        return out
 
     def summary(self) -> dict:
         requests = len(self.latencies)

@@ -6,6 +6,7 @@ peak and the ceilings first, then one server at a time), and every target gets t
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 import sys
@@ -155,6 +156,27 @@ def _graphs(config: BenchConfig, model: ModelUnderTest) -> dict[str, Path]:
     return graphs
 
 
+def _ceiling_check(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, found: dict):
+    """The fp32 mixed ceiling again at the batch size and layout found best (same passes), off the loop:
+    what server-fp32's sweep and lone stream are held against, measured right before and after them."""
+
+    async def check() -> float:
+        again = await asyncio.to_thread(
+            inprocess.measure_ceiling,
+            model.graph(ENCODER),
+            tokenizer,
+            mixed,
+            config.threads,
+            [found["best_batch_size"]],
+            config.ceiling_passes,
+            found["instances"],
+            config.provider,
+        )
+        return round(again["inputs_per_s"], 2)
+
+    return check
+
+
 def _profiles(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, ceilings: dict) -> dict:
     """ORT's per-operator profile of each graph at its best ceiling batch size, on the mixed corpus."""
     sample = Corpus(mixed.name, mixed.texts[:PROFILE_TEXTS], mixed.tokens[:PROFILE_TEXTS])
@@ -286,6 +308,7 @@ async def run(config: BenchConfig) -> dict:
             stream_texts=tuple(mixed.texts),
             single=tuple(make_requests(mixed.texts, mixed.tokens, 1, flops_of)),
             bulk=tuple(make_requests(mixed.texts, mixed.tokens, PER_CALL_CONCURRENCY, flops_of)),
+            ceiling_check=_ceiling_check(config, model, tokenizer, mixed, ceilings["fp32"]["mixed"]),
         )
         targets: dict[str, dict] = {}
         open_rate = config.open_rate

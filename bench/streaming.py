@@ -4,9 +4,11 @@ the mixed corpus, and what a running stream costs a lone unary caller.
 - stream alone: one EmbedStream carrying the mixed corpus, repeated up to `STREAM_MIN_INPUTS` inputs so
   that the first batches and the last answer weigh little (`STREAM_BATCH` texts per request, at most
   `STREAM_REQUESTS_IN_FLIGHT` requests unanswered, as `Client.embed_stream` does): inputs/s, to compare
-  with the in-process ceiling.
+  with the in-process ceiling, which is measured again right before and right after it (`ceiling_check`),
+  so that the machine's drift between the bench's first ceiling and this phase does not enter the ratio.
 - unary alone, then unary during a stream: one caller sending the corpus's requests one after the other
-  (closed loop, concurrency 1), first alone, then while a stream cycles over the corpus: p50/p99 of each,
+  (closed loop, concurrency 1), first alone, then while a stream cycles over the corpus, in
+  `UNARY_WINDOWS` alternating pairs of windows (drift again): p50/p99 over each side's windows together,
   and the stream's own rate meanwhile.
 """
 
@@ -15,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import grpc
 
-from bertserve.bench.loadgen import Request, closed_loop
+from bertserve.bench.loadgen import PhaseResult, Request, closed_loop
 from bertserve.client_stream import DEFAULT_BATCH_SIZE
 from bertserve.v1 import inference_pb2, inference_pb2_grpc
 
@@ -27,6 +29,7 @@ STREAM_BATCH = DEFAULT_BATCH_SIZE  # texts per EmbedStream request (Client.embed
 STREAM_REQUESTS_IN_FLIGHT = 8  # requests sent and not yet answered (Client.embed_stream's default)
 STREAM_MIN_INPUTS = 1000  # inputs the lone stream carries at least (the corpus repeated)
 UNARY_CONCURRENCY = 1  # a lone latency-sensitive caller
+UNARY_WINDOWS = 2  # alone / during-a-stream pairs, alternated; each gets 1/UNARY_WINDOWS of the time limit
 TIMEOUT_S = 600.0
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20)]
 
@@ -76,8 +79,10 @@ async def phases(
     requests: list[Request],
     time_limit_s: float | None,
     log: Callable,
+    ceiling_check: Callable[[], Awaitable[float]] | None = None,
 ) -> dict:
-    """The three streaming phases against the server at `address` (already warm)."""
+    """The three streaming phases against the server at `address` (already warm); `ceiling_check` measures
+    the in-process ceiling (inputs/s) while the server idles."""
     async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
 
@@ -86,15 +91,28 @@ async def phases(
             return await stub.Embed(request, timeout=TIMEOUT_S)
 
         repeats = -(-STREAM_MIN_INPUTS // max(1, len(texts)))
+        ceilings = [await ceiling_check()] if ceiling_check else []
         alone = await run_stream(stub, model, _chunks(texts * repeats, cycle=False), asyncio.Event())
-        log(f"  stream alone: {alone['inputs_per_s']:.1f} inputs/s ({alone['inputs']} inputs)")
-        lone = (await closed_loop(unary, requests, UNARY_CONCURRENCY, "unary alone", time_limit_s)).summary()
-        stop = asyncio.Event()
-        background = asyncio.create_task(run_stream(stub, model, _chunks(texts, cycle=True), stop))
-        during = await closed_loop(unary, requests, UNARY_CONCURRENCY, "unary during a stream", time_limit_s)
-        stop.set()
-        beside = await background
-        during = during.summary()
+        ceilings += [await ceiling_check()] if ceiling_check else []
+        alone["ceiling_checks"] = ceilings  # in-process inputs/s right before and right after
+        log(
+            f"  stream alone: {alone['inputs_per_s']:.1f} inputs/s ({alone['inputs']} inputs); ceiling {ceilings}"
+        )
+        window_s = time_limit_s / UNARY_WINDOWS if time_limit_s else None
+        lone_parts, during_parts, beside_parts = [], [], []
+        for _ in range(UNARY_WINDOWS):
+            lone_parts.append(await closed_loop(unary, requests, UNARY_CONCURRENCY, "unary alone", window_s))
+            stop = asyncio.Event()
+            background = asyncio.create_task(run_stream(stub, model, _chunks(texts, cycle=True), stop))
+            during_parts.append(
+                await closed_loop(unary, requests, UNARY_CONCURRENCY, "unary during a stream", window_s)
+            )
+            stop.set()
+            beside_parts.append(await background)
+        lone = PhaseResult.merged(lone_parts).summary()
+        during = PhaseResult.merged(during_parts).summary()
+        inputs, seconds = sum(b["inputs"] for b in beside_parts), sum(b["seconds"] for b in beside_parts)
+        beside = {"inputs": inputs, "seconds": seconds, "inputs_per_s": inputs / seconds if seconds else 0.0}
     log(
         f"  unary c={UNARY_CONCURRENCY}: alone p50 {lone['p50_ms']:.1f} ms p99 {lone['p99_ms']:.1f} ms; during a "
         f"stream p50 {during['p50_ms']:.1f} ms p99 {during['p99_ms']:.1f} ms (stream meanwhile "
@@ -102,6 +120,7 @@ async def phases(
     )
     return {
         "batch_size": STREAM_BATCH,
+        "unary_windows": UNARY_WINDOWS,
         "requests_in_flight": STREAM_REQUESTS_IN_FLIGHT,
         "alone": alone,
         "unary_alone": lone,

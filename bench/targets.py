@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 
 import grpc
@@ -39,6 +39,9 @@ class Workload:
     # On stream_target too: the mixed corpus as single-input requests and as requests of PER_CALL_CONCURRENCY
     single: tuple[Request, ...] = ()
     bulk: tuple[Request, ...] = ()
+    # On stream_target: the in-process ceiling (inputs/s) measured again, while the server idles, right
+    # before and after the saturation sweep and the lone stream, against the machine's drift
+    ceiling_check: Callable[[], Awaitable[float]] | None = None
 
 
 def embed_call(channel: grpc.aio.Channel, model: str) -> Call:
@@ -117,9 +120,14 @@ class TargetRun:
                 self.call = call
                 closed = []
                 limit = w.phase_time_limit_s
+                check = w.ceiling_check if self.server.name == w.stream_target else None
+                ceilings = [await check()] if check else []
                 for c in w.concurrencies:
                     phase = closed_loop(self.call, w.mixed, c, f"{self.server.name} c={c}", limit)
                     closed.append(await self._phase(f"closed c={c}", phase, w.mixed[: min(c, WARMUP_MAX)], c))
+                ceilings += [await check()] if check else []
+                if check:
+                    self.log(f"  in-process ceiling before and after the sweep: {ceilings}")
                 best = max(closed, key=lambda s: s["inputs_per_s"])
                 c_best = best["concurrency"]
                 phase = closed_loop(self.call, w.fixed, c_best, f"{self.server.name} fixed", limit)
@@ -136,7 +144,7 @@ class TargetRun:
             if self.server.name == w.stream_target:
                 texts = list(w.stream_texts)
                 streamed = await streaming.phases(
-                    self.server.address, self.model, texts, w.mixed, limit, self.log
+                    self.server.address, self.model, texts, w.mixed, limit, self.log, check
                 )
             rss_mb = self.server.rss_mb()
         finally:
@@ -150,7 +158,8 @@ class TargetRun:
             "saturation": {
                 k: best[k]
                 for k in ("concurrency", "inputs_per_s", "tokens_per_s", "gflops_per_s", "p50_ms", "p99_ms")
-            },
+            }
+            | {"ceiling_checks": ceilings},  # in-process inputs/s right before and after the sweep
             "fixed": fixed,
             "open": opened,
             "stream": streamed,  # EmbedStream phases (bench/streaming.py), on stream_target only

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -162,6 +163,18 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
         assert phase["server"]["batch_size_mean"] == 1.0
         assert phase["server"]["batch_tokens_padded"] == phase["tokens"]  # batch of one: no padding
     assert [p["concurrency"] for p in result["targets"]["server-fp32"]["closed"]] == [1, 4]
+    # the sweep and the lone stream are held against the ceiling measured right before and after each
+    server = result["targets"]["server-fp32"]
+    for phase, key in (
+        (server["saturation"], "server_vs_inprocess"),
+        (server["stream"]["alone"], "stream_vs_inprocess"),
+    ):
+        assert len(phase["ceiling_checks"]) == 2 and min(phase["ceiling_checks"]) > 0, key
+        assert math.isclose(
+            result["ratios"][key], phase["inputs_per_s"] / max(phase["ceiling_checks"]), rel_tol=1e-9
+        )
+    windows = server["stream"]["unary_windows"]  # the lone caller's windows, alone and during, alternated
+    assert server["stream"]["unary_alone"]["requests_ok"] == windows * 24
     for precision in ("fp32", "int8"):
         profile = result["profile"][precision]
         assert math.isclose(sum(profile["share_by_op"].values()), 1.0, rel_tol=1e-6)
@@ -172,6 +185,19 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table
     for plot in ("throughput.png", "latency.png"):
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_windows_of_a_phase_merge_into_one_result():
+    from bertserve.bench.loadgen import PhaseResult
+
+    a = PhaseResult(
+        "closed", 1, None, 3, False, 1.5, [0.1, 0.2], inputs=2, tokens=20, errors=Counter(UNAVAILABLE=1)
+    )
+    b = PhaseResult("closed", 1, None, 4, True, 2.0, [0.3], inputs=1, tokens=7, errors=Counter(UNAVAILABLE=2))
+    merged = PhaseResult.merged([a, b])
+    assert (merged.requests_planned, merged.stopped_early, merged.seconds) == (7, True, 3.5)
+    assert merged.latencies == [0.1, 0.2, 0.3] and (merged.inputs, merged.tokens) == (3, 27)
+    assert merged.errors == Counter(UNAVAILABLE=3) and a.latencies == [0.1, 0.2]  # the parts are untouched
 
 
 def test_a_phase_stops_sending_at_its_time_limit():
