@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from bertserve.client import Client
+from bertserve.service.batcher import PREFETCH_BATCHES
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.server import ServerThread, metric, scrape
 
@@ -44,7 +45,8 @@ def test_a_deadline_shorter_than_the_queue_is_refused_at_once(tiny_repo):
                 client.stub.Embed.future(pb.EmbedRequest(inputs=[long_text]), timeout=120) for _ in range(6)
             ]
             deadline = time.monotonic() + 10
-            while batcher.depth < 5:  # one computing (held), five queued: about 300 tokens ahead
+            # one computing (held), PREFETCH_BATCHES cut ahead, the rest queued: about 250 tokens ahead
+            while batcher.depth < len(queued) - 1 - PREFETCH_BATCHES:
                 assert time.monotonic() < deadline, "the calls never queued"
                 time.sleep(0.01)
             assert batcher.estimated_wait_s(4) > 10
