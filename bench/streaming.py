@@ -111,8 +111,8 @@ async def phases(
             beside_parts.append(await background)
         lone = PhaseResult.merged(lone_parts).summary()
         during = PhaseResult.merged(during_parts).summary()
-        inputs, seconds = sum(b["inputs"] for b in beside_parts), sum(b["seconds"] for b in beside_parts)
-        beside = {"inputs": inputs, "seconds": seconds, "inputs_per_s": inputs / seconds if seconds else 0.0}
+        beside = {key: sum(b[key] for b in beside_parts) for key in ("inputs", "requests", "errors", "seconds")}
+        beside["inputs_per_s"] = beside["inputs"] / beside["seconds"] if beside["seconds"] else 0.0
     log(
         f"  unary c={UNARY_CONCURRENCY}: alone p50 {lone['p50_ms']:.1f} ms p99 {lone['p99_ms']:.1f} ms; during a "
         f"stream p50 {during['p50_ms']:.1f} ms p99 {during['p99_ms']:.1f} ms (stream meanwhile "

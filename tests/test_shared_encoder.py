@@ -17,6 +17,7 @@ import grpc
 import numpy as np
 import pytest
 
+from bertserve.service.batcher import PREFETCH_BATCHES
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc as pb_grpc
 from tests.helpers.server import ServerThread, metric, scrape
@@ -85,6 +86,9 @@ def test_tasks_on_one_encoder_share_one_batch(shared_repo):
         before = scrape(server.metrics_url)
         blocker = stub.Embed.future(pb.EmbedRequest(inputs=["hold"], model=ENCODER), timeout=30)
         assert computing.wait(30)
+        # a second blocker takes the place of the batch cut ahead (PREFETCH_BATCHES), so what follows queues
+        ahead = stub.Embed.future(pb.EmbedRequest(inputs=["ahead"], model=ENCODER), timeout=30)
+        wait_for(lambda: len(batcher._running) == 1 + PREFETCH_BATCHES)
         calls = {
             name: getattr(stub, rpc).future(request, timeout=30)
             for name, (rpc, request) in requests().items()
@@ -92,7 +96,7 @@ def test_tasks_on_one_encoder_share_one_batch(shared_repo):
         queued = sum(len(request.inputs) for _, request in requests().values())  # 6 inputs, 3 models, 3 tasks
         wait_for(lambda: metric(scrape(server.metrics_url), "bertserve_queue_depth", model=ENCODER) == queued)
         release.set()
-        blocker.result()
+        blocker.result(), ahead.result()
         together = {name: call.result() for name, call in calls.items()}
         after = scrape(server.metrics_url)
         channel.close()
@@ -100,9 +104,9 @@ def test_tasks_on_one_encoder_share_one_batch(shared_repo):
     def moved(name, **labels):
         return metric(after, name, **labels) - metric(before, name, **labels)
 
-    # the blocker's batch, then ONE batch holding every queued input of every model and task
-    assert moved("bertserve_inference_duration_seconds_count", model=ENCODER, graph="encoder") == 2
-    assert moved("bertserve_batch_size_sum", model=ENCODER) == 1 + queued
+    # the blockers' batches, then ONE batch holding every queued input of every model and task
+    assert moved("bertserve_inference_duration_seconds_count", model=ENCODER, graph="encoder") == 3
+    assert moved("bertserve_batch_size_sum", model=ENCODER) == 2 + queued
     for name in (MLM, CLASSIFIER):
         assert metric(after, "bertserve_batch_size_count", model=name) == 0  # no queue of their own
     for name, response in together.items():
