@@ -42,10 +42,11 @@ def padding_ratio(phase: dict | None) -> float | None:
 
 
 def _adjacent(phase: dict, ceiling_inputs_per_s: float | None) -> float | None:
-    """The ceiling to hold a phase against: the higher of the in-process checks measured right before and
-    after it (the stricter of the two, and free of the machine's drift since the first ceiling), else the
-    first ceiling."""
-    return max(phase.get("ceiling_checks") or [], default=None) or ceiling_inputs_per_s
+    """The ceiling to hold a phase against: the mean of the in-process checks measured right before and
+    after it (the ceiling at the phase's time on a machine whose speed drifts, where the first ceiling may
+    be minutes old), else the first ceiling."""
+    checks = phase.get("ceiling_checks") or []
+    return sum(checks) / len(checks) if checks else ceiling_inputs_per_s
 
 
 def _stream_ratios(stream: dict | None, ceiling_inputs_per_s: float | None) -> dict:

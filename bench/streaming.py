@@ -111,7 +111,9 @@ async def phases(
             beside_parts.append(await background)
         lone = PhaseResult.merged(lone_parts).summary()
         during = PhaseResult.merged(during_parts).summary()
-        beside = {key: sum(b[key] for b in beside_parts) for key in ("inputs", "requests", "errors", "seconds")}
+        beside = {
+            key: sum(b[key] for b in beside_parts) for key in ("inputs", "requests", "errors", "seconds")
+        }
         beside["inputs_per_s"] = beside["inputs"] / beside["seconds"] if beside["seconds"] else 0.0
     log(
         f"  unary c={UNARY_CONCURRENCY}: alone p50 {lone['p50_ms']:.1f} ms p99 {lone['p99_ms']:.1f} ms; during a "
