@@ -20,6 +20,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from bertserve.bench.limits import peaks_over_shapes
 from bertserve.bench.processes import BenchError
 
 CUDA = "CUDAExecutionProvider"
@@ -154,18 +155,9 @@ def measure_kernels(hidden: int, intermediate: int, seconds_per_shape: float) ->
         for rows in (2048, 16384)
         for k, n in ((hidden, intermediate), (intermediate, hidden), (hidden, hidden))
     ] + [(4096, 4096, 4096)]
-    out: dict[str, dict] = {}
-    for precision, fp16 in (("fp16", True), ("fp32", False)):
-        rates = {
-            f"{m}x{k}x{n}": round(_sustained_on_device(m, k, n, fp16, seconds_per_shape), 1)
-            for m, k, n in shapes
-        }
-        shape, best = max(rates.items(), key=lambda kv: kv[1])
-        out[precision] = {"peak": best, "shape": shape, "by_shape": rates}
-    return {
-        "provider": CUDA,
-        "fp16_gflops": out["fp16"]["peak"],
-        "fp32_gflops": out["fp32"]["peak"],
-        "operators": {"fp16": "MatMul (cuBLAS, I/O bound on the device)", "fp32": "MatMul (cuBLAS)"},
-        "detail": out,
-    }
+
+    def measure(precision: str, m: int, k: int, n: int) -> float:
+        return _sustained_on_device(m, k, n, precision == "fp16", seconds_per_shape)
+
+    operators = {"fp16": "MatMul (cuBLAS, I/O bound on the device)", "fp32": "MatMul (cuBLAS)"}
+    return {"provider": CUDA} | peaks_over_shapes(measure, operators, shapes)

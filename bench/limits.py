@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,6 +140,21 @@ def _sustained_gops(session, m: int, k: int, n: int, seconds: float) -> float:
     return 2.0 * m * k * n * calls / elapsed / 1e9
 
 
+def peaks_over_shapes(
+    measure: Callable[[str, int, int, int], float],
+    operators: dict[str, str],
+    shapes: list[tuple[int, int, int]],
+) -> dict:
+    """GOP/s of `measure(precision, m, k, n)` for each precision of `operators` (precision -> the operator
+    measured) on every shape: the best per precision under its PEAK_KEYS key, every shape's in `detail`."""
+    out = {}
+    for precision in operators:
+        rates = {f"{m}x{k}x{n}": round(measure(precision, m, k, n), 2) for m, k, n in shapes}
+        shape, best = max(rates.items(), key=lambda kv: kv[1])
+        out[precision] = {"peak": best, "shape": shape, "by_shape": rates}
+    return {PEAK_KEYS[p]: out[p]["peak"] for p in out} | {"operators": operators, "detail": out}
+
+
 def measure_kernels(threads: int, hidden: int, intermediate: int, seconds_per_shape: float) -> dict:
     import onnxruntime as ort
 
@@ -150,23 +166,14 @@ def measure_kernels(threads: int, hidden: int, intermediate: int, seconds_per_sh
         for rows in (512, 2048, 8192)
         for k, n in ((hidden, intermediate), (intermediate, hidden), (hidden, hidden))
     ]
-    out: dict[str, dict] = {}
-    for precision, int8 in (("fp32", False), ("int8", True)):
-        rates = {}
-        for m, k, n in shapes:
-            session = ort.InferenceSession(
-                _matmul_graph(m, k, n, int8), options, providers=["CPUExecutionProvider"]
-            )
-            rates[f"{m}x{k}x{n}"] = round(_sustained_gops(session, m, k, n, seconds_per_shape), 2)
-        shape, best = max(rates.items(), key=lambda kv: kv[1])
-        out[precision] = {"peak": best, "shape": shape, "by_shape": rates}
-    return {
-        "threads": threads,
-        "fp32_gflops": out["fp32"]["peak"],
-        "int8_gops": out["int8"]["peak"],
-        "operators": {"fp32": "MatMul", "int8": "com.microsoft.DynamicQuantizeMatMul"},
-        "detail": out,
-    }  # fmt: skip
+
+    def measure(precision: str, m: int, k: int, n: int) -> float:
+        graph = _matmul_graph(m, k, n, int8=precision == "int8")
+        session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+        return _sustained_gops(session, m, k, n, seconds_per_shape)
+
+    operators = {"fp32": "MatMul", "int8": "com.microsoft.DynamicQuantizeMatMul"}
+    return {"threads": threads} | peaks_over_shapes(measure, operators, shapes)
 
 
 PEAK_KEYS = {"fp32": "fp32_gflops", "int8": "int8_gops", "fp16": "fp16_gflops"}  # precision -> limits key

@@ -76,7 +76,9 @@ def markdown(result: dict) -> str:
     lines += _table(header, rows) + ["", "## Servers", ""]
     # each target against ONNX Runtime's best kernel of its own precision (an int8 target against the fp32
     # GEMM peak would read above 100%)
-    of_kernel = {n: f["of_kernel"] for n, f in result["ratios"].get("limits", {}).get("fractions", {}).items()}
+    of_kernel = {
+        n: f["of_kernel"] for n, f in result["ratios"].get("limits", {}).get("fractions", {}).items()
+    }
     rows = [
         [n, _num(t["saturation"]["inputs_per_s"]), str(t["saturation"]["concurrency"]),
          f"{_num(t['saturation']['gflops_per_s'])} ({_num(of_kernel.get(n) and 100 * of_kernel[n], 0)}% of ORT's kernel)",

@@ -198,41 +198,21 @@ def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
     servers = {}
     settings = config.server_settings | ({"provider": "cuda"} if config.provider == "cuda" else {})
     targets = config.measured_targets
-    if analysis.SERVER in targets:
-        servers[analysis.SERVER] = bertserve_process(
-            analysis.SERVER, model.repo, model.spec, config.threads, logs, settings
-        )
-    if analysis.SERVER_HTTP in targets:
-        servers[analysis.SERVER_HTTP] = bertserve_process(
-            analysis.SERVER_HTTP, model.repo, model.spec, config.threads, logs, settings, protocol="http"
-        )
-    if analysis.SERVER_BS1 in targets:
-        servers[analysis.SERVER_BS1] = bertserve_process(
-            analysis.SERVER_BS1,
-            model.repo,
-            model.spec,
-            config.threads,
-            logs,
-            settings | {"max_batch_size": "1"},
-        )
-    if analysis.SERVER_INT8 in targets and model.int8_repo is not None:
-        servers[analysis.SERVER_INT8] = bertserve_process(
-            analysis.SERVER_INT8,
-            model.int8_repo,
-            model.spec,
-            config.threads,
-            logs,
-            settings | {"precision": "int8"},
-        )
-    if analysis.SERVER_FP16 in targets and ENCODER_FP16 in model.manifest.graphs:
-        servers[analysis.SERVER_FP16] = bertserve_process(
-            analysis.SERVER_FP16,
-            model.repo,
-            model.spec,
-            config.threads,
-            logs,
-            settings | {"precision": "fp16"},
-        )
+    fp16_repo = model.repo if ENCODER_FP16 in model.manifest.graphs else None
+    # the bertserve targets, in measuring order: (repository, settings beyond the common ones, protocol);
+    # a target whose repository is None (no such graph) is skipped
+    variants = {
+        analysis.SERVER: (model.repo, {}, "grpc"),
+        analysis.SERVER_HTTP: (model.repo, {}, "http"),
+        analysis.SERVER_BS1: (model.repo, {"max_batch_size": "1"}, "grpc"),
+        analysis.SERVER_INT8: (model.int8_repo, {"precision": "int8"}, "grpc"),
+        analysis.SERVER_FP16: (fp16_repo, {"precision": "fp16"}, "grpc"),
+    }
+    for name, (repo, extra, protocol) in variants.items():
+        if name in targets and repo is not None:
+            servers[name] = bertserve_process(
+                name, repo, model.spec, config.threads, logs, settings | extra, protocol=protocol
+            )
     if analysis.NAIVE in targets and model.checkpoint is not None:
         embed = model.manifest.tasks.embed
         servers[analysis.NAIVE] = naive_process(
