@@ -55,9 +55,8 @@ class BenchConfig:
     targets: list[str] = field(
         default_factory=lambda: [analysis.SERVER, analysis.SERVER_BS1, analysis.SERVER_INT8, analysis.NAIVE]
     )
-    provider: str = (
-        "cpu"  # cuda: ceilings, kernels and servers on ONNX Runtime's CUDA provider (bench/gpu.py)
-    )
+    # cuda: ceilings, kernels and servers on ONNX Runtime's CUDA provider (bench/gpu.py)
+    provider: str = "cpu"
 
     @property
     def measured_targets(self) -> list[str]:
