@@ -375,10 +375,12 @@ class Batcher:
                 cancelled += cancelled_jobs
                 expired += expired_jobs
                 self._observer.queue_depth(self.depth)
-        if cancelled:
-            self._observer.dropped("cancelled", len(cancelled))
-        if expired:
-            self._observer.dropped("deadline", len(expired))
+        self._count_dropped(cancelled, expired)
+
+    def _count_dropped(self, cancelled: list, expired: list) -> None:
+        for reason, dropped in (("cancelled", cancelled), ("deadline", expired)):
+            if dropped:
+                self._observer.dropped(reason, len(dropped))
 
     def _batch_full(self, lane: Lane, max_tokens: int) -> bool:
         if len(lane.items) >= self.limits.max_batch_size:
@@ -423,9 +425,7 @@ class Batcher:
             _, cancelled, expired = self._classify_dead(
                 [item for i, item in enumerate(batch) if i not in computed], time.monotonic()
             )
-            for reason, dropped in (("cancelled", cancelled), ("deadline", expired)):
-                if dropped:
-                    self._observer.dropped(reason, len(dropped))
+            self._count_dropped(cancelled, expired)
             batch = [batch[i] for i in live]
             if not batch:
                 return
