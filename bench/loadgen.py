@@ -15,12 +15,14 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields
+from typing import TypeVar
 
 import grpc
 
 from bertserve.bench.stats import latency_summary
 
 Call = Callable[[list[str]], Awaitable[object]]
+T = TypeVar("T")
 
 
 class CallFailed(Exception):
@@ -93,6 +95,16 @@ class PhaseResult:
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+async def between_checks(
+    check: Callable[[], Awaitable[float]] | None, work: Awaitable[T]
+) -> tuple[T, list[float]]:
+    """Awaits `work` between two calls of `check` (the in-process ceiling, measured again): (its result,
+    [before, after]); no checks when `check` is None."""
+    before = [await check()] if check else []
+    result = await work
+    return result, before + ([await check()] if check else [])
 
 
 def make_requests(

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import grpc
 
-from bertserve.bench.loadgen import PhaseResult, Request, closed_loop
+from bertserve.bench.loadgen import PhaseResult, Request, between_checks, closed_loop
 from bertserve.client_stream import DEFAULT_BATCH_SIZE
 from bertserve.v1 import inference_pb2, inference_pb2_grpc
 
@@ -91,9 +91,8 @@ async def phases(
             return await stub.Embed(request, timeout=TIMEOUT_S)
 
         repeats = -(-STREAM_MIN_INPUTS // max(1, len(texts)))
-        ceilings = [await ceiling_check()] if ceiling_check else []
-        alone = await run_stream(stub, model, _chunks(texts * repeats, cycle=False), asyncio.Event())
-        ceilings += [await ceiling_check()] if ceiling_check else []
+        stream = run_stream(stub, model, _chunks(texts * repeats, cycle=False), asyncio.Event())
+        alone, ceilings = await between_checks(ceiling_check, stream)
         alone["ceiling_checks"] = ceilings  # in-process inputs/s right before and right after
         log(
             f"  stream alone: {alone['inputs_per_s']:.1f} inputs/s ({alone['inputs']} inputs); ceiling {ceilings}"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 from bertserve.bench import http_client, streaming
-from bertserve.bench.loadgen import Call, PhaseResult, Request, closed_loop, open_loop
+from bertserve.bench.loadgen import Call, PhaseResult, Request, between_checks, closed_loop, open_loop
 from bertserve.bench.processes import ServerProcess
 from bertserve.bench.server_metrics import phase_delta, scrape
 from bertserve.v1 import inference_pb2, inference_pb2_grpc
@@ -121,11 +121,15 @@ class TargetRun:
                 closed = []
                 limit = w.phase_time_limit_s
                 check = w.ceiling_check if self.server.name == w.stream_target else None
-                ceilings = [await check()] if check else []
-                for c in w.concurrencies:
-                    phase = closed_loop(self.call, w.mixed, c, f"{self.server.name} c={c}", limit)
-                    closed.append(await self._phase(f"closed c={c}", phase, w.mixed[: min(c, WARMUP_MAX)], c))
-                ceilings += [await check()] if check else []
+
+                async def sweep() -> None:
+                    for c in w.concurrencies:
+                        phase = closed_loop(self.call, w.mixed, c, f"{self.server.name} c={c}", limit)
+                        closed.append(
+                            await self._phase(f"closed c={c}", phase, w.mixed[: min(c, WARMUP_MAX)], c)
+                        )
+
+                _, ceilings = await between_checks(check, sweep())
                 if check:
                     self.log(f"  in-process ceiling before and after the sweep: {ceilings}")
                 best = max(closed, key=lambda s: s["inputs_per_s"])
