@@ -4,22 +4,13 @@ counted; a full queue answers RESOURCE_EXHAUSTED at once."""
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import pytest
 
 from bertserve.client import Client
 from bertserve.v1 import inference_pb2 as pb
-from tests.helpers.server import ServerThread, metric, scrape
-
-
-def wait_for(condition, timeout: float = 10) -> None:
-    """Until the server shows the state the next step needs (the calls travel asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the server never reached the expected state"
-        time.sleep(0.01)
+from tests.helpers.server import ServerThread, metric, scrape, wait_for
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -98,6 +99,14 @@ def metric(samples: dict, name: str, **labels) -> float:
         for (sample_name, sample_labels), value in samples.items()
         if sample_name == name and set(labels.items()) <= set(sample_labels)
     )
+
+
+def wait_for(condition, timeout: float = 10) -> None:
+    """Until the server shows the state the next step needs (the calls travel asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the server never reached the expected state"
+        time.sleep(0.01)
 
 
 def bertserve_command() -> list[str]:
