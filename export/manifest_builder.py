@@ -23,6 +23,7 @@ from bertserve.repository import (
     Manifest,
     ModelDimensions,
     Parity,
+    PretrainingInfo,
     Tasks,
     TensorSpec,
     TokenizerSpec,
@@ -122,6 +123,7 @@ def build_manifest(
     graphs: dict[str, GraphSpec],
     seconds: dict[str, float],
     encoder: EncoderRef | None = None,
+    pretraining: PretrainingInfo | None = None,
 ) -> Manifest:
     return Manifest(
         name=name,
@@ -139,5 +141,6 @@ def build_manifest(
             source_architecture=checkpoint.architecture,
             versions=_versions(),
             seconds={k: round(v, 3) for k, v in seconds.items()},
+            pretraining=pretraining,
         ),
     )

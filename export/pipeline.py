@@ -27,6 +27,7 @@ from bertserve.export.manifest_builder import (
     tasks_for,
     tokenizer_spec,
 )
+from bertserve.export.pretrain.output import pretraining_info
 from bertserve.export.staging import check_name, choose_version, remove_stale_staging, staged_version
 from bertserve.export.tokenizer_files import for_repository, load_tokenizer, special_tokens
 from bertserve.export.variants import VARIANTS, ExportContext, ExportOptions, Variant
@@ -162,6 +163,7 @@ def export_model(
                 graphs=graphs,
                 seconds=stages.seconds,
                 encoder=shared.reference() if shared is not None else None,
+                pretraining=pretraining_info(checkpoint_dir),
             )
             manifest.write(stage_dir)
     final = out_repo / name / str(version)

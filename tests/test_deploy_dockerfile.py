@@ -73,8 +73,8 @@ def test_exporter_installs_torch_pinned_like_the_makefile(dockerfile):
 
 
 # Stands in for `bertserve` when the exporter stage's RUN lines are run here: records each call and writes
-# what the real command would name (REPO/NAME/1/manifest.json for export, checkpoint folders for
-# assemble-heads), so the shell around the calls (loops, variables, &&) really runs.
+# what the real command would write (REPO/NAME/1/manifest.json for export and, for each default head model,
+# export-default-heads), so the shell around the calls (variables, &&) really runs.
 FAKE_BERTSERVE = """\
 import json, os, sys
 from pathlib import Path
@@ -87,9 +87,10 @@ if args[0] == "export":
     name = value("--name") or (DEFAULT if "--default" in args else Path(value("--checkpoint")).name)
     (Path(value("--out")) / name / "1").mkdir(parents=True)
     (Path(value("--out")) / name / "1" / "manifest.json").write_text("{}")
-elif args[0] == "assemble-heads":
+elif args[0] == "export-default-heads":
     for head in HEADS:
-        (Path(value("--out")) / head).mkdir(parents=True)
+        (Path(value("--out")) / head / "1").mkdir(parents=True)
+        (Path(value("--out")) / head / "1" / "manifest.json").write_text("{}")
 """
 
 
@@ -97,6 +98,7 @@ def test_exporter_stage_writes_every_default_model_and_the_runtime_stages_copy_t
     """The exporter's RUN lines that call `bertserve`, run by sh with a recording stand-in and /models
     moved into tmp_path: the repository they write holds every default model (README: the encoder and
     the two WordNet head models), and each runtime stage copies that repository and serves it."""
+    from bertserve.export.default_heads import default_head_models
     from bertserve.export.default_model import DEFAULT_MODEL_NAME
     from bertserve.export.heads.assemble import CLASSIFIER_NAME, FILL_MASK_NAME
 
@@ -105,7 +107,7 @@ def test_exporter_stage_writes_every_default_model_and_the_runtime_stages_copy_t
     bin_dir.mkdir()
     fake = bin_dir / "bertserve"
     fake.write_text(
-        f"#!{sys.executable}\nDEFAULT = {DEFAULT_MODEL_NAME!r}\nHEADS = {[CLASSIFIER_NAME, FILL_MASK_NAME]!r}\n"
+        f"#!{sys.executable}\nDEFAULT = {DEFAULT_MODEL_NAME!r}\nHEADS = {[m.name for m in default_head_models()]!r}\n"
         + FAKE_BERTSERVE
     )
     fake.chmod(0o755)

@@ -254,18 +254,3 @@ def test_assemble_rebuilds_the_checkpoint_from_base_and_trained_tensors(
     other_base = make_tiny_checkpoint("BertModel", seed=1)  # same shapes, other weights
     args[2] = str(other_base)
     assert main([*args, "--out", str(tmp_path / "other")]) == 1
-
-
-def test_committed_pretraining_record_is_comparable_with_the_heads():
-    """export/pretrain/weights/pretrain.json: measured on train-heads' held-out masks, layers 0-3 shared."""
-    from bertserve.export.heads.assemble import read_heads_record
-    from bertserve.export.pretrain.output import COMMITTED_DIR, RECORD_FILE
-
-    record = json.loads((COMMITTED_DIR / RECORD_FILE).read_text())
-    heads = read_heads_record()["fill_mask"]["held_out"]
-    after = record["held_out"]["after"]
-    assert (after["texts"], after["masks"]) == (heads["texts"], heads["masks"])
-    assert after["top1"] > heads["top1"] and after["top5"] > heads["top5"]
-    assert record["recipe"]["layers"] == [4, 6] and not record["recipe"]["train_embeddings"]
-    assert record["shared_with_base"] == ["bert.embeddings"] + [f"bert.encoder.layer.{i}" for i in range(4)]
-    assert record["files"]["trained.safetensors"]["size_bytes"] <= 25 * 2**20

@@ -1,15 +1,18 @@
-"""`bertserve pretrain` and `bertserve assemble-pretrained`: registered into the console script by bertserve/cli.py."""
+"""`bertserve pretrain`, `bertserve pack-pretrained` and `bertserve assemble-pretrained`: registered into the console script by bertserve/cli.py."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+
+from bertserve.cli import describe
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "pretrain",
-        help="masked-language-model training of a BERT (all or some layers), resumable, evaluated on held-out text",
+        help=describe("pretrain"),
         description=(
             "Masked-language-model training of a BERT checkpoint (or of a random one, --from-scratch): 15%% of "
             "the tokens (or whole words) chosen, 80%% of those [MASK], 10%% a random token, 10%% kept; the "
@@ -32,15 +35,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--from-scratch", action="store_true", help="random weights; the checkpoint's config and tokenizer"
     )
-    parser.add_argument(
-        "--text", metavar="FILE", action="append", default=[], help="text, one per line (repeatable)"
-    )
-    parser.add_argument(
-        "--wordnet", action="store_true", help="WordNet glosses (held out: export/heads' split)"
-    )
-    parser.add_argument(
-        "--held-out-percent", type=int, default=5, help="of --text lines, by hash (default 5)"
-    )
+    _text_arguments(parser, "the training text")
     parser.add_argument("--out", metavar="DIR", required=True, help="output directory")
     parser.add_argument("--steps", type=int, required=True, help="optimizer steps of the schedule")
     parser.add_argument("--batch-size", type=int, default=64, help="texts per step (default 64)")
@@ -78,9 +73,27 @@ def register(subparsers) -> None:
     )
     parser.set_defaults(run=run_pretrain)
 
+    pack = subparsers.add_parser(
+        "pack-pretrained",
+        help=describe("pack-pretrained"),
+        description=(
+            "Checks that each stage (a `bertserve pretrain` output directory) started from the previous "
+            "stage's checkpoint, the first from the base model; writes OUT/trained.safetensors (the last "
+            "checkpoint's tensors that differ from the base, in --dtype) and OUT/pretrain.json (every stage's "
+            "recipe and figures, the modules still shared with the base, and the held-out WordNet figures "
+            "measured again on the packed tensors)."
+        ),
+    )
+    pack.add_argument("stages", nargs="+", metavar="STAGE_DIR", help="pretrain output directories, in order")
+    pack.add_argument("--out", metavar="DIR", required=True, help="output directory")
+    pack.add_argument("--checkpoint", metavar="DIR", help="base checkpoint (default: the default model)")
+    pack.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="(default float16)")
+    _text_arguments(pack, "the text the last stage trained on (its held-out part is measured again)")
+    pack.set_defaults(run=run_pack)
+
     assemble = subparsers.add_parser(
         "assemble-pretrained",
-        help="rebuild the pretrained fill-mask checkpoint from a base model and the trained tensors",
+        help=describe("assemble-pretrained"),
         description=(
             "Rebuild the full BertForMaskedLM checkpoint from a base checkpoint and pretrained tensors "
             "(trained.safetensors + pretrain.json, sha256 checked; default: the committed "
@@ -159,6 +172,48 @@ def run_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _text_arguments(parser: argparse.ArgumentParser, title: str) -> None:
+    group = parser.add_argument_group(title)
+    group.add_argument(
+        "--text", metavar="FILE", action="append", default=[], help="text, one per line (repeatable)"
+    )
+    group.add_argument(
+        "--wordnet", action="store_true", help="WordNet glosses (held out: export/heads' split)"
+    )
+    group.add_argument("--held-out-percent", type=int, default=5, help="of --text lines, by hash (default 5)")
+
+
+def _base(args: argparse.Namespace):
+    """(directory, name) of --checkpoint, else of the default model."""
+    from pathlib import Path
+
+    if args.checkpoint:
+        return Path(args.checkpoint), Path(args.checkpoint).name
+    from bertserve.export.default_model import DEFAULT_SOURCE, default_checkpoint_dir
+
+    return default_checkpoint_dir(), DEFAULT_SOURCE
+
+
+def run_pack(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bertserve.export.errors import ExportError
+    from bertserve.export.heads.wordnet import WordNetMissing
+    from bertserve.export.pretrain.pack import pack
+    from bertserve.export.pretrain.pipeline import Source
+
+    try:
+        base, name = _base(args)
+        data = Source(
+            base, name, None, False, tuple(Path(p) for p in args.text), args.wordnet, args.held_out_percent
+        )
+        pack(base, name, [Path(s) for s in args.stages], Path(args.out), data, args.dtype, log=print)
+    except (ExportError, WordNetMissing, OSError, KeyError, json.JSONDecodeError) as e:
+        print(f"bertserve pack-pretrained: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run_assemble(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -166,12 +221,7 @@ def run_assemble(args: argparse.Namespace) -> int:
     from bertserve.export.pretrain.output import COMMITTED_DIR, assemble
 
     try:
-        if args.checkpoint:
-            base = Path(args.checkpoint)
-        else:
-            from bertserve.export.default_model import default_checkpoint_dir
-
-            base = default_checkpoint_dir()
+        base, _ = _base(args)
         written = assemble(base, Path(args.weights) if args.weights else COMMITTED_DIR, Path(args.out))
     except (ExportError, OSError, KeyError) as e:
         print(f"bertserve assemble-pretrained: error: {e}", file=sys.stderr)

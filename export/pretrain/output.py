@@ -18,6 +18,7 @@ from bertserve.export.errors import ExportError
 from bertserve.export.heads.assemble import SAFETENSORS_METADATA, write_checkpoint_directory
 from bertserve.export.model import BertForMaskedLM
 from bertserve.manifest import sha256_file
+from bertserve.repository import PretrainingInfo
 
 COMMITTED_DIR = Path(__file__).parent / "weights"  # the default fill-mask model's pretrained layers
 CHECKPOINT_SUBDIR = "checkpoint"
@@ -52,29 +53,42 @@ def write_checkpoint(model: BertForMaskedLM, base_dir: Path, out_dir: Path, card
     return _write_directory(base_dir, out_dir, checkpoint_state(model), card)
 
 
+def file_entry(path: Path) -> dict:
+    return {"sha256": sha256_file(path), "size_bytes": path.stat().st_size}
+
+
+def write_record(out_dir: Path, record: dict) -> Path:
+    path = Path(out_dir) / RECORD_FILE
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
+
+
 def write_trained(model: BertForMaskedLM, names: list[str], out_dir: Path, record: dict) -> Path:
     """trained.safetensors (the tensors that trained) + pretrain.json (record + their sha256)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     state = checkpoint_state(model)
     save_file({n: state[n] for n in names}, str(out_dir / TRAINED_FILE), metadata=SAFETENSORS_METADATA)
-    record = record | {
-        "files": {
-            TRAINED_FILE: {
-                "sha256": sha256_file(out_dir / TRAINED_FILE),
-                "size_bytes": (out_dir / TRAINED_FILE).stat().st_size,
-            }
-        }
-    }
-    path = out_dir / RECORD_FILE
-    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return path
+    return write_record(out_dir, record | {"files": {TRAINED_FILE: file_entry(out_dir / TRAINED_FILE)}})
+
+
+def shared_modules(trained: list[str], num_layers: int) -> list[str]:
+    """Module prefixes none of whose tensors are in `trained`: the base's embeddings and frozen layers."""
+    groups = ["bert.embeddings."] + [f"bert.encoder.layer.{i}." for i in range(num_layers)]
+    return [g.rstrip(".") for g in groups if not any(n.startswith(g) for n in trained)]
 
 
 def shared_with_base(model: BertForMaskedLM, names: list[str]) -> list[str]:
-    """Module prefixes whose tensors are all the base checkpoint's: the embeddings, frozen layers."""
-    trained = set(names)
-    groups = ["bert.embeddings."] + [f"bert.encoder.layer.{i}." for i in range(len(model.bert.encoder.layer))]
-    return [g.rstrip(".") for g in groups if not any(n.startswith(g) for n in trained)]
+    return shared_modules(names, len(model.bert.encoder.layer))
+
+
+def encoder_state(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's embeddings and encoder layers under `bert.` names (pooler, heads, buffers left out)."""
+    state = {k if k.startswith("bert.") else f"bert.{k}": v for k, v in weights.items()}
+    return {
+        k: v
+        for k, v in state.items()
+        if k.startswith(("bert.embeddings.", "bert.encoder.")) and "position_ids" not in k
+    }
 
 
 def assemble(base_dir: Path, weights_dir: Path, out_dir: Path) -> Path:
@@ -94,11 +108,27 @@ def assemble(base_dir: Path, weights_dir: Path, out_dir: Path) -> Path:
         raise PretrainedWeightsError(
             f"{base_weights} is not the base checkpoint these weights were trained on"
         )
-    state = {k if k.startswith("bert.") else f"bert.{k}": v for k, v in read_weights(base_weights).items()}
-    state = {
-        k: v
-        for k, v in state.items()
-        if k.startswith(("bert.embeddings.", "bert.encoder.")) and "position_ids" not in k
-    }
-    state |= load_file(str(weights_dir / TRAINED_FILE))
-    return _write_directory(base_dir, out_dir, state, record.get("card", ""))
+    state = encoder_state(read_weights(base_weights))
+    # packed tensors may be float16 (pack.py): the checkpoint is float32, as the base
+    state |= {k: v.to(torch.float32) for k, v in load_file(str(weights_dir / TRAINED_FILE)).items()}
+    written = _write_directory(base_dir, out_dir, state, record.get("card", ""))
+    write_record(written, record)  # `bertserve export` records a packed record's figures in the manifest
+    return written
+
+
+def pretraining_info(checkpoint_dir: Path) -> PretrainingInfo | None:
+    """The manifest's summary of a checkpoint assembled from packed weights (pack.py's record), else None."""
+    path = Path(checkpoint_dir) / RECORD_FILE
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if "stages" not in record:  # one stage's own record: its base is not a released model
+        return None
+    return PretrainingInfo(
+        base=record["base"]["name"],
+        base_model_sha256=record["base"]["model_sha256"],
+        shared_with_base=record["shared_with_base"],
+        stages=len(record["stages"]),
+        steps=sum(stage["recipe"]["steps"] for stage in record["stages"]),
+        held_out=record["held_out"]["after"],
+    )

@@ -51,7 +51,7 @@ def loss_curve(losses: list[float], points: int = 20) -> list[list[float]]:
     return curve
 
 
-def _texts(source: Source) -> tuple[list[str], list[str]]:
+def texts(source: Source) -> tuple[list[str], list[str]]:
     train_texts, test_texts = [], []
     if source.wordnet:
         train_texts, test_texts = corpus.read_wordnet()
@@ -61,6 +61,21 @@ def _texts(source: Source) -> tuple[list[str], list[str]]:
     if not train_texts:
         raise ExportError("no training text: give --text FILE and/or --wordnet")
     return train_texts, test_texts
+
+
+def data_record(source: Source) -> dict:
+    """What the text was (pretrain.json's "data", without the counts)."""
+    return {
+        "wordnet": source.wordnet,
+        "text_files": [{"name": p.name, "sha256": sha256_file(p)} for p in source.text_files],
+    }
+
+
+def held_out_masks(source: Source, tokenizer, mask_id: int, test_texts: list[str]):
+    """The masked held-out texts and their targets: WordNet's are export/heads' very masks."""
+    if source.wordnet and not source.text_files:
+        return evaluate.wordnet_held_out(tokenizer, mask_id)
+    return evaluate.masked_held_out(tokenizer, test_texts, mask_id)
 
 
 def pretrain(source: Source, recipe: Recipe, out_dir: Path, **options) -> dict:
@@ -92,13 +107,10 @@ def _pretrain(
     mask_id = special_tokens(source.checkpoint_dir, tokenizer).mask_token_id
     if mask_id is None:
         raise ExportError(f"{source.checkpoint_dir}: the tokenizer has no mask token")
-    train_texts, test_texts = _texts(source)
+    train_texts, test_texts = texts(source)
     data = corpus.tokenize(tokenizer, train_texts)
     log(f"-> {len(data)} training texts ({data.token_count} tokens), {len(test_texts)} held out")
-    if source.wordnet and not source.text_files:
-        held_out = evaluate.wordnet_held_out(tokenizer, mask_id)
-    else:
-        held_out = evaluate.masked_held_out(tokenizer, test_texts, mask_id)
+    held_out = held_out_masks(source, tokenizer, mask_id, test_texts)
     record_eval = {}
     if evaluate_initial and test_texts:
         record_eval["before"] = evaluate.topk(model, *held_out, mask_id)
@@ -140,9 +152,8 @@ def _pretrain(
             "head_file_sha256": sha256_file(source.head_file) if source.head_file else None,
             "from_scratch": source.from_scratch,
         },
-        "data": {
-            "wordnet": source.wordnet,
-            "text_files": [{"name": p.name, "sha256": sha256_file(p)} for p in source.text_files],
+        "data": data_record(source)
+        | {
             "train_texts": len(data),
             "train_tokens": data.token_count,
             "held_out_texts": len(test_texts),

@@ -1,0 +1,69 @@
+"""The default models beside the encoder all-minilm-l6-v2, described once; `make export-default` and the
+Dockerfile export them with `bertserve export-default-heads`.
+
+- wordnet-noun-category: MiniLM, frozen, + the WordNet classifier head (export/heads): a head-only model on
+  the encoder model, since its encoder is MiniLM's.
+- wordnet-fill-mask: MiniLM + continued masked-LM pretraining (export/pretrain/weights: the upper layers and
+  the MLM head, packed by `bertserve pack-pretrained`). Its trained layers differ from MiniLM's, so it is a
+  model of its own; its manifest records the modules it still shares with MiniLM
+  (`export.pretraining.shared_with_base`). With `fill_mask_from_heads` it is the earlier WordNet MLM head on
+  the frozen encoder, head-only like the classifier.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertserve.export.default_model import DEFAULT_MODEL_NAME, default_checkpoint_dir
+from bertserve.export.heads.assemble import (
+    CLASSIFIER_NAME,
+    COMMITTED_HEADS_DIR,
+    FILL_MASK_NAME,
+    assemble_classifier,
+    assemble_fill_mask,
+)
+from bertserve.export.pipeline import export_model
+from bertserve.export.pretrain import output as pretrained
+
+
+@dataclass(frozen=True)
+class HeadModel:
+    name: str
+    assemble: Callable[[Path, Path], Path]  # (base checkpoint, out dir) -> checkpoint directory
+    on_encoder: bool  # head-only on the default encoder model (its encoder is the base's, unchanged)
+
+
+def default_head_models(fill_mask_from_heads: bool = False) -> list[HeadModel]:
+    fill_mask = (
+        HeadModel(FILL_MASK_NAME, lambda base, out: assemble_fill_mask(base, COMMITTED_HEADS_DIR, out), True)
+        if fill_mask_from_heads
+        else HeadModel(
+            FILL_MASK_NAME, lambda base, out: pretrained.assemble(base, pretrained.COMMITTED_DIR, out), False
+        )
+    )
+    return [
+        HeadModel(
+            CLASSIFIER_NAME, lambda base, out: assemble_classifier(base, COMMITTED_HEADS_DIR, out), True
+        ),
+        fill_mask,
+    ]
+
+
+def export_default_heads(
+    repo: Path, fill_mask_from_heads: bool = False, log: Callable[[str], None] = print
+) -> list[Path]:
+    """Exports each default head model that REPO has no version of yet (after the encoder model, which
+    the head-only ones run on); returns the version directories written."""
+    repo, base, written = Path(repo), default_checkpoint_dir(), []
+    with tempfile.TemporaryDirectory(prefix="bertserve-heads-") as scratch:
+        for model in default_head_models(fill_mask_from_heads):
+            if any((repo / model.name).glob("*/manifest.json")):
+                log(f"{model.name}: already in {repo}")
+                continue
+            checkpoint = model.assemble(base, Path(scratch) / model.name)
+            encoder = DEFAULT_MODEL_NAME if model.on_encoder else None
+            written.append(export_model(checkpoint, repo, name=model.name, encoder=encoder, log=log))
+    return written

@@ -1,0 +1,128 @@
+"""Packing a chain of pretraining stages into the weights the repository commits.
+
+Each `bertserve pretrain` stage starts from the previous stage's checkpoint (its pretrain.json records that
+checkpoint's sha256), the first from the base model. `pack` checks the chain link by link, keeps the
+tensors of the last stage's checkpoint that differ from the base (the trained layers and the MLM head),
+stores them in float16 by default (half the bytes, so five trained layers stay under 25 MB), and measures
+the held-out figures again (on the last stage's held-out text) on the packed tensors assembled onto the base: what `bertserve export` and the
+server will run. The record lists every stage's recipe and figures and which modules the packed model
+still shares with the base.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from bertserve import __version__
+from bertserve.export.checkpoint import find_weights_file, read_weights
+from bertserve.export.heads.assemble import SAFETENSORS_METADATA
+from bertserve.export.pretrain import evaluate, output
+from bertserve.export.pretrain.model_setup import load_start_model
+from bertserve.export.pretrain.pipeline import Source, data_record, held_out_masks, texts
+from bertserve.export.tokenizer_files import load_tokenizer, special_tokens
+from bertserve.manifest import sha256_file
+
+STAGE_KEYS = ("base", "data", "recipe", "held_out", "progress", "trained_parameters", "environment")
+PACKED_DTYPES = {"float16": torch.float16, "float32": torch.float32}
+
+
+def _stage_record(stage_dir: Path) -> dict:
+    record = json.loads((stage_dir / output.RECORD_FILE).read_text())
+    if not record.get("progress", {}).get("finished"):
+        raise output.PretrainedWeightsError(f"{stage_dir}: the stage did not finish its schedule")
+    return record
+
+
+def check_chain(base_dir: Path, stage_dirs: list[Path]) -> list[dict]:
+    """Every stage's record, once each started from the checkpoint before it (the first from the base)."""
+    if not stage_dirs:
+        raise output.PretrainedWeightsError("no stages to pack")
+    records, expected = [], sha256_file(find_weights_file(base_dir))
+    for stage_dir in stage_dirs:
+        record = _stage_record(stage_dir)
+        if record["base"]["model_sha256"] != expected:
+            raise output.PretrainedWeightsError(
+                f"{stage_dir} did not start from the previous stage's checkpoint (or from the base)"
+            )
+        records.append({key: record[key] for key in STAGE_KEYS if key in record})
+        expected = sha256_file(find_weights_file(stage_dir / output.CHECKPOINT_SUBDIR))
+    return records
+
+
+def changed_tensors(base_dir: Path, checkpoint_dir: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors (Hugging Face names) that are not bit-identical to the base's."""
+    base = output.encoder_state(read_weights(find_weights_file(base_dir)))
+    final = read_weights(find_weights_file(checkpoint_dir))
+    return {
+        name: tensor
+        for name, tensor in final.items()
+        if name.startswith("cls.predictions.")
+        and not name.startswith("cls.predictions.decoder.")
+        or name in base
+        and not torch.equal(base[name], tensor)
+    }
+
+
+def pack(
+    base_dir: Path,
+    base_name: str,
+    stage_dirs: list[Path],
+    out_dir: Path,
+    data: Source,
+    dtype: str = "float16",
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Writes OUT/trained.safetensors and OUT/pretrain.json; returns the record. `data` names the text the
+    last stage trained on (its held-out part is measured again); its checkpoint_dir is not used."""
+    base_dir, out_dir = Path(base_dir), Path(out_dir)
+    stages = check_chain(base_dir, [Path(s) for s in stage_dirs])
+    recorded = {k: stages[-1]["data"][k] for k in ("wordnet", "text_files")}
+    if data_record(data) != recorded:
+        raise output.PretrainedWeightsError(
+            f"the held-out text must be the last stage's: it trained on {recorded}, not {data_record(data)}"
+        )
+    changed = changed_tensors(base_dir, Path(stage_dirs[-1]) / output.CHECKPOINT_SUBDIR)
+    packed = {name: tensor.to(PACKED_DTYPES[dtype]).contiguous() for name, tensor in sorted(changed.items())}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(packed, str(out_dir / output.TRAINED_FILE), metadata=SAFETENSORS_METADATA)
+    num_layers = json.loads((base_dir / "config.json").read_text())["num_hidden_layers"]
+    shared = output.shared_modules(list(packed), num_layers)
+    record = {
+        "tool": f"bertserve {__version__} pack-pretrained",
+        "base": {"name": base_name, "model_sha256": sha256_file(find_weights_file(base_dir))},
+        "dtype": dtype,
+        "stages": stages,
+        "trained_tensors": len(packed),
+        "trained_parameters": int(sum(t.numel() for t in packed.values())),
+        "shared_with_base": shared,
+        "files": {output.TRAINED_FILE: output.file_entry(out_dir / output.TRAINED_FILE)},
+    }
+    record["held_out"] = {"after": _measure(base_dir, out_dir, record, data)}
+    after = record["held_out"]["after"]
+    log(f"-> packed ({dtype}): held out top-1 {after['top1']:.4f}, top-5 {after['top5']:.4f}")
+    record["card"] = (
+        f"# {base_name} + masked-LM pretraining\n\nTrained by `bertserve pretrain` in {len(stages)} stages "
+        f"({sum(s['recipe']['steps'] for s in stages)} steps), packed in {dtype}; unchanged from the base: "
+        f"{', '.join(shared) or 'nothing'}.\nHeld-out masked-token accuracy: top-1 {after['top1']:.4f}, "
+        f"top-5 {after['top5']:.4f} on {after['masks']} masks.\n"
+    )
+    output.write_record(out_dir, record)
+    return record
+
+
+def _measure(base_dir: Path, weights_dir: Path, record: dict, data: Source) -> dict:
+    """Held-out top-1/top-5 of the base + packed tensors, assembled as `bertserve export` will see them."""
+    output.write_record(weights_dir, record)
+    with tempfile.TemporaryDirectory() as scratch:
+        checkpoint = output.assemble(base_dir, weights_dir, Path(scratch) / output.CHECKPOINT_SUBDIR)
+        model = load_start_model(checkpoint)
+        tokenizer = load_tokenizer(checkpoint)
+        mask_id = special_tokens(checkpoint, tokenizer).mask_token_id
+        masked = held_out_masks(data, tokenizer, mask_id, texts(data)[1])
+        return evaluate.topk(model, *masked, mask_id)

@@ -1,0 +1,151 @@
+"""`bertserve pack-pretrained` and the default fill-mask model built from the packed weights.
+
+A tiny random checkpoint pretrained in two chained stages through the CLI, then packed: only the tensors
+that differ from the base are kept, in float16, with both stages' records; the chain and the held-out text
+are checked; `bertserve export` records what the model shares with its base. Then the committed weights:
+smaller than 25 MB, better than the WordNet head, and served by `bertserve export-default-heads`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.test_pretrain import PRETRAIN_ARGS, TEXTS, needs_wordnet
+
+
+@pytest.fixture(scope="module")
+def stages(make_tiny_checkpoint, tmp_path_factory):
+    """Stage 1 from the tiny base, stage 2 from stage 1's checkpoint (layer 1 and the head train in both)."""
+    from bertserve.cli import main
+
+    base = make_tiny_checkpoint("BertModel")
+    work = tmp_path_factory.mktemp("pack")
+    text = work / "text.txt"
+    text.write_text("\n".join(TEXTS) + "\n")
+    start = base
+    for name in ("one", "two"):
+        args = ["pretrain", "--checkpoint", str(start), "--text", str(text), *PRETRAIN_ARGS]
+        assert main([*args, "--out", str(work / name)]) == 0
+        start = work / name / "checkpoint"
+    return base, work, text
+
+
+def _pack(base, work, text, *stage_names, out="packed", data=None):
+    from bertserve.cli import main
+
+    data = ["--text", str(text)] if data is None else data
+    stage_dirs = [str(work / name) for name in stage_names]
+    return main(["pack-pretrained", *stage_dirs, "--checkpoint", str(base), *data, "--out", str(work / out)])
+
+
+def test_pack_keeps_what_differs_from_the_base_in_float16(stages):
+    base, work, text = stages
+    assert _pack(base, work, text, "one", "two") == 0
+    packed = load_file(str(work / "packed" / "trained.safetensors"))
+    final = load_file(str(work / "two" / "checkpoint" / "model.safetensors"))
+    assert set(packed) == {k for k in final if k.startswith(("bert.encoder.layer.1.", "cls.predictions."))}
+    assert all(t.dtype == torch.float16 for t in packed.values())
+    assert all(torch.equal(packed[k], final[k].half()) for k in packed)
+    record = json.loads((work / "packed" / "pretrain.json").read_text())
+    own = [json.loads((work / n / "pretrain.json").read_text()) for n in ("one", "two")]
+    assert [s["recipe"] for s in record["stages"]] == [r["recipe"] for r in own]
+    assert record["shared_with_base"] == ["bert.embeddings", "bert.encoder.layer.0"]
+    # measured again on the float16 tensors: the same held-out masks, figures within rounding of stage two's
+    after, last = record["held_out"]["after"], own[1]["held_out"]["after"]
+    assert after["masks"] == last["masks"] > 0
+    assert abs(after["top1"] - last["top1"]) <= 0.05 and abs(after["top5"] - last["top5"]) <= 0.05
+
+
+def test_pack_refuses_a_broken_chain_an_unfinished_stage_and_other_text(stages, tmp_path):
+    base, work, text = stages
+    assert _pack(base, work, text, "two", out="skipped-one") == 1  # stage two did not start from the base
+    assert _pack(base, work, text, "one", "one", out="repeated") == 1
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(work / "one", unfinished)
+    record = json.loads((unfinished / "pretrain.json").read_text())
+    record["progress"]["finished"] = False
+    (unfinished / "pretrain.json").write_text(json.dumps(record))
+    assert _pack(base, tmp_path, text, "unfinished", out="partial") == 1
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(reversed(TEXTS)) + "\n")
+    assert _pack(base, work, text, "one", "two", out="other-text", data=["--text", str(other)]) == 1
+    assert not (work / "skipped-one" / "trained.safetensors").exists()
+
+
+def test_export_records_what_the_packed_model_shares_with_its_base(stages, tmp_path):
+    from bertserve.cli import main
+    from bertserve.manifest import Manifest
+
+    base, work, text = stages
+    if not (work / "packed" / "pretrain.json").is_file():
+        assert _pack(base, work, text, "one", "two") == 0
+    args = ["assemble-pretrained", "--checkpoint", str(base), "--weights", str(work / "packed")]
+    assert main([*args, "--out", str(tmp_path / "assembled")]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--checkpoint",
+                str(tmp_path / "assembled"),
+                "--name",
+                "packed",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    info = Manifest.read(tmp_path / "packed" / "1").export.pretraining
+    record = json.loads((work / "packed" / "pretrain.json").read_text())
+    assert info is not None and info.stages == 2 and info.steps == 2 * 30
+    assert info.shared_with_base == ["bert.embeddings", "bert.encoder.layer.0"]
+    assert info.held_out["top1"] == record["held_out"]["after"]["top1"]
+
+
+def test_committed_weights_are_small_packed_and_better_than_the_wordnet_head():
+    """export/pretrain/weights: measured on train-heads' held-out masks, its chain starting at MiniLM."""
+    from bertserve.export.default_model import default_checkpoint_dir
+    from bertserve.export.heads.assemble import read_heads_record
+    from bertserve.export.pretrain.output import COMMITTED_DIR, RECORD_FILE
+    from bertserve.manifest import sha256_file
+
+    record = json.loads((COMMITTED_DIR / RECORD_FILE).read_text())
+    heads = read_heads_record()["fill_mask"]["held_out"]
+    after = record["held_out"]["after"]
+    assert (after["texts"], after["masks"]) == (heads["texts"], heads["masks"])
+    assert after["top1"] > heads["top1"] and after["top5"] > heads["top5"]
+    assert record["dtype"] == "float16" and all(s["data"]["wordnet"] for s in record["stages"])
+    assert record["base"]["model_sha256"] == sha256_file(default_checkpoint_dir() / "model.safetensors")
+    assert record["shared_with_base"][0] == "bert.embeddings"  # the word table: MiniLM's
+    assert record["files"]["trained.safetensors"]["size_bytes"] <= 25 * 2**20
+    assert (
+        sha256_file(COMMITTED_DIR / "trained.safetensors") == record["files"]["trained.safetensors"]["sha256"]
+    )
+
+
+@needs_wordnet
+def test_default_heads_export_and_the_fill_mask_model_answers_everyday_sentences(default_repo, tmp_path):
+    """`bertserve export-default-heads` beside the exported encoder: the classifier head-only on it, the
+    pretrained fill-mask a model of its own; a real server answers a sentence the README shows."""
+    from bertserve.cli import main
+    from bertserve.client import Client
+    from bertserve.manifest import Manifest
+    from tests.helpers.server import ServerThread
+
+    repo = tmp_path / "repo"
+    shutil.copytree(default_repo, repo)
+    assert main(["export-default-heads", "--out", str(repo)]) == 0
+    classifier = Manifest.read(repo / "wordnet-noun-category" / "1")
+    fill_mask = Manifest.read(repo / "wordnet-fill-mask" / "1")
+    assert classifier.encoder is not None and classifier.encoder.name == "all-minilm-l6-v2"
+    assert fill_mask.encoder is None and fill_mask.export.pretraining is not None
+    assert main(["export-default-heads", "--out", str(repo)]) == 0  # present: left as they are
+    assert sorted(p.name for p in (repo / "wordnet-fill-mask").iterdir()) == ["1"]
+    with ServerThread(model_repo=repo) as server, Client(server.address, timeout=60) as client:
+        response = client.fill_mask(["paris is the [MASK] of france."], model="wordnet-fill-mask", top_k=5)
+    (mask,) = response.results[0].masks
+    assert "capital" in [c.token for c in mask.candidates]
