@@ -1,11 +1,11 @@
 """An MLM head whose decoder is tied to the encoder's word embeddings, exported without its own copy.
 
-A head-only MLM model (`bertserve export --encoder`) whose decoder weight is bit-identical to its checkpoint's
-word-embedding table, and that table bit-identical to an initializer of its encoder model's fp32 graph, gets a
-head graph that takes the table as an input (`decoder_weight`); the table is written once as a .npy file, and
-the manifest names, per encoder graph, the initializer that holds the same bytes (the server hands that encoder
-session the same array: one table in the process, not one per graph). Anything else keeps the self-contained
-head graph.
+An MLM model whose decoder weight is bit-identical to its checkpoint's word-embedding table, and that table
+bit-identical to an initializer of the fp32 encoder graph it runs beside (its encoder model's, for a head-only
+model: `bertserve export --encoder`; else its own), gets a head graph that takes the table as an input
+(`decoder_weight`); the table is written once as a .npy file, and the manifest names, per encoder graph, the
+initializer that holds the same bytes (the server hands that encoder session the same array: one table in the
+process, not one per graph). Anything else keeps the self-contained head graph.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from bertserve.repository import (
     ENCODER,
     ENCODER_KEYS,
     TiedDecoder,
+    graph_file,
     sha256_file,
 )
 
@@ -50,25 +51,24 @@ def matching_initializer(graph_path: Path, table: np.ndarray) -> str | None:
     return None
 
 
-def encoder_initializers(shared: SharedEncoder, table: np.ndarray) -> dict[str, str]:
-    """Encoder graph key -> its initializer holding `table` (graphs without one, e.g. int8 or fp16, left out)."""
-    found = {}
-    for key in ENCODER_KEYS:
-        spec = shared.manifest.graphs.get(key)
-        if spec is not None and (name := matching_initializer(shared.directory / spec.file, table)):
-            found[key] = name
-    return found
+def encoder_graphs(shared: SharedEncoder | None, stage_dir: Path) -> dict[str, Path]:
+    """The encoder graphs the head will run beside: the shared encoder model's, else the model's own
+    (already written to the version being staged: the encoder variants are built before the heads)."""
+    if shared is not None:
+        return {k: shared.directory / s.file for k, s in shared.manifest.graphs.items() if k in ENCODER_KEYS}
+    return {k: stage_dir / graph_file(k) for k in ENCODER_KEYS if (stage_dir / graph_file(k)).is_file()}
 
 
-def plan(checkpoint: Checkpoint, shared: SharedEncoder | None) -> tuple[np.ndarray, dict[str, str]] | None:
-    """(table, encoder initializers) when the head is tied to its shared encoder's fp32 table, else None."""
-    if shared is None:
-        return None
+def plan(checkpoint: Checkpoint, graphs: dict[str, Path]) -> tuple[np.ndarray, dict[str, str]] | None:
+    """(table, encoder initializers) when the head is tied to the fp32 encoder's table, else None."""
     table = tied_table(checkpoint)
     if table is None:
         return None
-    initializers = encoder_initializers(shared, table)
-    if ENCODER not in initializers:  # the encoder model's table is not this one: keep a self-contained head
+    initializers = {}  # graph key -> its initializer holding the table (int8 or fp16 graphs have none)
+    for key, path in graphs.items():
+        if name := matching_initializer(path, table):
+            initializers[key] = name
+    if ENCODER not in initializers:  # the encoder's table is not this one: keep a self-contained head
         return None
     return table, initializers
 

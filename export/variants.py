@@ -95,8 +95,8 @@ class ExportContext:
 
     @cached_property
     def tied(self) -> tuple[np.ndarray, dict[str, str]] | None:
-        """(decoder table, encoder initializers holding it) for an MLM head tied to its shared encoder."""
-        return tied_decoder.plan(self.checkpoint, self.shared)
+        """(decoder table, encoder initializers holding it) for an MLM head tied to its encoder's table."""
+        return tied_decoder.plan(self.checkpoint, tied_decoder.encoder_graphs(self.shared, self.stage_dir))
 
     @cached_property
     def head_module(self) -> nn.Module:
@@ -258,7 +258,7 @@ VARIANTS: tuple[Variant, ...] = (
         key=MLM_HEAD,
         wanted=lambda ctx: ctx.checkpoint.architecture == MASKED_LM,
         io=_mlm_io,
-        build_title="tracing the MLM head (its decoder an input when tied to the shared encoder's table)",
+        build_title="tracing the MLM head (its decoder an input when tied to the encoder's table)",
         build=_build_mlm,
         verify_title="verifying it against PyTorch",
         verify=_verify_head,

@@ -82,7 +82,10 @@ def test_tiny_repository_matches_transformers(tiny_repo, make_tiny_checkpoint, n
         diffs.append(np.abs(real(att_hidden, mask) - real(hidden, mask)).max())
         if name == "tiny-mlm":  # the head runs on the hidden states of chosen positions only
             positions = np.argwhere(mask.astype(bool))
-            logits = session(directory / "mlm_head.onnx").run(None, {"hidden_states": real(hidden, mask)})[0]
+            head_feed = {"hidden_states": real(hidden, mask)}
+            if tied := manifest.tasks.fill_mask.tied_decoder:  # the table the encoder graph holds, fed
+                head_feed[tied.input] = np.load(directory / tied.file)
+            logits = session(directory / "mlm_head.onnx").run(None, head_feed)[0]
             full = hf_outputs(reference, feed).logits.numpy()
             diffs.append(np.abs(logits - full[positions[:, 0], positions[:, 1]]).max())
         if name == "tiny-classifier":

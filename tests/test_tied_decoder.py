@@ -51,6 +51,20 @@ def test_the_tied_head_holds_no_table_and_names_the_encoder_initializers(shared_
         assert numpy_helper.to_array(initializer).tobytes() == table.tobytes()
 
 
+def test_a_model_with_its_own_encoder_ties_its_head_to_that_encoder(tiny_repo):
+    """tiny-mlm (no --encoder): the head takes the table its own fp32 encoder graphs hold."""
+    directory = tiny_repo / "tiny-mlm" / "1"
+    tied = Manifest.read(directory).tasks.fill_mask.tied_decoder
+    assert tied is not None and sorted(tied.encoder_initializers) == [ENCODER, ENCODER_ATTENTIONS]
+    assert _table_sized(onnx.load(str(directory / "mlm_head.onnx")), tied.shape) == []
+    table = np.load(directory / tied.file)
+    for key, name in tied.encoder_initializers.items():
+        (initializer,) = [
+            i for i in onnx.load(str(directory / f"{key}.onnx")).graph.initializer if i.name == name
+        ]
+        assert numpy_helper.to_array(initializer).tobytes() == table.tobytes()
+
+
 @pytest.fixture(scope="module")
 def tied_and_untied_repo(shared_repo, make_tiny_checkpoint, tmp_path_factory):
     """shared_repo's models, plus the MLM checkpoint exported again as a self-contained head."""
