@@ -67,7 +67,7 @@ DEFAULT_FILL_MASK_TOP_K = 5
 # time per call at the limit: 0.22 ms of English words, 0.38 ms of punctuation, 0.41 ms of CJK (the worst
 # case). Longer calls go to the pool.
 INLINE_TOKENIZE_CHARS = 256
-STREAM_WINDOW = 4  # chunks of a stream in flight at once (admitted, batched) before the first is answered
+STREAM_CHUNKS_IN_FLIGHT = 4  # chunks of a stream in flight at once (admitted, batched) before the first is answered
 
 T = TypeVar("T")
 
@@ -298,7 +298,7 @@ class InferenceCore:
         truncate: bool = False,
         normalize: bool | None = None,
         deadline: float | None = None,
-        window: int = STREAM_WINDOW,
+        window: int = STREAM_CHUNKS_IN_FLIGHT,
     ) -> AsyncIterator[EmbedResult]:
         """One EmbedResult per chunk of texts, in chunk order, with up to `window` chunks admitted at once
         (so a stream's chunks share batches). A failed chunk raises its error when its turn comes; the

@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from bertserve.repository import MODEL_SPEC, parse_model_spec
 
 ENV_PREFIX = "BERTSERVE_"
-STREAM_WINDOW = 128  # max_stream_inputs_in_flight's default
+STREAM_INPUTS_IN_FLIGHT = 128  # max_stream_inputs_in_flight's default
 STREAM_BATCH_TOKENS = 128  # max_stream_batch_tokens' default
 
 
@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     # request larger than this runs alone; clients send requests of a quarter of it. Stream inputs are
     # batched after unary calls' (service/batcher.py), so the window sets how well a stream's batches can
     # group lengths, not how long a unary caller waits.
-    max_stream_inputs_in_flight: int = Field(STREAM_WINDOW, ge=1, le=100_000)
+    max_stream_inputs_in_flight: int = Field(STREAM_INPUTS_IN_FLIGHT, ge=1, le=100_000)
     # Padded tokens of a batch of stream inputs while unary calls are active (one seen in the last second):
     # a unary call waits behind at most one such batch. Without unary calls, streams use max_batch_tokens.
     max_stream_batch_tokens: int = Field(STREAM_BATCH_TOKENS, ge=2, le=4_194_304)
