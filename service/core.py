@@ -67,7 +67,8 @@ DEFAULT_FILL_MASK_TOP_K = 5
 # time per call at the limit: 0.22 ms of English words, 0.38 ms of punctuation, 0.41 ms of CJK (the worst
 # case). Longer calls go to the pool.
 INLINE_TOKENIZE_CHARS = 256
-STREAM_CHUNKS_IN_FLIGHT = 4  # chunks of a stream in flight at once (admitted, batched) before the first is answered
+# chunks of a stream in flight at once (admitted, batched) before the first is answered
+STREAM_CHUNKS_IN_FLIGHT = 4
 
 T = TypeVar("T")
 

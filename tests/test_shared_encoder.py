@@ -146,22 +146,45 @@ def test_byte_identical_encoder_copies_are_loaded_once(tiny_repo, tmp_path):
             assert one.metadata.model == "tiny-mlm"
 
 
-@pytest.mark.parametrize("outputs", [["embedding", "labels", "label_scores"]])
-def test_kserve_tasks_of_one_request_share_one_encoder_run(shared_repo, outputs):
+def _kserve_grpc(server, outputs: list[str]) -> list[str]:
     from bertserve.kserve import open_inference_pb2 as kpb
     from bertserve.kserve import open_inference_pb2_grpc as kpb_grpc
 
+    with grpc.insecure_channel(server.address) as channel:
+        request = kpb.ModelInferRequest(model_name=CLASSIFIER)
+        tensor = request.inputs.add(name="text", datatype="BYTES", shape=[2])
+        tensor.contents.bytes_contents.extend([b"a cat sat", b"a dog"])
+        for name in outputs:
+            request.outputs.add(name=name)
+        response = kpb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    return [o.name for o in response.outputs]
+
+
+def _kserve_rest(server, outputs: list[str]) -> list[str]:
+    import json
+    import urllib.request
+
+    body = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a cat sat", "a dog"]}],
+        "outputs": [{"name": name} for name in outputs],
+    }
+    request = urllib.request.Request(
+        f"{server.http_url}/v2/models/{CLASSIFIER}/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return [o["name"] for o in json.loads(response.read())["outputs"]]
+
+
+@pytest.mark.parametrize("front", [_kserve_grpc, _kserve_rest], ids=["grpc", "rest"])
+def test_kserve_tasks_of_one_request_share_one_encoder_run(shared_repo, front):
+    outputs = ["embedding", "labels", "label_scores"]
     with ServerThread(model_repo=shared_repo, max_padding_ratio=1000) as server:
         before = scrape(server.metrics_url)
-        with grpc.insecure_channel(server.address) as channel:
-            request = kpb.ModelInferRequest(model_name=CLASSIFIER)
-            tensor = request.inputs.add(name="text", datatype="BYTES", shape=[2])
-            tensor.contents.bytes_contents.extend([b"a cat sat", b"a dog"])
-            for name in outputs:
-                request.outputs.add(name=name)
-            response = kpb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+        answered = front(server, outputs)
         after = scrape(server.metrics_url)
-    assert [o.name for o in response.outputs] == outputs
+    assert answered == outputs
     runs = metric(after, "bertserve_batch_size_sum", model=ENCODER) - metric(
         before, "bertserve_batch_size_sum", model=ENCODER
     )
@@ -169,3 +192,20 @@ def test_kserve_tasks_of_one_request_share_one_encoder_run(shared_repo, outputs)
         before, "bertserve_batch_size_count", model=ENCODER
     )
     assert runs == 4 and batches == 1  # 2 texts x (embed, classify) in one encoder run
+
+
+@pytest.mark.parametrize("front", [_kserve_grpc, _kserve_rest], ids=["grpc", "rest"])
+def test_kserve_tasks_of_one_request_are_admitted_all_or_none(shared_repo, front):
+    """2 texts x 2 tasks = 4 inputs over a queue of 3: refused whole, no task of it computed."""
+    import urllib.error
+
+    with ServerThread(model_repo=shared_repo, max_queue_inputs=3) as server:
+        before = scrape(server.metrics_url)
+        with pytest.raises((grpc.RpcError, urllib.error.HTTPError)) as refused:
+            front(server, ["embedding", "labels"])
+        after = scrape(server.metrics_url)
+    error = refused.value
+    code = error.code() if isinstance(error, grpc.RpcError) else error.code
+    assert code in (grpc.StatusCode.RESOURCE_EXHAUSTED, 429)
+    batches = [metric(s, "bertserve_batch_size_count", model=ENCODER) for s in (before, after)]
+    assert batches[1] == batches[0]

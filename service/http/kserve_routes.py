@@ -19,7 +19,6 @@ request entry has `parameters.binary_data` true, or `binary_data_output` is true
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from bertserve import __version__
@@ -38,8 +37,9 @@ from bertserve.service.http.schema import Fields, json_object, kind_of
 from bertserve.service.http.status import kserve_error
 from bertserve.service.http.transport import Response, json_response
 from bertserve.service.kserve.servicer import DEFAULT_TASKS, EXTENSIONS, PLATFORM, SERVER_NAME, model_outputs
-from bertserve.service.kserve.tensors import TEXT_INPUT, OutputTensor, classify_tensors, fill_mask_tensors
+from bertserve.service.kserve.tensors import TEXT_INPUT, OutputTensor, task_tensors
 from bertserve.service.served_model import ServedModel
+from bertserve.service.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
 from bertserve.service.tasks import Task
 
 
@@ -150,33 +150,15 @@ def _requested(model: ServedModel, body: dict) -> list[tuple[str, bool | None]]:
     return requested
 
 
-async def _run_task(front: HttpFront, model: ServedModel, task: Task, texts, parameters, sequences, call):
-    truncate = parameter(parameters, "truncate", False)
-    core = front.core
+def _task_call(model: ServedModel, task: Task, parameters: dict, names: list[str]) -> TaskCall:
+    """The core's call for `task`, with the request parameters' types checked (the core checks ranges)."""
     if task is Task.EMBED:
-        result = await core.embed(
-            model.name,
-            texts,
-            truncate=truncate,
-            normalize=parameter(parameters, "normalize", None),
-            deadline=call.deadline,
-        )
-        return {"embedding": ("FP32", result.vectors)}
+        return EmbedCall(normalize=parameter(parameters, "normalize", None))
     if task is Task.CLASSIFY:
-        result = await core.classify(
-            model.name,
-            texts,
-            truncate=truncate,
-            top_k=parameter(parameters, "top_k", 0) or None,
-            raw_scores=parameter(parameters, "raw_scores", False),
-            deadline=call.deadline,
-        )
-        return _pairs(classify_tensors(result))
+        top_k = parameter(parameters, "top_k", 0) or None
+        return ClassifyCall(top_k=top_k, raw_scores=parameter(parameters, "raw_scores", False))
     top_k = parameter(parameters, "top_k", DEFAULT_FILL_MASK_TOP_K)
-    result = await core.fill_mask(
-        model.name, texts, truncate=truncate, top_k=top_k, sequences=sequences, deadline=call.deadline
-    )
-    return _pairs(fill_mask_tensors(model.manifest.tasks.fill_mask.mask_token, result, sequences))
+    return FillMaskCall(top_k=top_k, sequences="mask_sequences" in names)
 
 
 def _pairs(tensors: dict[str, OutputTensor]) -> dict[str, tuple]:
@@ -200,16 +182,15 @@ async def infer(front: HttpFront, call: Call) -> Response:
     available = model_outputs(model)
     names = [name for name, _ in requested]
     tasks = list(dict.fromkeys(available[name] for name in names))
-    # Every task's inputs are submitted at once, so they can share a batch (one encoder run).
-    outcomes = await asyncio.gather(
-        *(_run_task(front, model, t, texts, parameters, "mask_sequences" in names, call) for t in tasks),
-        return_exceptions=True,
+    calls = [_task_call(model, task, parameters, names) for task in tasks]
+    # One core call for every task: tokenized once, batched together (one encoder run).
+    outcomes = await front.core.infer(
+        model.name, texts, calls, truncate=parameter(parameters, "truncate", False), deadline=call.deadline
     )
     tensors: dict = {}
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
-        tensors.update(outcome)
+    mask_token = model.manifest.tasks.fill_mask.mask_token if model.manifest.tasks.fill_mask else ""
+    for task, outcome in zip(tasks, outcomes, strict=True):
+        tensors.update(_pairs(task_tensors(task, outcome, mask_token, "mask_sequences" in names)))
     outputs, chunks = [], []
     for name, flag in requested:
         tensor, raw = output_tensor(

@@ -38,10 +38,9 @@ from bertserve.service.errors import InvalidInput, ModelNotFound, quote
 from bertserve.service.kserve.tensors import (
     TEXT_INPUT,
     OutputTensor,
-    classify_tensors,
-    fill_mask_tensors,
     parameter,
     read_texts,
+    task_tensors,
     write_outputs,
 )
 from bertserve.service.results import ModelInfo
@@ -255,12 +254,7 @@ class OpenInferenceServicer:
         )
         tensors: dict[str, OutputTensor] = {}
         for task, outcome in zip(tasks, outcomes, strict=True):
-            if task is Task.EMBED:
-                tensors["embedding"] = OutputTensor("embedding", "FP32", outcome.vectors)
-            elif task is Task.CLASSIFY:
-                tensors.update(classify_tensors(outcome))
-            else:
-                tensors.update(fill_mask_tensors(model.mask_token, outcome, "mask_sequences" in names))
+            tensors.update(task_tensors(task, outcome, model.mask_token, "mask_sequences" in names))
         outputs = [tensors[name] for name in names]
         reply = functools.partial(_response, model, request.id, outputs, bool(request.raw_input_contents))
         if sum(t.values.size for t in outputs) * 4 > OFF_LOOP_BYTES:

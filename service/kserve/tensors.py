@@ -11,7 +11,8 @@ import numpy as np
 
 from bertserve.kserve import open_inference_pb2 as pb
 from bertserve.service.errors import InvalidInput, quote
-from bertserve.service.results import ClassifyResult, FillMaskResult
+from bertserve.service.results import ClassifyResult, EmbedResult, FillMaskResult
+from bertserve.service.tasks import Task
 
 TEXT_INPUT = "text"
 LENGTH_PREFIX = struct.Struct("<I")  # BYTES elements in raw contents: uint32 little-endian length, then bytes
@@ -161,6 +162,17 @@ def classify_tensors(outcome: ClassifyResult) -> dict[str, OutputTensor]:
         "labels": OutputTensor("labels", "BYTES", _object_array(labels)),
         "label_scores": OutputTensor("label_scores", "FP32", _stack(scores)),
     }
+
+
+def task_tensors(
+    task: Task, outcome: EmbedResult | FillMaskResult | ClassifyResult, mask_token: str, sequences: bool
+) -> dict[str, OutputTensor]:
+    """One task's outputs from its core result (`InferenceCore.infer`), for both KServe fronts."""
+    if task is Task.EMBED:
+        return {"embedding": OutputTensor("embedding", "FP32", outcome.vectors)}
+    if task is Task.CLASSIFY:
+        return classify_tensors(outcome)
+    return fill_mask_tensors(mask_token, outcome, sequences)
 
 
 def _stack(rows) -> np.ndarray:
