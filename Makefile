@@ -72,31 +72,27 @@ lint: setup
 bench: setup export-default
 	$(BIN)/bertserve bench --model-repo $(REPO) --out bench-results
 
-# Continued masked-LM pretraining for fill-mask (`bertserve pretrain`, export/pretrain/): MiniLM's top two
-# layers (4, 5) and the MLM head (started from the committed WordNet head) trained on WordNet glosses, never
-# on the held-out noun synsets train-heads measures on; embeddings, layers 0-3 and the tied decoder frozen.
-# Niced, one thread, resumable (a stopped run continues from $(PRETRAIN_OUT)/resume.pt); 45 min here. The
-# trained tensors (15 MB) and pretrain.json (recipe, figures, sha256) land in export/pretrain/weights/.
+# The default fill-mask model's continued masked-LM pretraining (`bertserve pretrain`, export/pretrain/; README,
+# Pretraining), on WordNet glosses, never on the held-out synsets train-heads measures on. Four stages, each
+# from the previous stage's checkpoint (pretrain.json records its sha256): MiniLM's layers 4-5 and the MLM head
+# (started from the committed WordNet head), 900 then 600 steps; layers 2-5, 4,000 steps; layers 1-5, 7,000
+# steps. Embeddings, layer 0 and the tied decoder stay MiniLM's. Then `bertserve pack-pretrained` checks the
+# chain and writes the tensors that differ from MiniLM (float16) with every stage's record into
+# export/pretrain/weights/. Niced and resumable (run it again after a stop); about 5 h of CPU here.
 PRETRAIN_OUT ?= build/pretrain-fill-mask
+PRETRAIN = nice -n 19 $(BIN)/bertserve pretrain --wordnet --batch-size 64 --resume
 .PHONY: pretrain-fill-mask
 pretrain-fill-mask: setup system-packages
-	nice -n 19 $(BIN)/bertserve pretrain --default --wordnet --train-layers 4: --steps 900 --batch-size 64 \
-	  --learning-rate 5e-4 --warmup-steps 60 --seed 0 --threads 1 --save-every 50 --resume --out $(PRETRAIN_OUT)
-	mkdir -p export/pretrain/weights
-	cp $(PRETRAIN_OUT)/trained.safetensors $(PRETRAIN_OUT)/pretrain.json export/pretrain/weights/
-
-# The deeper recipe (README, Pretraining): after the run above, 600 more steps of layers 4-5, then layers 2-5
-# and the head for 4,000 steps. Each stage starts from the previous stage's checkpoint (pretrain.json records
-# its sha256). About 2.5 h of one niced thread here; the result is not the default model (yet).
-PRETRAIN_DEEP_OUT ?= build/pretrain-fill-mask-deep
-.PHONY: pretrain-fill-mask-deep
-pretrain-fill-mask-deep: pretrain-fill-mask
-	nice -n 19 $(BIN)/bertserve pretrain --checkpoint $(PRETRAIN_OUT)/checkpoint --wordnet --train-layers 4: \
-	  --steps 600 --batch-size 64 --learning-rate 3e-4 --warmup-steps 30 --seed 1 --threads 1 --save-every 50 \
-	  --resume --out $(PRETRAIN_DEEP_OUT)/layers-4-5
-	nice -n 19 $(BIN)/bertserve pretrain --checkpoint $(PRETRAIN_DEEP_OUT)/layers-4-5/checkpoint --wordnet \
-	  --train-layers 2: --steps 4000 --batch-size 64 --learning-rate 4e-4 --warmup-steps 100 --seed 2 --threads 1 \
-	  --save-every 100 --resume --out $(PRETRAIN_DEEP_OUT)/layers-2-5
+	$(PRETRAIN) --default --train-layers 4: --steps 900 --learning-rate 5e-4 --warmup-steps 60 --seed 0 \
+	  --threads 1 --save-every 50 --out $(PRETRAIN_OUT)/1-layers-4-5
+	$(PRETRAIN) --checkpoint $(PRETRAIN_OUT)/1-layers-4-5/checkpoint --train-layers 4: --steps 600 \
+	  --learning-rate 3e-4 --warmup-steps 30 --seed 1 --threads 1 --save-every 50 --out $(PRETRAIN_OUT)/2-layers-4-5
+	$(PRETRAIN) --checkpoint $(PRETRAIN_OUT)/2-layers-4-5/checkpoint --train-layers 2: --steps 4000 \
+	  --learning-rate 4e-4 --warmup-steps 100 --seed 2 --threads 1 --save-every 100 --out $(PRETRAIN_OUT)/3-layers-2-5
+	$(PRETRAIN) --checkpoint $(PRETRAIN_OUT)/3-layers-2-5/checkpoint --train-layers 1: --steps 7000 \
+	  --learning-rate 3e-4 --warmup-steps 100 --seed 3 --threads 2 --save-every 100 --out $(PRETRAIN_OUT)/4-layers-1-5
+	$(BIN)/bertserve pack-pretrained $(PRETRAIN_OUT)/1-layers-4-5 $(PRETRAIN_OUT)/2-layers-4-5 \
+	  $(PRETRAIN_OUT)/3-layers-2-5 $(PRETRAIN_OUT)/4-layers-1-5 --wordnet --out export/pretrain/weights
 
 # The long variants (tests/test_hardening_load.py): a 30 s overload at 4x capacity and a 10-minute soak at
 # 70% of capacity, which also assert throughput and latency against capacity; -s prints the measured

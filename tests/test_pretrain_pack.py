@@ -149,3 +149,37 @@ def test_default_heads_export_and_the_fill_mask_model_answers_everyday_sentences
         response = client.fill_mask(["paris is the [MASK] of france."], model="wordnet-fill-mask", top_k=5)
     (mask,) = response.results[0].masks
     assert "capital" in [c.token for c in mask.candidates]
+
+
+def test_make_pretrain_fill_mask_is_the_committed_recipe():
+    """The one command that reproduces the committed weights runs exactly the stages pretrain.json records."""
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    from bertserve.cli import build_parser
+    from bertserve.export.pretrain.model_setup import LayerRange
+    from bertserve.export.pretrain.output import COMMITTED_DIR, RECORD_FILE
+
+    root = Path(__file__).resolve().parent.parent
+    dry = subprocess.run(
+        ["make", "-n", "-C", str(root), "pretrain-fill-mask"], capture_output=True, text=True, check=True
+    ).stdout.replace("\\\n", " ")
+    parser = build_parser("bertserve.export.pretrain.commands")
+    runs = []
+    for line in dry.splitlines():
+        words = shlex.split(line)
+        if "pretrain" in words and any(w.endswith("bertserve") for w in words):
+            runs.append(parser.parse_args(words[words.index("pretrain") :]))
+    stages = json.loads((COMMITTED_DIR / RECORD_FILE).read_text())["stages"]
+    assert len(runs) == len(stages) and runs[0].default and all(r.wordnet for r in runs)
+    for run, stage in zip(runs, stages, strict=True):
+        layers = LayerRange.parse(run.train_layers, 6)
+        made = [run.steps, run.batch_size, run.learning_rate, run.warmup_steps, run.seed, run.threads]
+        recipe = stage["recipe"]
+        recorded = [
+            recipe[k] for k in ("steps", "batch_size", "learning_rate", "warmup_steps", "seed", "threads")
+        ]
+        assert made == recorded and [layers.start, layers.stop] == recipe["layers"]
+    pack = next(line for line in dry.splitlines() if "pack-pretrained" in line)
+    assert str(COMMITTED_DIR.relative_to(root)) in pack and "--wordnet" in pack
