@@ -76,6 +76,22 @@ def test_pack_refuses_a_broken_chain_an_unfinished_stage_and_other_text(stages, 
     assert not (work / "skipped-one" / "trained.safetensors").exists()
 
 
+def test_pack_refuses_weights_float16_cannot_hold(stages, tmp_path):
+    from safetensors.torch import save_file
+
+    base, work, text = stages
+    shutil.copytree(work / "one", tmp_path / "huge")
+    path = tmp_path / "huge" / "checkpoint" / "model.safetensors"
+    state = load_file(str(path))
+    name = next(k for k in state if k.startswith("bert.encoder.layer.1.") and k.endswith(".weight"))
+    state[name] = state[name].clone()
+    state[name].view(-1)[0] = 1e6  # beyond float16's 65504
+    save_file(state, str(path), metadata={"format": "pt"})
+    assert _pack(base, tmp_path, text, "huge", out="packed16") == 1
+    data = ["--text", str(text), "--dtype", "float32"]
+    assert _pack(base, tmp_path, text, "huge", out="packed32", data=data) == 0
+
+
 def test_export_records_what_the_packed_model_shares_with_its_base(stages, tmp_path):
     from bertserve.cli import main
     from bertserve.manifest import Manifest

@@ -4,8 +4,8 @@ Each `bertserve pretrain` stage starts from the previous stage's checkpoint (its
 checkpoint's sha256), the first from the base model. `pack` checks the chain link by link, keeps the
 tensors of the last stage's checkpoint that differ from the base (the trained layers and the MLM head),
 stores them in float16 by default (half the bytes, so five trained layers stay under 25 MB), and measures
-the held-out figures again (on the last stage's held-out text) on the packed tensors assembled onto the base: what `bertserve export` and the
-server will run. The record lists every stage's recipe and figures and which modules the packed model
+the held-out figures again, on the last stage's held-out text, with the packed tensors assembled onto the
+base: what `bertserve export` and the server will run. The record lists every stage's recipe and figures and which modules the packed model
 still shares with the base.
 """
 
@@ -62,10 +62,8 @@ def changed_tensors(base_dir: Path, checkpoint_dir: Path) -> dict[str, torch.Ten
     return {
         name: tensor
         for name, tensor in final.items()
-        if name.startswith("cls.predictions.")
-        and not name.startswith("cls.predictions.decoder.")
-        or name in base
-        and not torch.equal(base[name], tensor)
+        if (name.startswith("cls.predictions.") and not name.startswith("cls.predictions.decoder."))
+        or (name in base and not torch.equal(base[name], tensor))
     }
 
 
@@ -89,6 +87,9 @@ def pack(
         )
     changed = changed_tensors(base_dir, Path(stage_dirs[-1]) / output.CHECKPOINT_SUBDIR)
     packed = {name: tensor.to(PACKED_DTYPES[dtype]).contiguous() for name, tensor in sorted(changed.items())}
+    overflowed = [name for name, tensor in packed.items() if not torch.isfinite(tensor).all()]
+    if overflowed:
+        raise output.PretrainedWeightsError(f"{dtype} cannot hold {overflowed}: pack with --dtype float32")
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(packed, str(out_dir / output.TRAINED_FILE), metadata=SAFETENSORS_METADATA)
     num_layers = json.loads((base_dir / "config.json").read_text())["num_hidden_layers"]
