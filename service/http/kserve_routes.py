@@ -150,7 +150,7 @@ def _requested(model: ServedModel, body: dict) -> list[tuple[str, bool | None]]:
     return requested
 
 
-def _task_call(model: ServedModel, task: Task, parameters: dict, names: list[str]) -> TaskCall:
+def _task_call(task: Task, parameters: dict, names: list[str]) -> TaskCall:
     """The core's call for `task`, with the request parameters' types checked (the core checks ranges)."""
     if task is Task.EMBED:
         return EmbedCall(normalize=parameter(parameters, "normalize", None))
@@ -182,7 +182,7 @@ async def infer(front: HttpFront, call: Call) -> Response:
     available = model_outputs(model)
     names = [name for name, _ in requested]
     tasks = list(dict.fromkeys(available[name] for name in names))
-    calls = [_task_call(model, task, parameters, names) for task in tasks]
+    calls = [_task_call(task, parameters, names) for task in tasks]
     # One core call for every task: tokenized once, batched together (one encoder run).
     outcomes = await front.core.infer(
         model.name, texts, calls, truncate=parameter(parameters, "truncate", False), deadline=call.deadline
