@@ -73,12 +73,12 @@ bench: setup export-default
 	$(BIN)/bertserve bench --model-repo $(REPO) --out bench-results
 
 # The default fill-mask model's continued masked-LM pretraining (`bertserve pretrain`, export/pretrain/; README,
-# Pretraining), on WordNet glosses, never on the held-out synsets train-heads measures on. Four stages, each
+# Pretraining), on WordNet glosses, never on the held-out synsets train-heads measures on. Five stages, each
 # from the previous stage's checkpoint (pretrain.json records its sha256): MiniLM's layers 4-5 and the MLM head
 # (started from the committed WordNet head), 900 then 600 steps; layers 2-5, 4,000 steps; layers 1-5, 7,000
-# steps. Embeddings, layer 0 and the tied decoder stay MiniLM's. Then `bertserve pack-pretrained` checks the
-# chain and writes the tensors that differ from MiniLM (float16) with every stage's record into
-# export/pretrain/weights/. Niced and resumable (run it again after a stop); about 5 h of CPU here.
+# steps; all six layers, 5,000 steps. The embeddings and the tied decoder stay MiniLM's. Then `bertserve
+# pack-pretrained` checks the chain and writes the tensors that differ from MiniLM (float16) with every stage's
+# record into export/pretrain/weights/. Niced and resumable (run it again after a stop); about 5 h here.
 PRETRAIN_OUT ?= build/pretrain-fill-mask
 PRETRAIN = nice -n 19 $(BIN)/bertserve pretrain --wordnet --batch-size 64 --resume
 .PHONY: pretrain-fill-mask
@@ -91,8 +91,11 @@ pretrain-fill-mask: setup system-packages
 	  --learning-rate 4e-4 --warmup-steps 100 --seed 2 --threads 1 --save-every 100 --out $(PRETRAIN_OUT)/3-layers-2-5
 	$(PRETRAIN) --checkpoint $(PRETRAIN_OUT)/3-layers-2-5/checkpoint --train-layers 1: --steps 7000 \
 	  --learning-rate 3e-4 --warmup-steps 100 --seed 3 --threads 2 --save-every 100 --out $(PRETRAIN_OUT)/4-layers-1-5
+	$(PRETRAIN) --checkpoint $(PRETRAIN_OUT)/4-layers-1-5/checkpoint --train-layers 0: --steps 5000 \
+	  --learning-rate 2e-4 --warmup-steps 100 --seed 4 --threads 2 --save-every 100 --out $(PRETRAIN_OUT)/5-layers-0-5
 	$(BIN)/bertserve pack-pretrained $(PRETRAIN_OUT)/1-layers-4-5 $(PRETRAIN_OUT)/2-layers-4-5 \
-	  $(PRETRAIN_OUT)/3-layers-2-5 $(PRETRAIN_OUT)/4-layers-1-5 --wordnet --out export/pretrain/weights
+	  $(PRETRAIN_OUT)/3-layers-2-5 $(PRETRAIN_OUT)/4-layers-1-5 $(PRETRAIN_OUT)/5-layers-0-5 --wordnet \
+	  --out export/pretrain/weights
 
 # The long variants (tests/test_hardening_load.py): a 30 s overload at 4x capacity and a 10-minute soak at
 # 70% of capacity, which also assert throughput and latency against capacity; -s prints the measured
