@@ -3,7 +3,7 @@ Dockerfile export them with `bertserve export-default-heads`.
 
 - wordnet-noun-category: MiniLM, frozen, + the WordNet classifier head (export/heads): a head-only model on
   the encoder model, since its encoder is MiniLM's.
-- wordnet-fill-mask: MiniLM + continued masked-LM pretraining (export/pretrain/weights: the upper layers and
+- wordnet-fill-mask: MiniLM + continued masked-LM pretraining (export/pretrain/weights: the encoder layers and
   the MLM head, packed by `bertserve pack-pretrained`). Its trained layers differ from MiniLM's, so it is a
   model of its own; its manifest records the modules it still shares with MiniLM
   (`export.pretraining.shared_with_base`). With `fill_mask_from_heads` it is the earlier WordNet MLM head on
