@@ -117,6 +117,15 @@ class ServerProcess:
         times = process.cpu_times()
         return times.user + times.system + times.children_user + times.children_system
 
+    def loop_cpu_seconds(self) -> float | None:
+        """User + system CPU time of the server's main thread (its event loop: gRPC's per-call work,
+        admission, replies) so far; None for a server that is not running or not reachable."""
+        if self.process is None or self.process.returncode is not None:
+            return None
+        pid = self.process.pid
+        main = [t for t in psutil.Process(pid).threads() if t.id == pid]
+        return main[0].user_time + main[0].system_time if main else None
+
     def rss_mb(self) -> float | None:
         if self.process is None or self.process.returncode is not None:
             return None

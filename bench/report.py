@@ -111,6 +111,12 @@ def markdown(result: dict) -> str:
             "",
             f"Profile, {precision} at batch {p['batch_size']}: {top}; outside operators {_num(outside and 100 * outside)}% ({p['trace']}).",
         ]
+    per_call = result.get("per_call_profile")
+    if per_call:
+        lines += ["", "Per-call profile (server-fp32, the single_vs_bulk phases):", ""]
+        keys = list(per_call["single"])
+        rows = [[kind, *(_num(per_call[kind][k], 3) for k in keys)] for kind in ("single", "bulk")]
+        lines += _table(["requests", *(k.replace("_", " ") for k in keys)], rows)
     lines += ["", f"fp32 GEMM peak: {_num(gemm.get('peak_gflops'))} GFLOP/s ({gemm.get('peak_library')}, {gemm.get('peak_shape')}).",
               "", "## Ratios and goals", ""]  # fmt: skip
     rows = [

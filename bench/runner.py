@@ -351,6 +351,7 @@ async def run(config: BenchConfig) -> dict:
         "gemm": gemm_peak,
         "inprocess": ceilings,
         "profile": profiles,
+        "per_call_profile": analysis.per_call_profile(targets),
         "targets": targets,
         "ratios": ratios,
         "padding_ratio": ratios["padding_ratio"],

@@ -65,6 +65,7 @@ def phase_delta(before: dict[Sample, float], after: dict[Sample, float], seconds
     for (sample, labels), value in after.items():
         if sample == f"{p}requests_total":
             codes[dict(labels).get("code", "?")] += value - before.get((sample, labels), 0.0)
+    padded = _delta(before, after, f"{p}batch_tokens_sum")
     return {
         "queue_ms_mean": mean("queue_duration_seconds", 1e3),  # per input, enqueue to compute
         "inference_ms_mean": mean("inference_duration_seconds", 1e3),  # per batch
@@ -72,7 +73,9 @@ def phase_delta(before: dict[Sample, float], after: dict[Sample, float], seconds
         "request_ms_mean": mean("request_duration_seconds", 1e3),
         "batches": batches,
         "batch_size_mean": mean("batch_size"),
-        "batch_tokens_padded": _delta(before, after, f"{p}batch_tokens_sum"),
+        "batch_tokens_padded": padded,
+        # the encoder's own speed: compute time per padded token (grows when other threads take its cores)
+        "inference_us_per_padded_token": _ratio(inference_busy, padded, 1e6),
         "padding_ratio_mean_per_batch": mean("padding_ratio"),
         "inputs": _delta(before, after, f"{p}inputs_total"),
         "dropped": _delta(before, after, f"{p}dropped_total"),

@@ -84,14 +84,24 @@ class TargetRun:
             await closed_loop(self.call, warmup, concurrency, label=f"{label} warm-up")
         before = await scrape(self.server.metrics_url)
         server_cpu, client_cpu = self.server.cpu_seconds(), time.process_time()
+        loop_cpu = self.server.loop_cpu_seconds()
         result = await phase
         server_cpu = _elapsed(server_cpu, self.server.cpu_seconds())
+        loop_cpu = _elapsed(loop_cpu, self.server.loop_cpu_seconds())
         client_cpu = time.process_time() - client_cpu
         after = await scrape(self.server.metrics_url)
         summary = result.summary()
         # CPU cores kept busy (2.0 = two cores) by the server and by this load generator, during the phase
         summary["server_cpu_cores"] = server_cpu / result.seconds if server_cpu is not None else None
         summary["client_cpu_cores"] = client_cpu / result.seconds
+        # the server's CPU per input answered, all threads and its event loop's thread alone (the per-call tax)
+        # (the kernel counts thread CPU in clock ticks, 10 ms: a short phase reads coarse figures)
+        inputs = summary["inputs"]
+        for key, seconds in (
+            ("server_cpu_ms_per_input", server_cpu),
+            ("server_loop_cpu_ms_per_input", loop_cpu),
+        ):
+            summary[key] = 1e3 * seconds / inputs if seconds is not None and inputs else None
         summary["server"] = phase_delta(before, after, result.seconds)
         self.log(_line(self.server.name, label, summary))
         return summary

@@ -134,6 +134,18 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     per_call = result["targets"]["server-fp32"]["per_call"]  # the same 24 texts, one per call and 32 per call
     assert per_call["single"]["inputs"] == per_call["bulk"]["inputs"] == 24
     assert per_call["bulk"]["requests_ok"] == 1 and per_call["single"]["requests_ok"] == 24
+    profile = result["per_call_profile"]  # where a call's cost goes: CPU per input, the loop's share of it
+    assert profile["single"]["loop_cpu_ms_per_input"] > 0  # 24 calls: more than the 10 ms clock tick
+    for kind in ("single", "bulk"):
+        row, phase = profile[kind], per_call[kind]
+        assert row["inputs_per_s"] == phase["inputs_per_s"]
+        assert 0 <= row["loop_cpu_ms_per_input"] <= row["server_cpu_ms_per_input"], kind
+        padded_us = 1e6 * phase["server"]["inference_busy_fraction"] * phase["seconds"]
+        assert math.isclose(
+            row["inference_us_per_padded_token"],
+            padded_us / phase["server"]["batch_tokens_padded"],
+            rel_tol=1e-6,
+        )
     assert (
         result["padding_ratio"] >= 1.0
         and result["gemm_peak_fraction"] == result["ratios"]["gemm_peak_fraction"]
@@ -183,6 +195,7 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
 
     table = (out / "bench.md").read_text()
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table
+    assert "| requests | inputs per s | server cpu ms per input | loop cpu ms per input |" in table
     for plot in ("throughput.png", "latency.png"):
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -76,6 +76,35 @@ def test_pack_refuses_a_broken_chain_an_unfinished_stage_and_other_text(stages, 
     assert not (work / "skipped-one" / "trained.safetensors").exists()
 
 
+def test_a_chain_continues_from_an_earlier_pack_assembled(stages, tmp_path):
+    """Stage one packed, assembled, and trained on as stage three: packed with --continues, the record
+    lists both stages and where the chain was packed; without it (or continuing another pack) refused."""
+    from bertserve.cli import main
+
+    base, work, text = stages
+    assert _pack(base, work, text, "one", out="packed-one") == 0
+    assemble = ["assemble-pretrained", "--checkpoint", str(base), "--weights", str(work / "packed-one")]
+    assert main([*assemble, "--out", str(tmp_path / "assembled")]) == 0
+    args = ["pretrain", "--checkpoint", str(tmp_path / "assembled"), "--text", str(text), *PRETRAIN_ARGS]
+    assert main([*args, "--out", str(tmp_path / "three")]) == 0
+    shutil.copytree(work / "one", tmp_path / "one")
+    assert _pack(base, tmp_path, text, "three", out="alone") == 1  # it did not start from the base
+    assert _pack(base, tmp_path, text, "one", "three", out="chained") == 1  # nor from stage one itself
+    continued = ["--text", str(text), "--continues", str(work / "packed-one")]
+    assert _pack(base, tmp_path, text, "three", out="continued", data=continued) == 0
+    record = json.loads((tmp_path / "continued" / "pretrain.json").read_text())
+    earlier = json.loads((work / "packed-one" / "pretrain.json").read_text())
+    own = json.loads((tmp_path / "three" / "pretrain.json").read_text())
+    assert [s["base"] for s in record["stages"]] == [earlier["stages"][0]["base"], own["base"]]
+    assert record["continues"]["after_stage"] == 1 and record["continues"]["dtype"] == "float16"
+    assert record["continues"]["assembled_model_sha256"] == own["base"]["model_sha256"]
+    assert record["held_out"]["after"]["masks"] == own["held_out"]["after"]["masks"]
+    if not (work / "packed" / "pretrain.json").is_file():
+        assert _pack(base, work, text, "one", "two") == 0
+    other = ["--text", str(text), "--continues", str(work / "packed")]  # stages one and two, not one
+    assert _pack(base, tmp_path, text, "three", out="other-pack", data=other) == 1
+
+
 def test_pack_refuses_weights_float16_cannot_hold(stages, tmp_path):
     from safetensors.torch import save_file
 

@@ -88,6 +88,12 @@ def register(subparsers) -> None:
     pack.add_argument("--out", metavar="DIR", required=True, help="output directory")
     pack.add_argument("--checkpoint", metavar="DIR", help="base checkpoint (default: the default model)")
     pack.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="(default float16)")
+    pack.add_argument(
+        "--continues",
+        metavar="PACKED_DIR",
+        help="an earlier pack on this base: the first stage started from it assembled (assemble-pretrained); "
+        "the record lists its stages first",
+    )
     _text_arguments(pack, "the text the last stage trained on (its held-out part is measured again)")
     pack.set_defaults(run=run_pack)
 
@@ -207,7 +213,9 @@ def run_pack(args: argparse.Namespace) -> int:
         data = Source(
             base, name, None, False, tuple(Path(p) for p in args.text), args.wordnet, args.held_out_percent
         )
-        pack(base, name, [Path(s) for s in args.stages], Path(args.out), data, args.dtype, log=print)
+        continues = Path(args.continues) if args.continues else None
+        stages = [Path(s) for s in args.stages]
+        pack(base, name, stages, Path(args.out), data, args.dtype, log=print, continues=continues)
     except (ExportError, WordNetMissing, OSError, KeyError, json.JSONDecodeError) as e:
         print(f"bertserve pack-pretrained: error: {e}", file=sys.stderr)
         return 1

@@ -1,12 +1,14 @@
 """Packing a chain of pretraining stages into the weights the repository commits.
 
 Each `bertserve pretrain` stage starts from the previous stage's checkpoint (its pretrain.json records that
-checkpoint's sha256), the first from the base model. `pack` checks the chain link by link, keeps the
-tensors of the last stage's checkpoint that differ from the base (the trained layers and the MLM head),
-stores them in float16 by default (half the bytes: six trained layers and the head take 21.7 MB), and measures
-the held-out figures again, on the last stage's held-out text, with the packed tensors assembled onto the
-base: what `bertserve export` and the server will run. The record lists every stage's recipe and figures and which modules the packed model
-still shares with the base.
+checkpoint's sha256), the first from the base model, or, when the chain continues an earlier pack
+(`continues`), from that pack assembled onto the base (what `bertserve assemble-pretrained` writes, byte for
+byte). `pack` checks the chain link by link, keeps the tensors of the last stage's checkpoint that differ
+from the base (the trained layers and the MLM head), stores them in float16 by default (half the bytes: six
+trained layers and the head take 21.7 MB), and measures the held-out figures again, on the last stage's
+held-out text, with the packed tensors assembled onto the base: what `bertserve export` and the server will
+run. The record lists every stage's recipe and figures and which modules the packed model still shares
+with the base.
 """
 
 from __future__ import annotations
@@ -39,16 +41,18 @@ def _stage_record(stage_dir: Path) -> dict:
     return record
 
 
-def check_chain(base_dir: Path, stage_dirs: list[Path]) -> list[dict]:
-    """Every stage's record, once each started from the checkpoint before it (the first from the base)."""
+def check_chain(base_dir: Path, stage_dirs: list[Path], start_sha256: str | None = None) -> list[dict]:
+    """Every stage's record, once each started from the checkpoint before it; the first from the checkpoint
+    whose weights file has `start_sha256` (default: the base's)."""
     if not stage_dirs:
         raise output.PretrainedWeightsError("no stages to pack")
-    records, expected = [], sha256_file(find_weights_file(base_dir))
-    for stage_dir in stage_dirs:
+    records, expected = [], start_sha256 or sha256_file(find_weights_file(base_dir))
+    for index, stage_dir in enumerate(stage_dirs):
         record = _stage_record(stage_dir)
         if record["base"]["model_sha256"] != expected:
+            start = "the continued pack, assembled" if start_sha256 else "the base"
             raise output.PretrainedWeightsError(
-                f"{stage_dir} did not start from the previous stage's checkpoint (or from the base)"
+                f"{stage_dir} did not start from " + ("the previous stage's checkpoint" if index else start)
             )
         records.append({key: record[key] for key in STAGE_KEYS if key in record})
         expected = sha256_file(find_weights_file(stage_dir / output.CHECKPOINT_SUBDIR))
@@ -67,6 +71,15 @@ def changed_tensors(base_dir: Path, checkpoint_dir: Path) -> dict[str, torch.Ten
     }
 
 
+def continued_pack(base_dir: Path, packed_dir: Path) -> tuple[dict, str]:
+    """(record, sha256 of its assembled weights file) of an earlier pack on the same base: the checkpoint a
+    continuing chain's first stage must have started from."""
+    with tempfile.TemporaryDirectory() as scratch:
+        checkpoint = output.assemble(base_dir, packed_dir, Path(scratch) / output.CHECKPOINT_SUBDIR)
+        start_sha256 = sha256_file(find_weights_file(checkpoint))
+    return json.loads((Path(packed_dir) / output.RECORD_FILE).read_text()), start_sha256
+
+
 def pack(
     base_dir: Path,
     base_name: str,
@@ -75,11 +88,15 @@ def pack(
     data: Source,
     dtype: str = "float16",
     log: Callable[[str], None] = print,
+    continues: Path | None = None,
 ) -> dict:
     """Writes OUT/trained.safetensors and OUT/pretrain.json; returns the record. `data` names the text the
-    last stage trained on (its held-out part is measured again); its checkpoint_dir is not used."""
+    last stage trained on (its held-out part is measured again); its checkpoint_dir is not used.
+    `continues`: an earlier pack (on this base) whose assembled checkpoint the first stage started from; the
+    record then lists that pack's stages before these, and `continues` says where the chain was packed."""
     base_dir, out_dir = Path(base_dir), Path(out_dir)
-    stages = check_chain(base_dir, [Path(s) for s in stage_dirs])
+    earlier, start_sha256 = continued_pack(base_dir, continues) if continues else ({}, None)
+    stages = earlier.get("stages", []) + check_chain(base_dir, [Path(s) for s in stage_dirs], start_sha256)
     recorded = {k: stages[-1]["data"][k] for k in ("wordnet", "text_files")}
     if data_record(data) != recorded:
         raise output.PretrainedWeightsError(
@@ -99,6 +116,7 @@ def pack(
         "base": {"name": base_name, "model_sha256": sha256_file(find_weights_file(base_dir))},
         "dtype": dtype,
         "stages": stages,
+        **({"continues": _continued_record(earlier, start_sha256)} if continues else {}),
         "trained_tensors": len(packed),
         "trained_parameters": int(sum(t.numel() for t in packed.values())),
         "shared_with_base": shared,
@@ -115,6 +133,17 @@ def pack(
     )
     output.write_record(out_dir, record)
     return record
+
+
+def _continued_record(earlier: dict, start_sha256: str) -> dict:
+    """Where the chain was packed and went on: after stage N, from the weights packed in DTYPE."""
+    return {
+        "after_stage": len(earlier["stages"]),
+        "dtype": earlier["dtype"],
+        "trained_sha256": earlier["files"][output.TRAINED_FILE]["sha256"],
+        "assembled_model_sha256": start_sha256,
+        "held_out": earlier["held_out"]["after"],
+    }
 
 
 def _measure(base_dir: Path, weights_dir: Path, record: dict, data: Source) -> dict:
