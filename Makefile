@@ -73,12 +73,15 @@ bench: setup export-default
 	$(BIN)/bertserve bench --model-repo $(REPO) --out bench-results
 
 # The default fill-mask model's continued masked-LM pretraining (`bertserve pretrain`, export/pretrain/; README,
-# Pretraining), on WordNet glosses, never on the held-out synsets train-heads measures on. Five stages, each
+# Pretraining), on WordNet glosses, never on the held-out synsets train-heads measures on. Six stages, each
 # from the previous stage's checkpoint (pretrain.json records its sha256): MiniLM's layers 4-5 and the MLM head
 # (started from the committed WordNet head), 900 then 600 steps; layers 2-5, 4,000 steps; layers 1-5, 7,000
-# steps; all six layers, 5,000 steps. The embeddings and the tied decoder stay MiniLM's. Then `bertserve
-# pack-pretrained` checks the chain and writes the tensors that differ from MiniLM (float16) with every stage's
-# record into export/pretrain/weights/. Niced and resumable (run it again after a stop); about 5 h here.
+# steps; all six layers, 5,000 steps; then those five packed (float16), assembled onto MiniLM, and all six
+# layers again, 9,000 steps. The embeddings and the tied decoder stay MiniLM's. `bertserve pack-pretrained`
+# checks the chain (the sixth stage through --continues: it started from the assembled pack) and writes the
+# tensors that differ from MiniLM (float16) with every stage's record into export/pretrain/weights/, and a
+# summary (recipes, figures, sha256) into export/heads/weights/heads.json beside the WordNet head. Niced
+# and resumable (run it again after a stop); about 5 h on the slower of this project's machines.
 PRETRAIN_OUT ?= build/pretrain-fill-mask
 PRETRAIN = nice -n 19 $(BIN)/bertserve pretrain --wordnet --batch-size 64 --resume
 .PHONY: pretrain-fill-mask
@@ -95,7 +98,12 @@ pretrain-fill-mask: setup system-packages
 	  --learning-rate 2e-4 --warmup-steps 100 --seed 4 --threads 2 --save-every 100 --out $(PRETRAIN_OUT)/5-layers-0-5
 	$(BIN)/bertserve pack-pretrained $(PRETRAIN_OUT)/1-layers-4-5 $(PRETRAIN_OUT)/2-layers-4-5 \
 	  $(PRETRAIN_OUT)/3-layers-2-5 $(PRETRAIN_OUT)/4-layers-1-5 $(PRETRAIN_OUT)/5-layers-0-5 --wordnet \
-	  --out export/pretrain/weights
+	  --out $(PRETRAIN_OUT)/packed-1-5
+	$(BIN)/bertserve assemble-pretrained --weights $(PRETRAIN_OUT)/packed-1-5 --out $(PRETRAIN_OUT)/assembled-1-5
+	$(PRETRAIN) --checkpoint $(PRETRAIN_OUT)/assembled-1-5 --train-layers 0: --steps 9000 \
+	  --learning-rate 2e-4 --warmup-steps 100 --seed 5 --threads 2 --save-every 100 --out $(PRETRAIN_OUT)/6-layers-0-5
+	$(BIN)/bertserve pack-pretrained $(PRETRAIN_OUT)/6-layers-0-5 --continues $(PRETRAIN_OUT)/packed-1-5 \
+	  --wordnet --out export/pretrain/weights --heads-json export/heads/weights/heads.json
 
 # The long variants (tests/test_hardening_load.py): a 30 s overload at 4x capacity and a 10-minute soak at
 # 70% of capacity, which also assert throughput and latency against capacity; -s prints the measured

@@ -101,6 +101,20 @@ def test_a_chain_continues_from_an_earlier_pack_assembled(stages, tmp_path):
     assert record["held_out"]["after"]["masks"] == own["held_out"]["after"]["masks"]
     if not (work / "packed" / "pretrain.json").is_file():
         assert _pack(base, work, text, "one", "two") == 0
+    heads = tmp_path / "heads" / "heads.json"  # train-heads' record gains a summary, nothing else changes
+    heads.parent.mkdir()
+    heads.write_text(json.dumps({"fill_mask": {"held_out": {"top1": 0.1}}, "files": {}}))
+    summarized = [*continued, "--heads-json", str(heads)]
+    assert _pack(base, tmp_path, text, "three", out="continued", data=summarized) == 0
+    summary = json.loads(heads.read_text())
+    assert summary["fill_mask"] == {"held_out": {"top1": 0.1}} and summary["files"] == {}
+    summary = summary["fill_mask_pretraining"]
+    assert (
+        summary["record"] == "../continued/pretrain.json"
+        and summary["held_out"] == record["held_out"]["after"]
+    )
+    assert summary["trained_sha256"] == record["files"]["trained.safetensors"]["sha256"]
+    assert [s["steps"] for s in summary["stages"]] == [s["recipe"]["steps"] for s in record["stages"]]
     other = ["--text", str(text), "--continues", str(work / "packed")]  # stages one and two, not one
     assert _pack(base, tmp_path, text, "three", out="other-pack", data=other) == 1
 
@@ -154,7 +168,7 @@ def test_export_records_what_the_packed_model_shares_with_its_base(stages, tmp_p
 def test_committed_weights_are_small_packed_and_better_than_the_wordnet_head():
     """export/pretrain/weights: measured on train-heads' held-out masks, its chain starting at MiniLM."""
     from bertserve.export.default_model import default_checkpoint_dir
-    from bertserve.export.heads.assemble import read_heads_record
+    from bertserve.export.heads.assemble import COMMITTED_HEADS_DIR, read_heads_record
     from bertserve.export.pretrain.output import COMMITTED_DIR, RECORD_FILE
     from bertserve.manifest import sha256_file
 
@@ -170,6 +184,10 @@ def test_committed_weights_are_small_packed_and_better_than_the_wordnet_head():
     assert (
         sha256_file(COMMITTED_DIR / "trained.safetensors") == record["files"]["trained.safetensors"]["sha256"]
     )
+    summary = read_heads_record()["fill_mask_pretraining"]  # heads.json's summary is this record's
+    assert summary["trained_sha256"] == record["files"]["trained.safetensors"]["sha256"]
+    assert summary["held_out"] == after and len(summary["stages"]) == len(record["stages"])
+    assert (COMMITTED_HEADS_DIR / summary["record"]).resolve() == (COMMITTED_DIR / RECORD_FILE).resolve()
 
 
 @needs_wordnet
@@ -197,12 +215,14 @@ def test_default_heads_export_and_the_fill_mask_model_answers_everyday_sentences
 
 
 def test_make_pretrain_fill_mask_is_the_committed_recipe():
-    """The one command that reproduces the committed weights runs exactly the stages pretrain.json records."""
+    """The one command that reproduces the committed weights runs exactly the stages pretrain.json records,
+    packs them into export/pretrain/weights, and continues a chain from the pack it assembled."""
     import shlex
     import subprocess
     from pathlib import Path
 
     from bertserve.cli import build_parser
+    from bertserve.export.heads.assemble import COMMITTED_HEADS_DIR, HEADS_JSON
     from bertserve.export.pretrain.model_setup import LayerRange
     from bertserve.export.pretrain.output import COMMITTED_DIR, RECORD_FILE
 
@@ -211,12 +231,17 @@ def test_make_pretrain_fill_mask_is_the_committed_recipe():
         ["make", "-n", "-C", str(root), "pretrain-fill-mask"], capture_output=True, text=True, check=True
     ).stdout.replace("\\\n", " ")
     parser = build_parser("bertserve.export.pretrain.commands")
-    runs = []
+    commands: dict[str, list] = {"pretrain": [], "pack-pretrained": [], "assemble-pretrained": []}
     for line in dry.splitlines():
         words = shlex.split(line)
-        if "pretrain" in words and any(w.endswith("bertserve") for w in words):
-            runs.append(parser.parse_args(words[words.index("pretrain") :]))
-    stages = json.loads((COMMITTED_DIR / RECORD_FILE).read_text())["stages"]
+        if not any(w.endswith("bertserve") for w in words):
+            continue
+        for name, parsed in commands.items():
+            if name in words:
+                parsed.append(parser.parse_args(words[words.index(name) :]))
+    runs, packs = commands["pretrain"], commands["pack-pretrained"]
+    record = json.loads((COMMITTED_DIR / RECORD_FILE).read_text())
+    stages = record["stages"]
     assert len(runs) == len(stages) and runs[0].default and all(r.wordnet for r in runs)
     for run, stage in zip(runs, stages, strict=True):
         layers = LayerRange.parse(run.train_layers, 6)
@@ -226,5 +251,15 @@ def test_make_pretrain_fill_mask_is_the_committed_recipe():
             recipe[k] for k in ("steps", "batch_size", "learning_rate", "warmup_steps", "seed", "threads")
         ]
         assert made == recorded and [layers.start, layers.stop] == recipe["layers"]
-    pack = next(line for line in dry.splitlines() if "pack-pretrained" in line)
-    assert str(COMMITTED_DIR.relative_to(root)) in pack and "--wordnet" in pack
+    final = packs[-1]
+    assert Path(final.out) == COMMITTED_DIR.relative_to(root) and final.wordnet
+    assert Path(final.heads_json) == (COMMITTED_HEADS_DIR / HEADS_JSON).relative_to(root)
+    after = record["continues"]["after_stage"] if "continues" in record else 0
+    assert final.stages == [run.out for run in runs[after:]]
+    if after:  # the earlier pack of the first stages, assembled: where the rest started
+        earlier = next(p for p in packs if p.out == final.continues)
+        assert earlier.stages == [run.out for run in runs[:after]] and earlier.wordnet
+        assembled = next(a for a in commands["assemble-pretrained"] if a.weights == earlier.out)
+        assert runs[after].checkpoint == assembled.out
+    else:
+        assert final.continues is None

@@ -94,6 +94,12 @@ def register(subparsers) -> None:
         help="an earlier pack on this base: the first stage started from it assembled (assemble-pretrained); "
         "the record lists its stages first",
     )
+    pack.add_argument(
+        "--heads-json",
+        metavar="FILE",
+        help="also summarize the recipe and figures in this heads.json (train-heads' record) as "
+        "fill_mask_pretraining",
+    )
     _text_arguments(pack, "the text the last stage trained on (its held-out part is measured again)")
     pack.set_defaults(run=run_pack)
 
@@ -205,7 +211,7 @@ def run_pack(args: argparse.Namespace) -> int:
 
     from bertserve.export.errors import ExportError
     from bertserve.export.heads.wordnet import WordNetMissing
-    from bertserve.export.pretrain.pack import pack
+    from bertserve.export.pretrain.pack import pack, summarize_in_heads_record
     from bertserve.export.pretrain.pipeline import Source
 
     try:
@@ -215,7 +221,9 @@ def run_pack(args: argparse.Namespace) -> int:
         )
         continues = Path(args.continues) if args.continues else None
         stages = [Path(s) for s in args.stages]
-        pack(base, name, stages, Path(args.out), data, args.dtype, log=print, continues=continues)
+        record = pack(base, name, stages, Path(args.out), data, args.dtype, log=print, continues=continues)
+        if args.heads_json:
+            summarize_in_heads_record(Path(args.heads_json), Path(args.out), record)
     except (ExportError, WordNetMissing, OSError, KeyError, json.JSONDecodeError) as e:
         print(f"bertserve pack-pretrained: error: {e}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ with the base.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -133,6 +134,31 @@ def pack(
     )
     output.write_record(out_dir, record)
     return record
+
+
+HEADS_SUMMARY_KEY = "fill_mask_pretraining"
+RECIPE_SUMMARY = ("layers", "steps", "batch_size", "learning_rate", "warmup_steps", "seed")
+
+
+def summarize_in_heads_record(heads_json: Path, weights_dir: Path, record: dict) -> None:
+    """train-heads' heads.json gains (or has replaced) `fill_mask_pretraining`: the packed weights' sha256
+    and held-out figures and every stage's recipe and figures, beside the WordNet head they started from.
+    The whole record stays in WEIGHTS_DIR/pretrain.json (named relative to heads.json)."""
+    heads_json = Path(heads_json)
+    heads = json.loads(heads_json.read_text())
+    heads[HEADS_SUMMARY_KEY] = {
+        "record": os.path.relpath(Path(weights_dir) / output.RECORD_FILE, heads_json.parent),
+        "trained_sha256": record["files"][output.TRAINED_FILE]["sha256"],
+        "dtype": record["dtype"],
+        "trained_parameters": record["trained_parameters"],
+        "shared_with_base": record["shared_with_base"],
+        "held_out": record["held_out"]["after"],
+        "stages": [
+            {key: stage["recipe"][key] for key in RECIPE_SUMMARY} | {"held_out": stage["held_out"]["after"]}
+            for stage in record["stages"]
+        ],
+    }
+    heads_json.write_text(json.dumps(heads, indent=2, sort_keys=True) + "\n")
 
 
 def _continued_record(earlier: dict, start_sha256: str) -> dict:
