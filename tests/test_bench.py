@@ -85,6 +85,17 @@ def test_theoretical_peak_follows_the_widest_unit(flags, vendor, family, fp32_pe
     assert peak["fp32_gflops"] == 4 * 2.0 * fp32_per_cycle and peak["int8_gops"] == 4 * 2.0 * int8_per_cycle
 
 
+def test_a_reported_clock_below_the_measured_kernels_is_raised_until_they_fit():
+    """A VM reports its base clock; the cores boost above it: the peaks must stay a limit nothing exceeds."""
+    theory = limits.peaks({"avx2", "avx512f", "avx512_vnni"}, "GenuineIntel", 6, ghz=2.3, cores=2)
+    theory["clock_source"] = "/proc/cpuinfo"
+    assert limits.fitted_to_kernels(theory, {"fp32_gflops": 280.0, "int8_gops": 900.0}) == theory
+    fitted = limits.fitted_to_kernels(theory, {"fp32_gflops": 325.79, "int8_gops": 1030.67})
+    assert fitted["clock_ghz"] == 2.546 and fitted["reported_clock_ghz"] == 2.3  # 325.79 / (2 x 64)
+    assert 325.79 <= fitted["fp32_gflops"] <= 326.0 and fitted["int8_gops"] == 4 * fitted["fp32_gflops"]
+    assert "raised from 2.3 GHz" in fitted["clock_source"]
+
+
 def test_closed_loop_sends_each_request_once_and_counts_failures():
     seen: list[str] = []
 
