@@ -9,8 +9,8 @@ where cores are the ones the bench lets ONNX Runtime use (its `--threads`, cappe
 the clock is the highest one the machine reports (sysfs `cpuinfo_max_freq`, else /proc/cpuinfo's
 `cpu MHz`; a boost clock the OS does not report is not known, which is why the measured kernels are
 checked against the figure: when one exceeds it, the peaks are taken at the lowest clock at which every
-measured kernel fits, `fitted_to_kernels`), and ops per cycle come from the widest unit the CPU flags show, in the
-table `UNITS` below (two units per core, as on every x86 server core since Haswell and Zen 1;
+measured kernel fits, `fitted_to_kernels`), and ops per cycle come from the widest unit the CPU flags show,
+in the table `UNITS` below (two units per core, as on every x86 server core since Haswell and Zen 1;
 AMD's Zen 4 runs AVX-512 on 256-bit halves, so family 25 counts 256-bit).
 
 Measured-kernel peak: one MatMul (fp32) and one DynamicQuantizeMatMul (int8 weights, the operator ORT's
@@ -270,17 +270,17 @@ def measure_in_subprocess(
     else:
         theory = theoretical(min(threads, cores))
     kernel = json.loads(done.stdout)
-    limits = {"theoretical": theory, "kernel": kernel}
     for precision, key in PEAK_KEYS.items():
-        measured, bound = limits["kernel"].get(key), theory.get(key)
+        measured, bound = kernel.get(key), theory.get(key)
         if measured and bound and measured > bound:
             warnings.append(
                 f"{precision}: ONNX Runtime's kernel reached {measured} above the theoretical {bound}: "
                 "the device runs above the clock it reports"
             )
-    if warnings and provider != "cuda":
-        limits["theoretical"] = fitted_to_kernels(theory, kernel)
-        warnings.append(f"the theoretical peaks use {limits['theoretical']['clock_ghz']} GHz instead")
+    if provider != "cuda" and (fitted := fitted_to_kernels(theory, kernel)) is not theory:
+        theory = fitted
+        warnings.append(f"the theoretical peaks use {theory['clock_ghz']} GHz instead")
+    limits = {"theoretical": theory, "kernel": kernel}
     return limits | ({"warnings": warnings} if warnings else {})
 
 
