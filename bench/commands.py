@@ -102,6 +102,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--server-setting", type=_setting, action="append", default=[], metavar="NAME=VALUE",
         help="extra bertserve setting for the bertserve targets (repeatable), e.g. max_queue_delay_ms=1",
     )  # fmt: skip
+    parser.add_argument(
+        "--cores",
+        type=_concurrency,
+        help="instead of the sweep: server-fp32 pinned to each of these core counts (e.g. 1,2,4,8,16) in two "
+        "instance layouts (1 x k threads, k x 1), with the in-process ceiling pinned alike; writes scaling.json, "
+        "scaling.md and scaling.png (bench/scaling.py)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -114,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
               "(pip install -e '.[export,dev]')", file=sys.stderr)  # fmt: skip
         return 1
 
+    if args.cores:
+        return _run_scaling(args)
     overrides = {
         "concurrency": args.concurrency,
         "texts": args.texts,
@@ -124,10 +133,39 @@ def run(args: argparse.Namespace) -> int:
         "targets": args.targets,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    settings = dict(args.server_setting)
+    if args.provider == "cuda":
+        from bertserve.bench import gpu
+
+        settings = gpu.SERVER_SETTINGS | settings
+        overrides = {
+            "concurrency": gpu.CONCURRENCY,
+            "ceiling_batch_sizes": gpu.CEILING_BATCH_SIZES,
+        } | overrides
     common = dict(model_repo=args.model_repo, out=args.out, model=args.model, checkpoint=args.checkpoint,
-                  threads=args.threads, server_settings=dict(args.server_setting), provider=args.provider)  # fmt: skip
+                  threads=args.threads, server_settings=settings, provider=args.provider)  # fmt: skip
     config = (
         BenchConfig.quick_preset(**common, **overrides) if args.quick else BenchConfig(**common, **overrides)
+    )
+    try:
+        asyncio.run(run(config))
+    except BenchError as error:
+        print(f"bertserve bench: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_scaling(args: argparse.Namespace) -> int:
+    from bertserve.bench.processes import BenchError
+    from bertserve.bench.scaling import ScalingConfig, run
+
+    config = ScalingConfig(
+        args.model_repo,
+        args.out,
+        args.cores,
+        model=args.model,
+        phase_seconds=4.0 if args.quick else 10.0,
+        server_settings=dict(args.server_setting),
     )
     try:
         asyncio.run(run(config))

@@ -51,6 +51,14 @@ GPUS = (
     GpuModel("V100", "Volta", 80, 1024, 128),
 )
 
+# What the bench changes with --provider cuda, where a GPU wants larger batches than a CPU: the servers get
+# the GPU overlay's batch settings (deploy/kubernetes/overlays/gpu; a test keeps the two the same) unless
+# --server-setting says otherwise, the ceilings try batches up to the servers' largest, and the sweep
+# goes to higher concurrency.
+SERVER_SETTINGS = {"max_batch_size": "64", "max_batch_tokens": "16384", "max_queue_inputs": "2048"}
+CEILING_BATCH_SIZES = [1, 8, 32, 64]
+CONCURRENCY = [1, 16, 64, 256]
+
 NVIDIA_SMI_QUERY = ["--query-gpu=name,clocks.max.sm", "--format=csv,noheader,nounits"]
 
 

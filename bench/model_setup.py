@@ -66,9 +66,17 @@ def _pick(repo: Path, name: str | None) -> tuple[str, int, Manifest]:
 
 
 def _default_checkpoint(manifest: Manifest) -> Path | None:
+    """The default model's checkpoint for a repository exported from it; None where its package is not
+    installed (a serving-only install: the naive baseline and any int8 export are then skipped)."""
     from bertserve.export.default_model import DEFAULT_SOURCE, default_checkpoint_dir
+    from bertserve.export.errors import ExportError
 
-    return default_checkpoint_dir() if manifest.export.source == DEFAULT_SOURCE else None
+    if manifest.export.source != DEFAULT_SOURCE:
+        return None
+    try:
+        return default_checkpoint_dir()
+    except ExportError:
+        return None
 
 
 def resolve_model(

@@ -57,6 +57,7 @@ class ServerProcess:
     http_port: int | None = None  # bertserve's HTTP front
     protocol: str = "grpc"  # how the load generator calls it: "grpc" (Embed) or "http" (/bertserve/v1/embed)
     health_checked: bool = True  # bertserve: wait for SERVING; naive: wait for the channel
+    cpus: list[int] | None = None  # the CPUs it may run on (sched_setaffinity); None: this process's
     process: asyncio.subprocess.Process | None = None
     startup_s: float | None = None
 
@@ -74,7 +75,7 @@ class ServerProcess:
         log = open(self.log_path, "wb")  # noqa: SIM115 (the child keeps writing after this returns)
         started = time.perf_counter()
         self.process = await asyncio.create_subprocess_exec(
-            *self.argv, stdout=log, stderr=asyncio.subprocess.STDOUT, env={**os.environ, **self.env}
+            *self._pinned_argv(), stdout=log, stderr=asyncio.subprocess.STDOUT, env={**os.environ, **self.env}
         )
         log.close()
         ready = asyncio.ensure_future(self._ready())
@@ -94,6 +95,14 @@ class ServerProcess:
             reason = f"not ready in {timeout_s:.0f} s"
         await self.stop()
         raise BenchError(f"{self.name} {reason}; its log ({self.log_path}) ends:\n{self.log_tail()}")
+
+    def _pinned_argv(self) -> list[str]:
+        """argv, started through a Python that pins itself to `cpus` and execs it (no fork in this process,
+        whose gRPC threads would make it warn)."""
+        if not self.cpus:
+            return self.argv
+        pin = f"import os, sys; os.sched_setaffinity(0, {sorted(self.cpus)}); os.execv(sys.argv[1], sys.argv[1:])"
+        return [sys.executable, "-c", pin, *self.argv]
 
     async def _ready(self) -> None:
         async with grpc.aio.insecure_channel(self.address, options=READINESS_CHANNEL_OPTIONS) as channel:

@@ -10,7 +10,7 @@ from bertserve.bench.analysis import padding_ratio
 from bertserve.bench.limits import PEAK_KEYS
 
 
-def _num(value: float | None, digits: int = 1) -> str:
+def fmt_num(value: float | None, digits: int = 1) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     return f"{value:.{digits}f}"
@@ -20,18 +20,18 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows)]
 
 
 def _phase_row(name: str, label: str, phase: dict) -> list[str]:
     server = phase.get("server") or {}
     return [
-        name, label, _num(phase["inputs_per_s"]), _num(phase["tokens_per_s"], 0), _num(phase["p50_ms"]),
-        _num(phase["p90_ms"]), _num(phase["p99_ms"]), _num(server.get("batch_size_mean")),
-        _num(padding_ratio(phase) if server else None, 2), _num(server.get("queue_ms_mean")),
-        _num(server.get("inference_ms_mean")),
-        f"{_num(phase.get('server_cpu_cores'), 2)} / {_num(phase.get('client_cpu_cores'), 2)}",
+        name, label, fmt_num(phase["inputs_per_s"]), fmt_num(phase["tokens_per_s"], 0), fmt_num(phase["p50_ms"]),
+        fmt_num(phase["p90_ms"]), fmt_num(phase["p99_ms"]), fmt_num(server.get("batch_size_mean")),
+        fmt_num(padding_ratio(phase) if server else None, 2), fmt_num(server.get("queue_ms_mean")),
+        fmt_num(server.get("inference_ms_mean")),
+        f"{fmt_num(phase.get('server_cpu_cores'), 2)} / {fmt_num(phase.get('client_cpu_cores'), 2)}",
         str(sum(phase["errors"].values())),
     ]  # fmt: skip
 
@@ -58,7 +58,7 @@ def markdown(result: dict) -> str:
     rows = [
         _phase_row(n, f"c={p['concurrency']}", p) for n, t in result["targets"].items() for p in t["closed"]
     ]
-    lines += _table(header, rows) + [
+    lines += md_table(header, rows) + [
         "",
         "## Fixed length (at each target's best concurrency) and open loop",
         "",
@@ -73,19 +73,19 @@ def markdown(result: dict) -> str:
             )
         )
         rows.append(_phase_row(name, f"open {target['open']['offered_rate_rps']:.0f} req/s", target["open"]))
-    lines += _table(header, rows) + ["", "## Servers", ""]
+    lines += md_table(header, rows) + ["", "## Servers", ""]
     # each target against ONNX Runtime's best kernel of its own precision (an int8 target against the fp32
     # GEMM peak would read above 100%)
     of_kernel = {
         n: f["of_kernel"] for n, f in result["ratios"].get("limits", {}).get("fractions", {}).items()
     }
     rows = [
-        [n, _num(t["saturation"]["inputs_per_s"]), str(t["saturation"]["concurrency"]),
-         f"{_num(t['saturation']['gflops_per_s'])} ({_num(of_kernel.get(n) and 100 * of_kernel[n], 0)}% of ORT's kernel)",
-         _num(t["startup_s"], 2), _num(t["rss_mb_after_load"], 0)]
+        [n, fmt_num(t["saturation"]["inputs_per_s"]), str(t["saturation"]["concurrency"]),
+         f"{fmt_num(t['saturation']['gflops_per_s'])} ({fmt_num(of_kernel.get(n) and 100 * of_kernel[n], 0)}% of ORT's kernel)",
+         fmt_num(t["startup_s"], 2), fmt_num(t["rss_mb_after_load"], 0)]
         for n, t in result["targets"].items()
     ]  # fmt: skip
-    lines += _table(
+    lines += md_table(
         ["target", "saturation inputs/s", "at concurrency", "GOP/s", "ready after s", "RSS MB"], rows
     )
     lines += ["", "## Ceilings (in-process ONNX Runtime, ideal batches, no gRPC) and the GEMM peak", ""]
@@ -94,9 +94,9 @@ def markdown(result: dict) -> str:
         for corpus_name in ("mixed", "fixed"):
             c = by_corpus.get(corpus_name)
             if c:
-                rows.append([f"{precision} {corpus_name}", _num(c["inputs_per_s"]), _num(c["tokens_per_s"], 0),
-                             str(c["best_batch_size"]), _num(c["padding_ratio"], 2), _num(c["gflops_per_s"])])  # fmt: skip
-    lines += _table(["in-process", "inputs/s", "tokens/s", "batch size", "padding", "GFLOP/s"], rows)
+                rows.append([f"{precision} {corpus_name}", fmt_num(c["inputs_per_s"]), fmt_num(c["tokens_per_s"], 0),
+                             str(c["best_batch_size"]), fmt_num(c["padding_ratio"], 2), fmt_num(c["gflops_per_s"])])  # fmt: skip
+    lines += md_table(["in-process", "inputs/s", "tokens/s", "batch size", "padding", "GFLOP/s"], rows)
     single = result["inprocess"].get("fp32", {}).get("single")
     if single:
         lines += [
@@ -109,21 +109,21 @@ def markdown(result: dict) -> str:
         outside = p["outside_operators_share"]
         lines += [
             "",
-            f"Profile, {precision} at batch {p['batch_size']}: {top}; outside operators {_num(outside and 100 * outside)}% ({p['trace']}).",
+            f"Profile, {precision} at batch {p['batch_size']}: {top}; outside operators {fmt_num(outside and 100 * outside)}% ({p['trace']}).",
         ]
     per_call = result.get("per_call_profile")
     if per_call:
         lines += ["", "Per-call profile (server-fp32, the single_vs_bulk phases):", ""]
         keys = list(per_call["single"])
-        rows = [[kind, *(_num(per_call[kind][k], 3) for k in keys)] for kind in ("single", "bulk")]
-        lines += _table(["requests", *(k.replace("_", " ") for k in keys)], rows)
-    lines += ["", f"fp32 GEMM peak: {_num(gemm.get('peak_gflops'))} GFLOP/s ({gemm.get('peak_library')}, {gemm.get('peak_shape')}).",
+        rows = [[kind, *(fmt_num(per_call[kind][k], 3) for k in keys)] for kind in ("single", "bulk")]
+        lines += md_table(["requests", *(k.replace("_", " ") for k in keys)], rows)
+    lines += ["", f"fp32 GEMM peak: {fmt_num(gemm.get('peak_gflops'))} GFLOP/s ({gemm.get('peak_library')}, {gemm.get('peak_shape')}).",
               "", "## Ratios and goals", ""]  # fmt: skip
     rows = [
-        [g["metric"], g["goal"], _num(g["measured"], 3), {True: "yes", False: "no", None: "–"}[g["met"]]]
+        [g["metric"], g["goal"], fmt_num(g["measured"], 3), {True: "yes", False: "no", None: "–"}[g["met"]]]
         for g in result["goals"]
     ]
-    lines += _table(["metric", "goal", "measured", "met"], rows)
+    lines += md_table(["metric", "goal", "measured", "met"], rows)
     limits = result["ratios"].get("limits")
     if limits:
         lines += ["", "## Physical limits", "", limits_text(limits["theoretical"], limits["kernel"]), ""]
@@ -131,19 +131,19 @@ def markdown(result: dict) -> str:
             [
                 name,
                 f["precision"],
-                _num(f["gops"]),
-                _num(f["of_theoretical"] and 100 * f["of_theoretical"], 1),
-                _num(f["of_kernel"] and 100 * f["of_kernel"], 1),
+                fmt_num(f["gops"]),
+                fmt_num(f["of_theoretical"] and 100 * f["of_theoretical"], 1),
+                fmt_num(f["of_kernel"] and 100 * f["of_kernel"], 1),
             ]
             for name, f in limits["fractions"].items()
         ]
-        lines += _table(["target", "precision", "GOP/s", "% of theoretical", "% of ORT kernel"], rows)
+        lines += md_table(["target", "precision", "GOP/s", "% of theoretical", "% of ORT kernel"], rows)
     other = {
         k: v
         for k, v in result["ratios"].items()
         if k not in {g["metric"] for g in result["goals"]} and not isinstance(v, dict)
     }
-    lines += ["", *(f"- {k}: {_num(v, 3)}" for k, v in other.items())]
+    lines += ["", *(f"- {k}: {fmt_num(v, 3)}" for k, v in other.items())]
     if result["notes"]:
         lines += ["", "## Notes", "", *(f"- {n}" for n in result["notes"])]
     return "\n".join(lines) + "\n"
@@ -155,15 +155,15 @@ def limits_text(theory: dict, kernel: dict) -> str:
         text = (f"Theoretical ({theory['gpu']}, {theory['architecture']}): {theory['sms']} SMs x {theory['clock_ghz']} GHz "
                 f"({theory['clock_source']}) x {theory['fp16_ops_per_clock_per_sm']} fp16 tensor-core / "
                 f"{theory['fp32_ops_per_clock_per_sm']} fp32 operations per clock per SM = fp16 "
-                f"{_num(theory['fp16_gflops'])} GFLOP/s, fp32 {_num(theory['fp32_gflops'])} GFLOP/s.")  # fmt: skip
+                f"{fmt_num(theory['fp16_gflops'])} GFLOP/s, fp32 {fmt_num(theory['fp32_gflops'])} GFLOP/s.")  # fmt: skip
     elif theory:
         text = (f"Theoretical: {theory['cores']} cores x {theory['clock_ghz']} GHz ({theory['clock_source']}) x "
                 f"{theory['fp32_ops_per_cycle_per_core']} fp32 / {theory['int8_ops_per_cycle_per_core']} int8 operations "
-                f"per cycle per core ({theory['unit']}) = fp32 {_num(theory['fp32_gflops'])} GFLOP/s, int8 "
-                f"{_num(theory['int8_gops'])} GOP/s.")  # fmt: skip
+                f"per cycle per core ({theory['unit']}) = fp32 {fmt_num(theory['fp32_gflops'])} GFLOP/s, int8 "
+                f"{fmt_num(theory['int8_gops'])} GOP/s.")  # fmt: skip
     else:
         text = "Theoretical: not known for this device (see the notes)."
-    measured = ", ".join(f"{p} {_num(kernel[k])} GOP/s" for p, k in PEAK_KEYS.items() if k in kernel)
+    measured = ", ".join(f"{p} {fmt_num(kernel[k])} GOP/s" for p, k in PEAK_KEYS.items() if k in kernel)
     return f"{text} ONNX Runtime's own kernels (best shape): {measured}."
 
 
@@ -216,21 +216,21 @@ def plots(result: dict, out: Path) -> list[str]:
     return ["throughput.png", "latency.png"]
 
 
-def _json_safe(value: object) -> object:
+def json_safe(value: object) -> object:
     """NaN (a figure that could not be measured) becomes null, so bench.json stays strict JSON."""
     if isinstance(value, float) and math.isnan(value):
         return None
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
 def write(result: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(
-        json.dumps(_json_safe(result), indent=2, default=str, allow_nan=False) + "\n"
+        json.dumps(json_safe(result), indent=2, default=str, allow_nan=False) + "\n"
     )
     (out / "bench.md").write_text(markdown(result))
     written = [out / "bench.json", out / "bench.md"]

@@ -231,6 +231,14 @@ def test_gpu_overlay_asks_for_a_gpu_and_the_cuda_image():
     assert "nvidia.com/gpu" not in _container(base)["resources"]["limits"]
 
 
+def test_gpu_bench_uses_the_gpu_overlays_batch_settings():
+    from bertserve.bench import gpu
+
+    env = _settings_env(render_kustomize(KUSTOMIZE_DIRS["gpu"]))
+    assert {f"BERTSERVE_{k.upper()}": v for k, v in gpu.SERVER_SETTINGS.items()}.items() <= env.items()
+    assert max(gpu.CEILING_BATCH_SIZES) == int(gpu.SERVER_SETTINGS["max_batch_size"])
+
+
 def test_own_models_overlay_serves_the_repository_from_a_claim_mounted_read_only(monkeypatch):
     from bertserve.service.settings import load_settings
 
