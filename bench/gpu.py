@@ -55,7 +55,12 @@ GPUS = (
 # the GPU overlay's batch settings (deploy/kubernetes/overlays/gpu; a test keeps the two the same) unless
 # --server-setting says otherwise, the ceilings try batches up to the servers' largest, and the sweep
 # goes to higher concurrency.
-SERVER_SETTINGS = {"max_batch_size": "64", "max_batch_tokens": "16384", "max_queue_inputs": "2048"}
+SERVER_SETTINGS = {
+    "max_batch_size": "64",
+    "max_batch_tokens": "16384",
+    "max_queue_inputs": "2048",
+    "max_padding_ratio": "4",
+}
 CEILING_BATCH_SIZES = [1, 8, 32, 64]
 CONCURRENCY = [1, 16, 64, 256]
 
@@ -136,7 +141,10 @@ def _matmul_graph(m: int, k: int, n: int, fp16: bool) -> bytes:
         [helper.make_tensor_value_info("y", elem, [m, n])],
         initializer=[numpy_helper.from_array(weights, "b")],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    # IR version 10 (onnx 1.16): what every onnxruntime this package allows (>= 1.20) reads; newer onnx writes
+    # a version that older onnxruntime-gpu builds refuse
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    return model.SerializeToString()
 
 
 def _sustained_on_device(m: int, k: int, n: int, fp16: bool, seconds: float) -> float:

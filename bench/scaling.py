@@ -188,7 +188,7 @@ async def run(config: ScalingConfig, log=lambda message: print(message, file=sys
         single = make_requests(texts, tokens, 1, flops_of)
         level["servers"] = {}
         for name, (instances, threads) in layouts(cores).items():
-            settings = (config.server_settings or {}) | {"instances": str(instances)}
+            settings = {"provider": "cpu"} | (config.server_settings or {}) | {"instances": str(instances)}
             server = bertserve_process(
                 f"server-{name}", model.repo, model.spec, threads, config.out / "logs", settings
             )

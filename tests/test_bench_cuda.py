@@ -77,3 +77,14 @@ def test_cuda_bench_without_a_usable_gpu_stops_at_once_with_the_reason(tmp_path,
     error = capsys.readouterr().err
     assert "--provider cuda" in error and ("no CUDA provider" in error or "got" in error)
     assert not (tmp_path / "out" / "bench.json").exists()
+
+
+def test_the_kernel_graphs_are_readable_by_every_allowed_onnxruntime():
+    """onnx >= 1.23 writes IR version 14 by default, which onnxruntime-gpu 1.31 refuses ("max supported IR
+    version: 13", seen on an H100 machine): the bench's MatMul graphs say IR 10 (onnxruntime >= 1.20)."""
+    import onnx
+
+    from bertserve.bench import gpu
+
+    for fp16 in (False, True):
+        assert onnx.load_from_string(gpu._matmul_graph(8, 8, 8, fp16)).ir_version == 10

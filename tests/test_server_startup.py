@@ -120,3 +120,30 @@ def test_session_reports_its_real_provider_and_io_binding_matches(repo_copy):
         assert plain.provider == "CPUExecutionProvider"
         with pytest.raises(StartupError, match="provider cuda was asked for"):
             GraphSession(path, "cuda", 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("available", "setting", "cuda_asked"),
+    [
+        (["CUDAExecutionProvider", "CPUExecutionProvider"], "auto", True),
+        (["CUDAExecutionProvider", "CPUExecutionProvider"], "cuda", True),
+        (["CUDAExecutionProvider", "CPUExecutionProvider"], "cpu", False),
+        (["CPUExecutionProvider"], "auto", False),
+    ],
+)
+def test_cuda_sessions_leave_out_cudnn_flash_attention(monkeypatch, available, setting, cuda_asked):
+    """cuDNN's flash attention builds a graph per new (batch, length) shape (~80 ms each on an H100):
+    a CUDA session asks for every attention kernel but that one (bit 8 of sdpa_kernel)."""
+    from bertserve.service import runtime
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: available)
+    providers = runtime.providers_for(setting)
+    assert providers[-1] == "CPUExecutionProvider"
+    if not cuda_asked:
+        assert providers == ["CPUExecutionProvider"]
+        return
+    name, options = providers[0]
+    assert name == "CUDAExecutionProvider"
+    mask = int(options["sdpa_kernel"])
+    assert mask & 8 == 0  # no cuDNN flash attention
+    assert mask & 16 and mask & 1  # the unfused kernel (always there) and flash attention stay allowed
