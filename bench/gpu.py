@@ -36,6 +36,13 @@ class GpuModel:
     fp16_tensor_flops_per_clock_per_sm: int  # dense, fp32 accumulation
     fp32_flops_per_clock_per_sm: int  # CUDA cores x 2
 
+    @property
+    def tf32_tensor_flops_per_clock_per_sm(self) -> int:
+        """Dense TF32 on the tensor cores (Ampere and later: half the fp16 rate; none before)."""
+        return self.fp16_tensor_flops_per_clock_per_sm // 2 if self.architecture in TF32_ARCHITECTURES else 0
+
+
+TF32_ARCHITECTURES = ("Ampere", "Ada", "Hopper")
 
 # More specific names first ("GH200" before "H200", "A100" before "A10", "L40S" before "L4").
 GPUS = (
@@ -83,6 +90,7 @@ def theoretical(name: str, mhz: float) -> dict:
     if model is None:
         return {}
     ghz = mhz / 1000
+    fp32_per_clock = max(model.fp32_flops_per_clock_per_sm, model.tf32_tensor_flops_per_clock_per_sm)
     return {
         "gpu": name,
         "architecture": model.architecture,
@@ -90,11 +98,14 @@ def theoretical(name: str, mhz: float) -> dict:
         "clock_ghz": round(ghz, 3),
         "clock_source": "nvidia-smi clocks.max.sm",
         "fp16_ops_per_clock_per_sm": model.fp16_tensor_flops_per_clock_per_sm,
-        "fp32_ops_per_clock_per_sm": model.fp32_flops_per_clock_per_sm,
+        "fp32_ops_per_clock_per_sm": fp32_per_clock,
         "fp16_gflops": round(model.sms * ghz * model.fp16_tensor_flops_per_clock_per_sm, 1),
-        "fp32_gflops": round(model.sms * ghz * model.fp32_flops_per_clock_per_sm, 1),
+        # ONNX Runtime's CUDA provider runs fp32 MatMul on the TF32 tensor cores where there are some (its
+        # use_tf32 default): on an H100 its fp32 MatMul reached 350 TFLOP/s, over 5x the CUDA cores' peak
+        "fp32_gflops": round(model.sms * ghz * fp32_per_clock, 1),
+        "fp32_cuda_core_gflops": round(model.sms * ghz * model.fp32_flops_per_clock_per_sm, 1),
         "formula": "SMs x clock_ghz x operations per clock per SM (dense fp16 tensor cores, fp32 accumulate; "
-        "fp32 CUDA cores x 2)",
+        "fp32: TF32 tensor cores from Ampere on, else CUDA cores x 2)",
     }
 
 

@@ -57,27 +57,20 @@ def markdown(result: dict) -> str:
         "the fewest cores' inputs/s per core.",
         "",
     ]
-    header = ["cores", "CPUs", "load generator"]
-    names = []
-    for level in result["levels"]:
-        for name in level["inprocess"]:
-            if f"in-process {name}" not in names:
-                names.append(f"in-process {name}")
-        for name in level["servers"]:
-            for kind in ("bulk", "single"):
-                if f"server {name} {kind}" not in names:
-                    names.append(f"server {name} {kind}")
     rows = []
     for level in result["levels"]:
-        cells = {f"in-process {n}": r["inputs_per_s"] for n, r in level["inprocess"].items()}
-        for n, s in level["servers"].items():
-            cells |= {f"server {n} {kind}": s[kind]["inputs_per_s"] for kind in ("bulk", "single")}
         shared = " (shared)" if level["client_shares_cpus"] else ""
-        rows.append(
-            [str(level["cores"]), _cpus(level["cpus"]), _cpus(level["client_cpus"]) + shared]
-            + [fmt_num(cells.get(n)) for n in names]
-        )
-    lines += md_table(header + names, rows)
+        for name, server in level["servers"].items():
+            ceiling = level["inprocess"][name]["inputs_per_s"]
+            bulk, single = server["bulk"]["inputs_per_s"], server["single"]["inputs_per_s"]
+            rows.append(
+                [str(level["cores"]), name, _cpus(level["cpus"]), _cpus(level["client_cpus"]) + shared,
+                 fmt_num(ceiling), fmt_num(bulk), fmt_num(single), fmt_num(bulk / ceiling, 2),
+                 fmt_num(single / bulk, 2)]
+            )  # fmt: skip
+    header = ["cores", "layout", "server CPUs", "load generator CPUs", "in-process", "server bulk",
+              "server single", "bulk / in-process", "single / bulk"]  # fmt: skip
+    lines += md_table(header, rows)
     lines += ["", "## Best layout per core count", ""]
     rows = [
         [
