@@ -35,6 +35,11 @@ def describe_machine(threads: int) -> dict:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             continue
+    import onnxruntime
+
+    # the module this process imports: with both onnxruntime and onnxruntime-gpu installed (they conflict),
+    # the distributions' metadata alone does not say which one runs
+    versions["onnxruntime (imported)"] = onnxruntime.__version__
     return {
         "cpu": cpu, "logical_cores": psutil.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
         "memory_gib": psutil.virtual_memory().total / 2**30, "platform": platform.platform(),
