@@ -63,6 +63,7 @@ GPUS = (
 # --server-setting says otherwise, the ceilings try batches up to the servers' largest, and the sweep
 # goes to higher concurrency.
 SERVER_SETTINGS = {
+    "intra_op_threads": "1",
     "max_batch_size": "64",
     "max_batch_tokens": "16384",
     "max_queue_inputs": "2048",
