@@ -219,7 +219,7 @@ class InferenceCore:
         all. One result per call, in order. `model` "" = the default model of the first call's task."""
         served = self._resolve(model, calls)
         options = [self._options(served, call) for call in calls]
-        encoded, tokenize_s = await self._tokenize(served, texts, truncate)
+        encoded, tokenize_s = await self._tokenize(served, texts, truncate, detailed=False)
         masks = None
         if any(call.task is Task.FILL_MASK for call in calls):
             masks = [self._masks(served, i, e) for i, e in enumerate(encoded)]
@@ -354,14 +354,15 @@ class InferenceCore:
         return TaskOptions(Task.CLASSIFY, top_k=call.top_k or 0, raw_scores=call.raw_scores)
 
     async def _tokenize(
-        self, model: ServedModel, texts: Sequence[str], truncate: bool
+        self, model: ServedModel, texts: Sequence[str], truncate: bool, detailed: bool = True
     ) -> tuple[list[EncodedInput], float]:
+        """`detailed` False: the inputs only feed the graph (no token strings or offsets)."""
         checked = check_texts(texts, self.settings.max_inputs_per_request, self.settings.max_input_chars)
         started = time.perf_counter()
         if sum(len(text) for text in checked) <= INLINE_TOKENIZE_CHARS:
-            encoded = model.tokenizer.encode(checked, truncate)  # bounded: see INLINE_TOKENIZE_CHARS
+            encoded = model.tokenizer.encode(checked, truncate, detailed)  # bounded: INLINE_TOKENIZE_CHARS
         else:
-            encoded = await self.off_loop(model.tokenizer.encode, checked, truncate)
+            encoded = await self.off_loop(model.tokenizer.encode, checked, truncate, detailed)
         return encoded, time.perf_counter() - started
 
     def _masks(self, model: ServedModel, index: int, encoded: EncodedInput) -> np.ndarray:

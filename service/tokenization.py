@@ -8,7 +8,7 @@ the length of the text (see `ModelTokenizer.encode`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,16 +21,40 @@ from bertserve.service.word_boundaries import WordBoundaries, supports_prefixes
 
 @dataclass(frozen=True)
 class EncodedInput:
+    """One tokenized text. Tokenized for the graph alone (`ModelTokenizer.encode(detailed=False)`: embed,
+    classify, fill-mask) it holds only the ids, and refuses to give tokens, offsets or the special mask
+    (Tokenize and Attention answers) rather than give wrong ones."""
+
     ids: np.ndarray  # (T,) int64, special tokens included
     type_ids: np.ndarray  # (T,) int64
     truncated: bool
-    tokens: list[str]
-    offsets: list[tuple[int, int]]  # character offsets into the text
-    special: list[bool]
+    # tokens, character offsets into the text, special-token flags; None: tokenized for the graph alone
+    details: tuple[list[str], list[tuple[int, int]], list[bool]] | None = field(default=None, repr=False)
 
     @property
     def length(self) -> int:
         return int(self.ids.shape[0])
+
+    @property
+    def detailed(self) -> bool:
+        return self.details is not None
+
+    @property
+    def tokens(self) -> list[str]:
+        return self._details()[0]
+
+    @property
+    def offsets(self) -> list[tuple[int, int]]:
+        return self._details()[1]
+
+    @property
+    def special(self) -> list[bool]:
+        return self._details()[2]
+
+    def _details(self) -> tuple[list[str], list[tuple[int, int]], list[bool]]:
+        if self.details is None:
+            raise ValueError("this input was tokenized for the graph alone (encode with detailed=True)")
+        return self.details
 
 
 # The first prefix of a long text: this many characters per token the model can take (English averages
@@ -56,15 +80,13 @@ def _chunks(lengths: dict[int, int]):
         yield chunk
 
 
-def _encoded(encoding: Encoding, truncated: bool) -> EncodedInput:
-    return EncodedInput(
-        ids=np.asarray(encoding.ids, dtype=np.int64),
-        type_ids=np.asarray(encoding.type_ids, dtype=np.int64),
-        truncated=truncated,
-        tokens=encoding.tokens,
-        offsets=encoding.offsets,
-        special=[bool(s) for s in encoding.special_tokens_mask],
-    )
+def _encoded(encoding: Encoding, truncated: bool, detailed: bool) -> EncodedInput:
+    ids = np.asarray(encoding.ids, dtype=np.int64)
+    type_ids = np.asarray(encoding.type_ids, dtype=np.int64)
+    if not detailed:
+        return EncodedInput(ids, type_ids, truncated)
+    special = [bool(s) for s in encoding.special_tokens_mask]
+    return EncodedInput(ids, type_ids, truncated, (encoding.tokens, encoding.offsets, special))
 
 
 class ModelTokenizer:
@@ -88,8 +110,9 @@ class ModelTokenizer:
             if actual is not None and actual != expected:
                 raise StartupError(f"{path}: token {token} has id {actual}, the manifest says {expected}")
 
-    def encode(self, texts: list[str], truncate: bool) -> list[EncodedInput]:
-        """Blocking; run it off the event loop.
+    def encode(self, texts: list[str], truncate: bool, detailed: bool = True) -> list[EncodedInput]:
+        """Blocking; run it off the event loop. `detailed` False: for the graph alone, the library skips
+        the token strings and character offsets (about 15% less time per text) and only ids are kept.
 
         The work per input is bounded by what the model can take, not by the text: a long text is
         tokenized as a prefix that ends at a word boundary (see `word_boundaries`), first about
@@ -99,16 +122,19 @@ class ModelTokenizer:
         most CHUNK_CHARS characters, each turned into bounded `EncodedInput`s before the next.
         """
         results: dict[int, EncodedInput] = {}
+        # encode_batch_fast: the same ids, type ids and cuts, without token strings and offsets (0.20+)
+        fast = None if detailed else getattr(self._cutting, "encode_batch_fast", None)
+        encode_batch = fast or self._cutting.encode_batch
         prefix_chars = {i: PREFIX_CHARS_PER_TOKEN * self.max_length for i in range(len(texts))}
         while prefix_chars:
             ends = {i: self._prefix_end(texts[i], chars) for i, chars in prefix_chars.items()}
             longer: dict[int, int] = {}
             for chunk in _chunks(ends):
-                encodings = self._cutting.encode_batch([texts[i][: ends[i]] for i in chunk])
+                encodings = encode_batch([texts[i][: ends[i]] for i in chunk])
                 for i, encoding in zip(chunk, encodings, strict=True):
                     cut = bool(encoding.overflowing)  # more than max_length tokens: so is the whole text
                     if cut or ends[i] == len(texts[i]):
-                        results[i] = _encoded(encoding, cut)
+                        results[i] = _encoded(encoding, cut, detailed)
                     else:
                         longer[i] = 2 * ends[i]
                 del encodings

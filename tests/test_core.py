@@ -125,9 +125,9 @@ def test_short_calls_are_tokenized_on_the_loop_and_longer_ones_on_the_cpu_pool(t
     on_loop = []
     original = tokenizer.encode
 
-    def spy(texts, truncate):
+    def spy(texts, truncate, detailed=True):
         on_loop.append(threading.current_thread().name)
-        return original(texts, truncate)
+        return original(texts, truncate, detailed)
 
     monkeypatch.setattr(tokenizer, "encode", spy)
     loop_thread = tiny_server.call(lambda: _thread_name())
@@ -136,6 +136,25 @@ def test_short_calls_are_tokenized_on_the_loop_and_longer_ones_on_the_cpu_pool(t
     run(tiny_server, "embed", "tiny-embed", [long], truncate=True)
     assert on_loop[0] == loop_thread
     assert on_loop[1] != loop_thread
+
+
+def test_only_tokenize_and_attention_ask_the_tokenizer_for_tokens_and_offsets(tiny_server, monkeypatch):
+    """Embed (and every call that only runs the graph) tokenizes for the graph alone; Tokenize still
+    answers token strings and offsets."""
+    tokenizer = tiny_server.server.core.registry.resolve("tiny-embed", None).tokenizer
+    asked = []
+    original = tokenizer.encode
+
+    def spy(texts, truncate, detailed=True):
+        asked.append(detailed)
+        return original(texts, truncate, detailed)
+
+    monkeypatch.setattr(tokenizer, "encode", spy)
+    run(tiny_server, "embed", "tiny-embed", ["hello world"])
+    tokenized = run(tiny_server, "tokenize", "tiny-embed", ["hello world"])
+    assert asked == [False, True]
+    (tokens,) = tokenized.inputs
+    assert tokens.tokens[0] == "[CLS]" and tokens.offsets[1] == (0, 1) and tokens.offsets[-2][1] == 11
 
 
 async def _thread_name():

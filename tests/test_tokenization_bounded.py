@@ -96,6 +96,26 @@ def test_prefix_tokenization_equals_whole_text_tokenization(
                 ours.encode([text], truncate=False)
 
 
+def test_inputs_for_the_graph_alone_are_tokenized_without_details(make_tiny_checkpoint):
+    """`detailed=False` (embed, classify, fill-mask) gives the same ids and cuts, and an input so tokenized
+    refuses to give token strings, offsets or the special mask rather than give wrong ones."""
+    path = tokenizer_files(make_tiny_checkpoint)["minilm"]
+    ours = ModelTokenizer(path, spec(path), 40)
+    texts = random_texts(7)[:50] + at_limit_texts(40)
+    fast = ours.encode(texts, truncate=True, detailed=False)
+    for text, got, expected in zip(texts, fast, ours.encode(texts, truncate=True), strict=True):
+        assert (got.ids.tolist(), got.type_ids.tolist()) == (
+            expected.ids.tolist(),
+            expected.type_ids.tolist(),
+        )
+        assert got.truncated == expected.truncated, repr(text)
+        assert expected.detailed and not got.detailed, repr(text)
+        for field in ("tokens", "offsets", "special"):
+            with pytest.raises(ValueError, match="for the graph alone"):
+                getattr(got, field)
+    assert any(e.offsets[1] != (0, 0) for e in ours.encode(texts, truncate=True)), "offsets by default"
+
+
 def test_refusal_names_the_first_too_long_input(make_tiny_checkpoint):
     path = tokenizer_files(make_tiny_checkpoint)["minilm"]
     ours = ModelTokenizer(path, spec(path), 16)
