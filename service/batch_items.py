@@ -38,10 +38,10 @@ class WorkItem:
     model: Any = None  # the model whose head this row needs (ServedModel); None: the compute's only model
     bulk: bool = False  # a stream's input: batched after interactive inputs (see the module's docstring)
     enqueued_at: float = field(default_factory=time.monotonic)
+    length: int = field(init=False)  # tokens: read many times per turn of the queue owner, so stored
 
-    @property
-    def length(self) -> int:
-        return int(self.ids.shape[0])
+    def __post_init__(self) -> None:
+        self.length = int(self.ids.shape[0])
 
 
 @dataclass(eq=False)

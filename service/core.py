@@ -95,6 +95,13 @@ def _meta(
     )
 
 
+def _stacked(rows: list[np.ndarray]) -> np.ndarray:
+    """(n, dimension): one input's row is viewed, not copied (most calls have one input)."""
+    if len(rows) == 1:
+        return rows[0].reshape(1, -1)
+    return np.stack(rows) if rows else np.zeros((0, 0), np.float32)
+
+
 class InferenceCore:
     """One per server. Create it with the loaded models, `await start()`, call its methods from the event
     loop, `await close()` at the end."""
@@ -235,7 +242,7 @@ class InferenceCore:
             meta = _meta(served, encoded, tokenize_s, mine)
             values = [r.value for r in mine]
             if call.task is Task.EMBED:
-                vectors = np.stack(values) if values else np.zeros((0, 0), np.float32)
+                vectors = _stacked(values)
                 out.append(EmbedResult(vectors, meta))
             elif call.task is Task.FILL_MASK:
                 predictions = await self.off_loop(served.mask_predictions, encoded, values, call.sequences)
@@ -406,9 +413,11 @@ class InferenceCore:
         ]
         model.encoder.batcher.submit(items)
         for option in options:
-            self.metrics.inputs.labels(model.name, option.task.value).inc(len(encoded))
+            self.metrics.inputs_of(model.name, option.task.value).inc(len(encoded))
         futures = [item.future for item in items]
         try:
+            if len(futures) == 1:  # most calls: no gathering future and callbacks
+                return [await futures[0]]
             return await asyncio.gather(*futures)
         finally:
             for future in futures:  # after a failure, the owner skips what is still queued

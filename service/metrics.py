@@ -112,6 +112,27 @@ class Metrics:
             registry=r,
         )
         self._http: MetricsHTTPServer | None = None
+        # labelled series of the per-call metrics, looked up once per label set (see answered, inputs_of)
+        self._answered: dict[tuple[str, str], tuple] = {}
+        self._inputs: dict[tuple[str, str], Counter] = {}
+
+    def answered(self, rpc: str, code: str, seconds: float) -> None:
+        """One call of `rpc` answered with `code` after `seconds` (the labelled series looked up once)."""
+        series = self._answered.get((rpc, code))
+        if series is None:
+            series = self._answered[rpc, code] = (
+                self.requests.labels(rpc, code),
+                self.request_duration.labels(rpc),
+            )
+        series[0].inc()
+        series[1].observe(seconds)
+
+    def inputs_of(self, model: str, task: str) -> Counter:
+        """bertserve_inputs_total{model, task}, looked up once per pair."""
+        series = self._inputs.get((model, task))
+        if series is None:
+            series = self._inputs[model, task] = self.inputs.labels(model, task)
+        return series
 
     def export_limits(self, settings) -> None:
         """bertserve_limit{name} for every `max_*` setting (service/settings.py)."""
@@ -134,25 +155,32 @@ class Metrics:
 
 
 class _ModelObserver(BatchObserver):
+    """The queue owner's hooks for one encoder. Its labelled series are looked up once here: the hooks run
+    on the event loop several times per batch."""
+
     def __init__(self, metrics: Metrics, model: str, graph: str):
         self.m, self.model, self.graph = metrics, model, graph
-        for reason in ("cancelled", "deadline"):
-            metrics.dropped.labels(model, reason)  # present at zero from the start
+        self._dropped = {r: metrics.dropped.labels(model, r) for r in ("cancelled", "deadline")}  # 0 at start
+        self._depth = metrics.queue_depth.labels(model)
+        self._queue = metrics.queue_duration.labels(model)
+        self._inference = metrics.inference_duration.labels(model, graph)
+        self._size = metrics.batch_size.labels(model)
+        self._tokens = metrics.batch_tokens.labels(model)
+        self._padding = metrics.padding_ratio.labels(model)
 
     def queue_depth(self, depth: int) -> None:
-        self.m.queue_depth.labels(self.model).set(depth)
+        self._depth.set(depth)
 
     def dropped(self, reason: str, count: int) -> None:
-        self.m.dropped.labels(self.model, reason).inc(count)
+        self._dropped[reason].inc(count)
 
     def batch_done(self, stats: BatchStats) -> None:
-        queue = self.m.queue_duration.labels(self.model)
         for waited in stats.queue_s:
-            queue.observe(waited)
+            self._queue.observe(waited)
         if stats.exclusive:  # an attention run: not a batch of the encoder graph
             self.m.inference_duration.labels(self.model, ENCODER_ATTENTIONS).observe(stats.inference_s)
             return
-        self.m.inference_duration.labels(self.model, self.graph).observe(stats.inference_s)
-        self.m.batch_size.labels(self.model).observe(stats.size)
-        self.m.batch_tokens.labels(self.model).observe(stats.padded_tokens)
-        self.m.padding_ratio.labels(self.model).observe(stats.padded_tokens / max(1, stats.real_tokens))
+        self._inference.observe(stats.inference_s)
+        self._size.observe(stats.size)
+        self._tokens.observe(stats.padded_tokens)
+        self._padding.observe(stats.padded_tokens / max(1, stats.real_tokens))

@@ -163,8 +163,7 @@ def rpc(name: str, request_type: type[Message] | None = None) -> Callable[[Handl
                 code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}"
             finally:
                 lifecycle.leave()
-                self.metrics.requests.labels(name, code.name).inc()
-                self.metrics.request_duration.labels(name).observe(time.perf_counter() - started)
+                self.metrics.answered(name, code.name, time.perf_counter() - started)
             await context.abort(code, status_message(message))
 
         return handler
