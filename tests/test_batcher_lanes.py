@@ -151,6 +151,34 @@ def test_a_batch_is_cut_ahead_so_the_instance_never_waits_for_the_event_loop():
     assert model.batches == [[0], [1], [2]]
 
 
+def test_calls_that_arrive_while_every_instance_is_taken_do_not_wake_the_owner(monkeypatch):
+    """With a batch computing and one cut ahead, the owner can start nothing: calls queue without a turn of
+    the owner each, and the batch that finishes wakes it to cut the next from all of them."""
+    model = Recorder()
+    turns = []
+    step = Batcher._step
+
+    async def counted(self):
+        turns.append(len(self._incoming))
+        return await step(self)
+
+    monkeypatch.setattr(Batcher, "_step", counted)
+
+    async def scenario(batcher):
+        futures = await submit_each(batcher, [(5, tag, False) for tag in range(2)])
+        await asyncio.sleep(0.05)  # one batch computes (held by the model), one waits cut ahead
+        before = len(turns)
+        futures += await submit_each(batcher, [(5, tag, False) for tag in range(2, 6)])
+        await asyncio.sleep(0.05)
+        during = len(turns) - before
+        model.release.set()
+        assert [r.value for r in await asyncio.gather(*futures)] == list(range(6))
+        return during
+
+    assert run_batcher(model, limits(max_batch_size=4), scenario) == 0
+    assert model.batches == [[0], [1], [2, 3, 4, 5]]
+
+
 def test_no_bulk_batch_is_cut_ahead_of_an_interactive_call(monkeypatch):
     """While interactive calls are active, a stream's batch is never cut ahead: an interactive call that
     arrives waits for the batch computing only."""
