@@ -92,7 +92,9 @@ def test_idle_and_slow_connections_hold_no_threads_and_are_closed_by_the_deadlin
         request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
         for byte in request[:8]:  # a byte at a time: each read resets no timer, the deadline is total
             for sock in trickling:
-                sock.sendall(bytes([byte]))
+                # the server may already have evicted it to make room (the cap is full): not an error
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    sock.sendall(bytes([byte]))
             time.sleep(0.05)
         assert threading.active_count() <= threads_before  # no thread per connection
         assert server.connections <= MAX_CONNECTIONS
