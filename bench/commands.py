@@ -114,7 +114,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from bertserve.bench.processes import BenchError
         from bertserve.bench.runner import BenchConfig, run
     except ImportError as error:
         print(f"bertserve bench: {error}; the bench needs the export and dev extras "
@@ -147,8 +146,15 @@ def run(args: argparse.Namespace) -> int:
     config = (
         BenchConfig.quick_preset(**common, **overrides) if args.quick else BenchConfig(**common, **overrides)
     )
+    return _exit_code(run(config))
+
+
+def _exit_code(run) -> int:
+    """Runs the bench coroutine `run`: 0, or 1 with its one-line reason for a BenchError."""
+    from bertserve.bench.processes import BenchError
+
     try:
-        asyncio.run(run(config))
+        asyncio.run(run)
     except BenchError as error:
         print(f"bertserve bench: {error}", file=sys.stderr)
         return 1
@@ -156,7 +162,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_scaling(args: argparse.Namespace) -> int:
-    from bertserve.bench.processes import BenchError
     from bertserve.bench.scaling import ScalingConfig, run
 
     config = ScalingConfig(
@@ -167,9 +172,4 @@ def _run_scaling(args: argparse.Namespace) -> int:
         phase_seconds=4.0 if args.quick else 10.0,
         server_settings=dict(args.server_setting),
     )
-    try:
-        asyncio.run(run(config))
-    except BenchError as error:
-        print(f"bertserve bench: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return _exit_code(run(config))
