@@ -154,7 +154,7 @@ def _matmul_graph(m: int, k: int, n: int, int8: bool):
         node = helper.make_node("MatMul", ["a", "b"], ["y"])
         opsets = [helper.make_opsetid("", 17)]
     graph = helper.make_graph([node], "gemm", [a], [y], initializer=weights)
-    return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()  # as gpu.py
 
 
 def _sustained_gops(session, m: int, k: int, n: int, seconds: float) -> float:

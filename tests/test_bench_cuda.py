@@ -100,3 +100,20 @@ def test_the_kernel_graphs_are_readable_by_every_allowed_onnxruntime():
 
     for fp16 in (False, True):
         assert onnx.load_from_string(gpu._matmul_graph(8, 8, 8, fp16)).ir_version == 10
+    for int8 in (False, True):  # the CPU kernels' graphs, run by onnxruntime-gpu's CPU provider too
+        assert onnx.load_from_string(limits._matmul_graph(8, 8, 8, int8)).ir_version == 10
+
+
+@pytest.mark.parametrize("provider", ["cpu", "cuda"])
+def test_every_bertserve_target_is_told_its_provider(tiny_repo, tmp_path, provider):
+    """Never "auto": on a GPU machine a CPU bench measured server-fp32 on the GPU (seen on an H100)."""
+    from bertserve.bench.model_setup import resolve_model
+    from bertserve.bench.runner import _servers
+
+    model = resolve_model(tiny_repo, "tiny-embed", None, tmp_path, lambda _: None)
+    config = BenchConfig(
+        model_repo=tiny_repo, out=tmp_path, provider=provider, targets=list(analysis.TARGETS)
+    )
+    servers = _servers(config, model, tmp_path)
+    bertserve = [s for name, s in servers.items() if name != analysis.NAIVE]
+    assert bertserve and all(s.env["BERTSERVE_PROVIDER"] == provider for s in bertserve)
