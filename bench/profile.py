@@ -31,7 +31,7 @@ def op_profile(
     options = session_options(intra_op_threads=threads, inter_op_threads=1)
     options.enable_profiling = True
     options.profile_file_prefix = str(out / f"ort-{graph.stem}-batch{batch_size}")
-    providers = providers_for("cuda") if provider == "cuda" else providers_for("cpu")  # the server's own
+    providers = providers_for(provider)  # as the server's sessions ask for them
     session = ort.InferenceSession(str(graph), options, providers=providers)
     input_names = {i.name for i in session.get_inputs()}
     batches = plan_batches([e.ids for e in tokenizer.encode_batch(corpus.texts)], batch_size, input_names)

@@ -195,9 +195,8 @@ def _profiles(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corp
 def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
     """Target name -> the server process to measure, in measuring order (server-fp32 first)."""
     servers = {}
-    settings = config.server_settings | {
-        "provider": config.provider
-    }  # never "auto": CPU figures on a GPU machine too
+    # the provider is never left "auto": a CPU bench on a GPU machine measures the CPU too
+    settings = config.server_settings | {"provider": config.provider}
     targets = config.measured_targets
     fp16_repo = model.repo if ENCODER_FP16 in model.manifest.graphs else None
     # the bertserve targets, in measuring order: (repository, settings beyond the common ones, protocol);
