@@ -27,16 +27,15 @@ from pathlib import Path
 from bertserve.bench import inprocess, scaling_report
 from bertserve.bench.corpus import load_tokenizer, mixed_corpus
 from bertserve.bench.flops import encoder_flops
-from bertserve.bench.loadgen import closed_loop, make_requests
+from bertserve.bench.loadgen import make_requests
 from bertserve.bench.machine import describe_machine
 from bertserve.bench.model_setup import resolve_model
 from bertserve.bench.processes import BenchError, bertserve_process, child_pythonpath
-from bertserve.bench.targets import CHANNEL_OPTIONS, PER_CALL_CONCURRENCY, embed_call
+from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun
 from bertserve.manifest import ENCODER
 
 TEXTS_PER_CORE = 150  # the texts of a level: an in-process pass of ~2 s at any k, repeated by the servers
 CEILING_BATCH_SIZES = (8, 32)
-WARMUP_REQUESTS = 16
 
 
 @dataclass(frozen=True)
@@ -123,31 +122,13 @@ def ceiling_main() -> None:
 
 
 async def _server_phases(server, model: str, bulk, single, instances: int, seconds: float, log) -> dict:
-    """Starts `server`, runs the bulk then the single phase against it, stops it."""
-    import grpc
-
-    startup_s = await server.start(300.0)
-    phases = {"startup_s": startup_s}
+    """Starts `server`, runs the bulk then the single phase against it (TargetRun's phases), stops it."""
+    target = TargetRun(server, model, workload=None, log=log)
+    phases = {"startup_s": await server.start(300.0)}
     try:
-        async with grpc.aio.insecure_channel(server.address, options=CHANNEL_OPTIONS) as channel:
-            call = embed_call(channel, model)
-            for key, requests, callers in (
-                ("bulk", bulk, max(2, 2 * instances)),
-                ("single", single, PER_CALL_CONCURRENCY),
-            ):
-                await closed_loop(call, requests[:WARMUP_REQUESTS], callers)
-                cpu = server.cpu_seconds()
-                result = await closed_loop(call, requests, callers, f"{server.name} {key}", seconds)
-                summary = result.summary()
-                used = server.cpu_seconds()
-                summary["server_cpu_cores"] = (
-                    (used - cpu) / result.seconds if None not in (cpu, used) else None
-                )
-                phases[key] = {
-                    k: summary[k]
-                    for k in ("inputs", "seconds", "inputs_per_s", "p50_ms", "p99_ms", "errors", "server_cpu_cores")
-                }  # fmt: skip
-                log(f"    {server.name} {key:<6} {summary['inputs_per_s']:8.1f} inputs/s (c={callers})")
+        plan = [("bulk", bulk, max(2, 2 * instances)), ("single", single, PER_CALL_CONCURRENCY)]
+        async with target.connected(PER_CALL_CONCURRENCY):
+            phases |= await target.closed_phases(plan, seconds)
     finally:
         phases["exit_code"] = await server.stop()
     return phases

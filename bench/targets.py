@@ -71,7 +71,12 @@ def _elapsed(start: float | None, end: float | None) -> float | None:
 
 
 class TargetRun:
-    def __init__(self, server: ServerProcess, model: str, workload: Workload, log: Callable[[str], None]):
+    """One server's phases. `run` is the whole sweep of a Workload; without one (workload None), a caller
+    starts the server itself and runs `closed_phases` inside `connected`."""
+
+    def __init__(
+        self, server: ServerProcess, model: str, workload: Workload | None, log: Callable[[str], None]
+    ):
         self.server, self.model, self.workload, self.log = server, model, workload, log
         self.call: Call | None = None
 
@@ -126,8 +131,7 @@ class TargetRun:
         startup_s = await self.server.start(w.startup_timeout_s)
         self.log(f"  {self.server.name} ready in {startup_s:.1f} s")
         try:
-            async with self._client(max(256, *w.concurrencies)) as call:  # open loop: a connection per call
-                self.call = call
+            async with self.connected(max(256, *w.concurrencies)):  # open loop: a connection per call
                 closed = []
                 limit = w.phase_time_limit_s
                 check = w.ceiling_check if self.server.name == w.stream_target else None
@@ -186,11 +190,27 @@ class TargetRun:
         w = self.workload
         if not (w.single and w.bulk):
             return None
+        plan = [("single", list(w.single), PER_CALL_CONCURRENCY), ("bulk", list(w.bulk), BULK_CALLERS)]
+        return await self.closed_phases(plan, w.phase_time_limit_s)
+
+    async def closed_phases(
+        self, plan: list[tuple[str, list[Request], int]], time_limit_s: float | None
+    ) -> dict[str, dict]:
+        """Each (key, requests, concurrency) of `plan` in order, as a warmed-up closed-loop phase of at most
+        `time_limit_s` (see `_phase`); call it inside `connected`."""
         result = {}
-        for key, requests, c in (("single", w.single, PER_CALL_CONCURRENCY), ("bulk", w.bulk, BULK_CALLERS)):
+        for key, requests, c in plan:
             label = f"{key} c={c}"
-            phase = closed_loop(
-                self.call, list(requests), c, f"{self.server.name} {label}", w.phase_time_limit_s
-            )
-            result[key] = await self._phase(label, phase, list(requests[: min(c, WARMUP_MAX)]), c)
+            phase = closed_loop(self.call, requests, c, f"{self.server.name} {label}", time_limit_s)
+            result[key] = await self._phase(label, phase, requests[: min(c, WARMUP_MAX)], c)
         return result
+
+    @contextlib.asynccontextmanager
+    async def connected(self, connections: int) -> AsyncIterator[TargetRun]:
+        """This target's client, for `closed_phases`, open for the block."""
+        async with self._client(connections) as call:
+            self.call = call
+            try:
+                yield self
+            finally:
+                self.call = None
