@@ -88,11 +88,13 @@ class TargetRun:
         if warmup:
             await closed_loop(self.call, warmup, concurrency, label=f"{label} warm-up")
         before = await scrape(self.server.metrics_url)
+        # the loop's thread is read inside the process's reads (process, loop ... loop, process), so its
+        # share never exceeds the whole in a phase as short as a clock tick or two
         server_cpu, client_cpu = self.server.cpu_seconds(), time.process_time()
         loop_cpu = self.server.loop_cpu_seconds()
         result = await phase
-        server_cpu = _elapsed(server_cpu, self.server.cpu_seconds())
         loop_cpu = _elapsed(loop_cpu, self.server.loop_cpu_seconds())
+        server_cpu = _elapsed(server_cpu, self.server.cpu_seconds())
         client_cpu = time.process_time() - client_cpu
         after = await scrape(self.server.metrics_url)
         summary = result.summary()
