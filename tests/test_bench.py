@@ -124,11 +124,14 @@ def test_open_loop_keeps_its_schedule_when_the_server_is_slow():
     assert min(result.latencies) >= 0.2
 
 
+TEXTS = 48  # the tiny bench's mixed texts: its single-input phase's loop CPU must span clock ticks (10 ms)
+
+
 def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_checkpoint, tmp_path):
     out = tmp_path / "bench"
     argv = ["bench", "--model-repo", str(tiny_repo), "--model", "tiny-embed", "--checkpoint",
             str(make_tiny_checkpoint("BertModel")), "--out", str(out), "--quick", "--threads", "1",
-            "--concurrency", "1,4", "--texts", "24", "--fixed-texts", "8"]  # fmt: skip
+            "--concurrency", "1,4", "--texts", str(TEXTS), "--fixed-texts", "8"]  # fmt: skip
     assert main(argv) == 0
     result = json.loads((out / "bench.json").read_text())  # strict JSON: no NaN
     assert not Path(result["model"]["checkpoint"]).is_absolute()  # committed results name no machine's paths
@@ -142,11 +145,16 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     )
     for key in ratio_keys:
         assert math.isfinite(result["ratios"][key]) and result["ratios"][key] > 0, key
-    per_call = result["targets"]["server-fp32"]["per_call"]  # the same 24 texts, one per call and 32 per call
-    assert per_call["single"]["inputs"] == per_call["bulk"]["inputs"] == 24
-    assert per_call["bulk"]["requests_ok"] == 1 and per_call["single"]["requests_ok"] == 24
+    per_call = result["targets"]["server-fp32"]["per_call"]  # the same texts, one per call and 32 per call
+    assert per_call["single"]["inputs"] == per_call["bulk"]["inputs"] == TEXTS
+    assert (
+        per_call["bulk"]["requests_ok"] == math.ceil(TEXTS / 32)
+        and per_call["single"]["requests_ok"] == TEXTS
+    )
     profile = result["per_call_profile"]  # where a call's cost goes: CPU per input, the loop's share of it
-    assert profile["single"]["loop_cpu_ms_per_input"] > 0  # 24 calls: more than the 10 ms clock tick
+    assert (
+        profile["single"]["loop_cpu_ms_per_input"] > 0
+    )  # TEXTS calls: several 10 ms clock ticks of loop CPU
     for kind in ("single", "bulk"):
         row, phase = profile[kind], per_call[kind]
         assert row["inputs_per_s"] == phase["inputs_per_s"]
@@ -197,7 +205,7 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
             result["ratios"][key], phase["inputs_per_s"] / (sum(phase["ceiling_checks"]) / 2), rel_tol=1e-9
         )
     windows = server["stream"]["unary_windows"]  # the lone caller's windows, alone and during, alternated
-    assert server["stream"]["unary_alone"]["requests_ok"] == windows * 24
+    assert server["stream"]["unary_alone"]["requests_ok"] == windows * TEXTS
     for precision in ("fp32", "int8"):
         profile = result["profile"][precision]
         assert math.isclose(sum(profile["share_by_op"].values()), 1.0, rel_tol=1e-6)
