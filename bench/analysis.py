@@ -170,17 +170,20 @@ GOALS = [
 ]
 
 
-def goals(measured: dict) -> list[dict]:
-    """One row per goal: the measured value (None if not measured) and whether it is met."""
+def goals(measured: dict, estimates: dict | None = None) -> list[dict]:
+    """One row per goal: the measured value (None if not measured) and whether it is met; for the goals
+    in `estimates` (bench/transport_floor.py), what the goal's metric would read if the server cost no
+    more than the transport's own floor."""
     rows = []
     for key, goal, test in GOALS:
         value = measured.get(key)
-        rows.append(
-            {
-                "metric": key,
-                "goal": goal,
-                "measured": value,
-                "met": None if value is None else bool(test(value)),
-            }
-        )
+        row = {
+            "metric": key,
+            "goal": goal,
+            "measured": value,
+            "met": None if value is None else bool(test(value)),
+        }
+        if estimates and key in estimates:
+            row["estimate_at_transport_floor"] = estimates[key]
+        rows.append(row)
     return rows

@@ -119,11 +119,14 @@ def markdown(result: dict) -> str:
         lines += md_table(["requests", *(k.replace("_", " ") for k in keys)], rows)
     lines += ["", f"fp32 GEMM peak: {fmt_num(gemm.get('peak_gflops'))} GFLOP/s ({gemm.get('peak_library')}, {gemm.get('peak_shape')}).",
               "", "## Ratios and goals", ""]  # fmt: skip
+    yes_no = {True: "yes", False: "no", None: "–"}
     rows = [
-        [g["metric"], g["goal"], fmt_num(g["measured"], 3), {True: "yes", False: "no", None: "–"}[g["met"]]]
+        [g["metric"], g["goal"], fmt_num(g["measured"], 3), yes_no[g["met"]],
+         fmt_num(g.get("estimate_at_transport_floor"), 3)]
         for g in result["goals"]
-    ]
-    lines += md_table(["metric", "goal", "measured", "met"], rows)
+    ]  # fmt: skip
+    lines += md_table(["metric", "goal", "measured", "met", "estimate at the transport's floor"], rows)
+    lines += _floor_text(result.get("transport_floor"), result["settings"]["threads"])
     limits = result["ratios"].get("limits")
     if limits:
         lines += ["", "## Physical limits", "", limits_text(limits["theoretical"], limits["kernel"]), ""]
@@ -147,6 +150,22 @@ def markdown(result: dict) -> str:
     if result["notes"]:
         lines += ["", "## Notes", "", *(f"- {n}" for n in result["notes"])]
     return "\n".join(lines) + "\n"
+
+
+def _floor_text(floor: dict | None, threads: int) -> list[str]:
+    if not floor:
+        return []
+    return [
+        "",
+        f"The transport's floor (bench/transport_floor.py): a call that does no work (grpc.health.v1 Check on "
+        f"server-fp32) takes p50 {fmt_num(floor['p50_ms_alone'], 3)} ms alone and, paced at "
+        f"{fmt_num(floor['rate_rps'], 0)} calls/s, {fmt_num(floor['server_cpu_ms_per_call'], 3)} ms of the "
+        f"server's CPU and {fmt_num(floor['client_cpu_ms_per_call'], 3)} ms of the load generator's per call. "
+        f"The last column is what each goal's metric would read on {threads} cores if the server cost only "
+        "that beside the in-process ceilings (an estimate: a server's length-grouped batches can compute a "
+        "little faster than the ceiling's). The p50 one is a floor: a lone Embed call's round trip "
+        "includes a no-work call's.",
+    ]
 
 
 def limits_text(theory: dict, kernel: dict) -> str:

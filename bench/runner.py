@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bertserve.bench import analysis, gemm, gpu, inprocess, limits, profile, report
+from bertserve.bench import analysis, gemm, gpu, inprocess, limits, profile, report, transport_floor
 from bertserve.bench.corpus import Corpus, fixed_length_corpus, load_tokenizer, mixed_corpus
 from bertserve.bench.flops import corpus_flops, encoder_flops
 from bertserve.bench.loadgen import make_requests
@@ -310,6 +310,9 @@ async def run(config: BenchConfig) -> dict:
     ratios["limits"] = physical | {"fractions": limits.fractions(analysis.rates(targets, ceilings), physical)}
     int8_graph = model.int8_manifest.graphs.get(ENCODER_INT8) if model.int8_manifest else None
     server = targets.get(analysis.SERVER, {})
+    floor = transport_floor.of_target(
+        server, ceilings, PER_CALL_CONCURRENCY, config.threads, machine["logical_cores"]
+    )
     measured = ratios | {
         "int8_cosine_to_fp32": int8_graph.parity.cosine_to_fp32 if int8_graph and int8_graph.parity else None,
         "server_startup_s": server.get("startup_s"),
@@ -357,7 +360,8 @@ async def run(config: BenchConfig) -> dict:
         "ratios": ratios,
         "padding_ratio": ratios["padding_ratio"],
         "gemm_peak_fraction": ratios["gemm_peak_fraction"],
-        "goals": analysis.goals(measured),
+        "transport_floor": floor,
+        "goals": analysis.goals(measured, floor and floor["estimates"]),
         "notes": notes,
     }
     result["seconds"] = time.perf_counter() - started

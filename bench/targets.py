@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from bertserve.bench import http_client, streaming
+from bertserve.bench import http_client, streaming, transport_floor
 from bertserve.bench.loadgen import Call, PhaseResult, Request, between_checks, closed_loop, open_loop
 from bertserve.bench.processes import ServerProcess
 from bertserve.bench.server_metrics import phase_delta, scrape
@@ -159,7 +159,11 @@ class TargetRun:
                     self.call, w.mixed, rate, label=f"{self.server.name} open", time_limit_s=limit
                 )
                 opened = await self._phase(f"open {rate:.0f} rps", phase, [], 1)
-                per_call = await self._per_call() if self.server.name == w.stream_target else None
+                per_call = floor = None
+                if self.server.name == w.stream_target:
+                    per_call = await self._per_call()
+                    if per_call:
+                        floor = await self._transport_floor(per_call["single"]["requests_per_s"])
             streamed = None
             if self.server.name == w.stream_target:
                 texts = list(w.stream_texts)
@@ -184,7 +188,25 @@ class TargetRun:
             "open": opened,
             "stream": streamed,  # EmbedStream phases (bench/streaming.py), on stream_target only
             "per_call": per_call,  # single-input calls vs requests of many inputs, on stream_target only
+            "transport_floor": floor,  # a no-work call alone and paced (bench/transport_floor.py), likewise
         }
+
+    async def _transport_floor(self, rate: float) -> dict:
+        """grpc.health.v1 Check on its own channel: ALONE_CALLS one at a time, then at `rate` calls/s (the
+        single-input phase's) for PACED_SECONDS, each a `_phase` (server and load-generator CPU)."""
+        paced_calls = int(rate * transport_floor.PACED_SECONDS)
+        calls = [transport_floor.NO_WORK] * max(transport_floor.ALONE_CALLS, paced_calls)
+        limit = 2 * transport_floor.PACED_SECONDS  # bounds the phases; the paced one ends by its count
+        async with grpc.aio.insecure_channel(self.server.address, options=CHANNEL_OPTIONS) as channel:
+            check = transport_floor.health_check_call(channel)
+            await closed_loop(check, calls[:WARMUP_MAX], 1)
+            alone = closed_loop(check, calls[: transport_floor.ALONE_CALLS], 1, "no-work alone", limit)
+            alone_summary = await self._phase("no-work c=1", alone, [], 1)
+            paced = open_loop(check, calls[:paced_calls], rate, label="no-work paced", time_limit_s=limit)
+            paced_summary = await self._phase(f"no-work {rate:.0f} rps", paced, [], 1)
+        return {"alone": alone_summary, "paced": paced_summary} | transport_floor.summarize(
+            alone_summary, paced_summary
+        )
 
     async def _per_call(self) -> dict | None:
         """The same texts as PER_CALL_CONCURRENCY single-input callers, then as requests of that many inputs

@@ -20,7 +20,7 @@ import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertserve.bench import limits
+from bertserve.bench import limits, transport_floor
 from bertserve.bench.corpus import MIXED_CORPUS, fixed_length_corpus, load_tokenizer, mixed_corpus
 from bertserve.bench.flops import encoder_flops
 from bertserve.bench.loadgen import Request, closed_loop, make_requests, open_loop
@@ -212,11 +212,48 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
         assert (out / profile["trace"]).is_file()
     assert "MatMul" in result["profile"]["fp32"]["share_by_op"]
 
+    # the transport's floor: a no-work call alone and paced, and the goals' estimates beside it
+    floor, phases = result["transport_floor"], server["transport_floor"]
+    for kind in ("alone", "paced"):
+        phase = phases[kind]
+        assert phase["errors"] == {} and phase["requests_ok"] == phase["inputs"] > 0, kind
+    assert floor["p50_ms_alone"] == phases["alone"]["p50_ms"] > 0
+    assert floor["cpu_ms_per_call"] > 0 and floor["server_cpu_ms_per_call"] > 0
+    estimated = {
+        g["metric"]: g["estimate_at_transport_floor"]
+        for g in result["goals"]
+        if "estimate_at_transport_floor" in g
+    }
+    assert estimated.keys() == floor["estimates"].keys() == {"server_vs_inprocess", "single_vs_bulk", "int8_vs_server_fp32", "p50_c1_minus_inprocess_ms"}  # fmt: skip
+    assert 0 < estimated["server_vs_inprocess"] <= 1 and 0 < estimated["single_vs_bulk"] <= 1
+    assert estimated["p50_c1_minus_inprocess_ms"] == floor["p50_ms_alone"]
+
     table = (out / "bench.md").read_text()
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table
+    assert "estimate at the transport's floor" in table and "no-work call" in table
     assert "| requests | inputs per s | server cpu ms per input | loop cpu ms per input |" in table
     for plot in ("throughput.png", "latency.png"):
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_transport_floor_estimates_give_the_encoder_the_cpu_a_no_work_call_leaves():
+    inprocess = {"fp32": {"mixed": {"inputs_per_s": 200.0}}, "int8": {"mixed": {"inputs_per_s": 400.0}}}
+    floor = {"cpu_ms_per_call": 1.0, "p50_ms_alone": 0.6}
+    got = transport_floor.estimates(floor, inprocess, 180.0, 32, threads=2, logical_cores=2)
+    # 200 calls/s x 1 ms = 0.2 cores taken from 2: 2 / 2.2 of the ceiling
+    assert math.isclose(got["server_vs_inprocess"], 1 / 1.1)
+    # a 32-input request pays 1/32 of a call per input already
+    assert math.isclose(got["single_vs_bulk"], 1 / (1 + 180 * (31 / 32) / 1e3 / 2))
+    # int8 at 400 calls/s loses 0.4 cores: (400 / 1.2) / (200 / 1.1)
+    assert math.isclose(got["int8_vs_server_fp32"], (400 / 1.2) / (200 / 1.1))
+    assert got["p50_c1_minus_inprocess_ms"] == 0.6
+    # cores the targets' threads leave idle take the transport's CPU first
+    spare = transport_floor.estimates(floor, inprocess, 180.0, 32, threads=2, logical_cores=3)
+    assert spare["server_vs_inprocess"] == spare["single_vs_bulk"] == 1.0
+    assert math.isclose(spare["int8_vs_server_fp32"], 2.0)
+    # nothing measured: nothing estimated
+    blank = transport_floor.estimates({"p50_ms_alone": None}, {}, None, 32, threads=2, logical_cores=2)
+    assert set(blank.values()) == {None}
 
 
 def test_windows_of_a_phase_merge_into_one_result():
