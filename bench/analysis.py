@@ -119,6 +119,11 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
         "server_vs_naive_fp32": _div(server, naive),
         "int8_vs_naive": _div(_saturation(targets, SERVER_INT8), naive),
         "int8_vs_server_fp32": _div(_saturation(targets, SERVER_INT8), server),
+        # the int8 graph's own gain, in process at each graph's best batch size: what int8_vs_server_fp32
+        # could reach if both servers lost the same share to serving
+        "int8_vs_fp32_inprocess": _div(
+            inprocess.get("int8", {}).get("mixed", {}).get("inputs_per_s"), ceiling.get("inputs_per_s")
+        ),
         "fp16_vs_server_fp32": _div(_saturation(targets, SERVER_FP16), server),
         "batching_gain": _div(server, _saturation(targets, SERVER_BS1)),
         **_stream_ratios(targets.get(SERVER, {}).get("stream"), ceiling.get("inputs_per_s")),

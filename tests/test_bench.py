@@ -227,6 +227,11 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     assert estimated.keys() == floor["estimates"].keys() == {"server_vs_inprocess", "single_vs_bulk", "int8_vs_server_fp32", "p50_c1_minus_inprocess_ms"}  # fmt: skip
     assert 0 < estimated["server_vs_inprocess"] <= 1 and 0 < estimated["single_vs_bulk"] <= 1
     assert estimated["p50_c1_minus_inprocess_ms"] == floor["p50_ms_alone"]
+    inprocess = result["inprocess"]
+    assert math.isclose(
+        result["ratios"]["int8_vs_fp32_inprocess"],
+        inprocess["int8"]["mixed"]["inputs_per_s"] / inprocess["fp32"]["mixed"]["inputs_per_s"],
+    )
 
     table = (out / "bench.md").read_text()
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table
