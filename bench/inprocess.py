@@ -112,10 +112,17 @@ def measure_ceiling(
     passes: int,
     instances: int = 1,
     provider: str = "cpu",
+    shared: bool = False,
+    threads_per_instance: int | None = None,
 ) -> dict:
-    """Inputs/s at the best batch size, plus every batch size tried; `instances` sessions of
-    threads / instances threads each."""
-    sessions = [make_session(graph, max(1, threads // instances), provider) for _ in range(instances)]
+    """Inputs/s at the best batch size, plus every batch size tried; `instances` batches at once, each
+    with `threads_per_instance` threads (default threads / instances): concurrent runs of one session
+    (`shared`, the server's `instance_sessions=shared`) or a session each."""
+    per_instance = threads_per_instance or max(1, threads // instances)
+    if shared:
+        sessions = [make_session(graph, per_instance, provider)] * instances
+    else:
+        sessions = [make_session(graph, per_instance, provider) for _ in range(instances)]
     session = sessions[0]
     input_names = {i.name for i in session.get_inputs()}
     start = time.perf_counter()
@@ -139,6 +146,8 @@ def measure_ceiling(
         "graph": graph.name,
         "threads": threads,
         "instances": instances,
+        "threads_per_instance": per_instance,
+        "shared_session": shared and instances > 1,
         "inputs": len(sequences),
         "best_batch_size": best,
         **by_batch_size[best],

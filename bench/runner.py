@@ -68,9 +68,19 @@ class BenchConfig:
         return [t for t in (swap.get(t, t) for t in self.targets) if t is not None]
 
     @property
-    def instances(self) -> int:
-        """The bertserve targets' model instances (`--server-setting instances=N`), for the ceiling."""
-        return min(self.threads, int(self.server_settings.get("instances", 1)))
+    def ceiling_layouts(self) -> list[tuple[int, int, bool]]:
+        """(instances, threads per instance, one shared session) the ceiling tries: one session with every
+        thread, and the bertserve targets' own layout when they run several instances (`--server-setting
+        instances=N`, with intra_op_threads, which the bench sets to --threads, and instance_sessions)."""
+        settings = self.server_settings
+        instances = int(settings.get("instances", 1))
+        layouts = [(1, self.threads, False)]
+        if instances > 1:
+            per_instance = int(settings.get("intra_op_threads", self.threads)) or self.threads
+            mode = settings.get("instance_sessions", "auto")
+            shared = mode == "shared" or (mode == "auto" and self.provider == "cpu")
+            layouts.append((instances, per_instance, shared))
+        return layouts
 
     @classmethod
     def quick_preset(cls, **overrides) -> BenchConfig:
@@ -102,6 +112,12 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def layout_name(ceiling: dict) -> str:
+    """`1x2`, `2x1`, `2x2 shared` (two concurrent runs of one session of 2 threads)."""
+    name = f"{ceiling['instances']}x{ceiling['threads_per_instance']}"
+    return f"{name} shared" if ceiling["shared_session"] else name
+
+
 def _ceilings(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, fixed: Corpus) -> dict:
     dims = model.manifest.dimensions
     graphs = _graphs(config, model)
@@ -118,15 +134,15 @@ def _ceilings(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corp
                     config.threads,
                     config.ceiling_batch_sizes,
                     config.ceiling_passes,
-                    n,
+                    instances,
                     config.provider,
+                    shared,
+                    per_instance,
                 )
-                for n in sorted({1, config.instances})
+                for instances, per_instance, shared in config.ceiling_layouts
             ]
             c = max(tried, key=lambda r: r["inputs_per_s"])
-            c["layouts_tried"] = {
-                f"{r['instances']}x{config.threads // r['instances']}": r["inputs_per_s"] for r in tried
-            }
+            c["layouts_tried"] = {layout_name(r): r["inputs_per_s"] for r in tried}
             c["gflops_per_s"] = corpus_flops(dims, corpus.tokens) / c["seconds_per_pass"] / 1e9
             results[precision][key] = c
             log(
@@ -170,6 +186,8 @@ def _ceiling_check(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed:
             config.ceiling_passes,
             found["instances"],
             config.provider,
+            found["shared_session"],
+            found["threads_per_instance"],
         )
         return round(again["inputs_per_s"], 2)
 

@@ -87,11 +87,14 @@ def layouts(cores: int) -> dict[str, tuple[int, int]]:
     return {f"1x{cores}": (1, cores), f"{cores}x1": (cores, 1)}
 
 
-def _ceiling_in_child(graph: Path, tokenizer: Path, max_length: int, texts: int, cpus: list[int]) -> dict:
+def _ceiling_in_child(
+    graph: Path, tokenizer: Path, max_length: int, texts: int, cpus: list[int], shared: bool
+) -> dict:
     """The in-process ceiling of each layout on the mixed corpus's first `texts` texts, in a child pinned to
-    `cpus` (nothing else of ours runs meanwhile)."""
+    `cpus` (nothing else of ours runs meanwhile); `shared`: instances run one session, as the servers'."""
     argv = [sys.executable, "-m", "bertserve.bench.scaling", "--graph", str(graph), "--tokenizer", str(tokenizer),
-            "--max-length", str(max_length), "--texts", str(texts), "--cpus", ",".join(map(str, cpus))]  # fmt: skip
+            "--max-length", str(max_length), "--texts", str(texts), "--cpus", ",".join(map(str, cpus)),
+            *(["--shared"] if shared else [])]  # fmt: skip
     done = subprocess.run(
         argv, capture_output=True, text=True, env=os.environ | child_pythonpath(), check=False
     )
@@ -107,16 +110,18 @@ def ceiling_main() -> None:
     parser.add_argument("--max-length", type=int, required=True)
     parser.add_argument("--texts", type=int, required=True)
     parser.add_argument("--cpus", required=True)
+    parser.add_argument("--shared", action="store_true", help="instances run one shared session")
     args = parser.parse_args()
     cpus = [int(c) for c in args.cpus.split(",")]
     os.sched_setaffinity(0, cpus)  # before any session: ONNX Runtime's threads inherit it
     tokenizer = load_tokenizer(args.tokenizer, args.max_length)
     corpus = mixed_corpus(tokenizer, limit=args.texts)
     results = {}
-    for name, (instances, _) in layouts(len(cpus)).items():
+    for name, (instances, threads) in layouts(len(cpus)).items():
         found = inprocess.measure_ceiling(
-            args.graph, tokenizer, corpus, len(cpus), list(CEILING_BATCH_SIZES), 2, instances
-        )
+            args.graph, tokenizer, corpus, len(cpus), list(CEILING_BATCH_SIZES), 2, instances,
+            shared=args.shared, threads_per_instance=threads,
+        )  # fmt: skip
         results[name] = {k: found[k] for k in ("inputs_per_s", "best_batch_size", "inputs")}
     json.dump(results, sys.stdout)
 
@@ -154,8 +159,16 @@ async def run(config: ScalingConfig, log=lambda message: print(message, file=sys
         corpus = mixed_corpus(tokenizer, limit=TEXTS_PER_CORE * cores)
         level = {"cores": cores, "cpus": cpus, "client_cpus": client, "client_shares_cpus": not rest,
                  "texts": len(corpus.texts)}  # fmt: skip
+        shared = (config.server_settings or {}).get(
+            "instance_sessions", "auto"
+        ) != "separate"  # CPU: auto shares
         level["inprocess"] = _ceiling_in_child(
-            model.graph(ENCODER), model.tokenizer_path, model.manifest.max_length, len(corpus.texts), cpus
+            model.graph(ENCODER),
+            model.tokenizer_path,
+            model.manifest.max_length,
+            len(corpus.texts),
+            cpus,
+            shared,
         )
         for name, ceiling in level["inprocess"].items():
             log(

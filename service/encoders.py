@@ -2,8 +2,9 @@
 
 Models share a group when their encoder graph for the chosen precision has the same sha256: a head-only
 model that names an encoder model, or an older repository whose models hold byte-identical copies. A
-group owns the encoder's ONNX sessions (`instances` of them, as Triton's instance groups: each runs
-its own batch on its own worker thread with `intra_op_threads` threads) and one queue owner (`Batcher`):
+group owns the encoder's `instances` (as Triton's instance groups: each runs its own batch on its own
+worker thread with `intra_op_threads` threads; on CPU by default all of them run one ONNX session, see
+`instance_sessions` in service/settings.py) and one queue owner (`Batcher`):
 Embed, FillMask and Classify calls of all its models share batches; `compute` runs the encoder ONCE per
 batch, on a free instance, asking only for the outputs the batch's rows need, then each model's head on
 that model's rows.
@@ -33,7 +34,9 @@ class EncoderGroup:
         self.name = name  # the model whose encoder this is (first in order for byte-identical copies)
         self.sha256 = sha256
         self.graph_key = graph_key  # encoder, encoder_int8 or encoder_fp16
-        self.sessions = sessions  # the instances; the batcher runs at most len(sessions) batches at once
+        self.sessions = (
+            sessions  # one per instance (shared: the same session); at most that many batches at once
+        )
         self.session = sessions[0]
         self._free: queue.SimpleQueue[GraphSession] = queue.SimpleQueue()
         for session in sessions:

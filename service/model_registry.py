@@ -4,7 +4,9 @@ names none. `load` reads the repository and creates every ONNX Runtime session, 
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -74,6 +76,18 @@ def _shared_initializers(found: list[ModelFiles], tables: dict[str, np.ndarray])
     return shared
 
 
+def _instances(settings: Settings, new_session: Callable[[], GraphSession]) -> list[GraphSession]:
+    """The encoder's `instances`: one session run by every instance (shared), or a session each."""
+    first = new_session()
+    mode = settings.instance_sessions
+    shared = mode == "shared" or (mode == "auto" and first.device == "cpu")
+    return (
+        [first] * settings.instances
+        if shared
+        else [first, *(new_session() for _ in range(settings.instances - 1))]
+    )
+
+
 def load(settings: Settings) -> ModelRegistry:
     """Blocking: checks the repository and creates every session; encoders deduplicated by sha256, and so
     are tokenizers (by file sha256 and max_length) and tied decoder tables (held once, see TiedDecoder)."""
@@ -104,7 +118,7 @@ def load(settings: Settings) -> ModelRegistry:
         path, sha256, _ = _encoder_identity(files)
         if sha256 not in groups:
             pad_id = files.manifest.tokenizer.pad_token_id
-            instances = [session(path, sha256) for _ in range(settings.instances)]
+            instances = _instances(settings, functools.partial(session, path, sha256))
             groups[sha256] = EncoderGroup(names[sha256], sha256, files.encoder_key, instances, pad_id)
         group = groups[sha256]
         attention = None

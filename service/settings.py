@@ -36,10 +36,15 @@ class Settings(BaseSettings):
     provider: Literal["auto", "cpu", "cuda"] = "auto"
     intra_op_threads: int = Field(0, ge=0, le=256)  # 0 = ONNX Runtime's default (one per physical core)
     inter_op_threads: int = Field(1, ge=0, le=64)
-    # Model instances per encoder (as Triton's instance groups): this many ONNX Runtime sessions, each with
-    # intra_op_threads threads, each computing its own batch at the same time. Memory: one copy of the
-    # encoder's weights, and one arena (see max_batch_tokens), per instance.
+    # Model instances per encoder (as Triton's instance groups): this many batches computed at the same
+    # time, each with intra_op_threads threads. `instance_sessions` says whether they are concurrent runs
+    # of ONE ONNX Runtime session (shared: the weights and their pre-packed copies held once; ORT's Run is
+    # thread-safe) or a session each (separate: a copy of the weights per instance, +160 MB RSS per fp32
+    # MiniLM instance measured here). auto: shared on CPU, separate on CUDA (a session's runs share its
+    # stream). Measured on 2 cores, in process, batches of one: 2 x 1 thread shared 197-205 inputs/s,
+    # separate 174-188; 2 x 2 threads shared 167-183, one session 1 x 2 150-157.
     instances: int = Field(1, ge=1, le=64)
+    instance_sessions: Literal["auto", "shared", "separate"] = "auto"
     max_batch_size: int = Field(32, ge=1, le=4096)
     # Padded length x inputs. ONNX Runtime's arena keeps the largest batch's activations, so this also
     # bounds that memory: MiniLM server RSS after the quick bench 457 MB at 16384, 365-378 MB at 2048. On

@@ -308,3 +308,20 @@ def test_the_ceiling_runs_every_batch_once_on_each_instance_at_once():
     assert _timed_pass([Session(0), Session(1)], batches) > 0
     assert sorted(k for _, k in ran) == list(range(10))
     assert {n for n, _ in ran} == {0, 1}
+
+
+@pytest.mark.parametrize(
+    "settings, provider, layout",
+    [
+        ({}, "cpu", None),
+        ({"instances": "2"}, "cpu", (2, 2, True)),  # the bench gives every instance --threads threads
+        ({"instances": "2", "intra_op_threads": "1"}, "cpu", (2, 1, True)),
+        ({"instances": "2", "instance_sessions": "separate"}, "cpu", (2, 2, False)),
+        ({"instances": "2"}, "cuda", (2, 2, False)),  # auto: a session per instance on CUDA
+    ],
+)
+def test_the_ceiling_tries_the_servers_own_instance_layout(tmp_path, settings, provider, layout):
+    from bertserve.bench.runner import BenchConfig
+
+    config = BenchConfig(tmp_path, tmp_path, threads=2, server_settings=settings, provider=provider)
+    assert config.ceiling_layouts == [(1, 2, False)] + ([layout] if layout else [])
