@@ -159,9 +159,8 @@ async def run(config: ScalingConfig, log=lambda message: print(message, file=sys
         corpus = mixed_corpus(tokenizer, limit=TEXTS_PER_CORE * cores)
         level = {"cores": cores, "cpus": cpus, "client_cpus": client, "client_shares_cpus": not rest,
                  "texts": len(corpus.texts)}  # fmt: skip
-        shared = (config.server_settings or {}).get(
-            "instance_sessions", "auto"
-        ) != "separate"  # CPU: auto shares
+        mode = (config.server_settings or {}).get("instance_sessions", "auto")
+        shared = mode != "separate"  # the servers run on the CPU, where auto shares one session
         level["inprocess"] = _ceiling_in_child(
             model.graph(ENCODER),
             model.tokenizer_path,

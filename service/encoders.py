@@ -34,9 +34,8 @@ class EncoderGroup:
         self.name = name  # the model whose encoder this is (first in order for byte-identical copies)
         self.sha256 = sha256
         self.graph_key = graph_key  # encoder, encoder_int8 or encoder_fp16
-        self.sessions = (
-            sessions  # one per instance (shared: the same session); at most that many batches at once
-        )
+        # one per instance (shared: the same session object each time); at most that many batches at once
+        self.sessions = sessions
         self.session = sessions[0]
         self._free: queue.SimpleQueue[GraphSession] = queue.SimpleQueue()
         for session in sessions:

@@ -39,8 +39,8 @@ class Settings(BaseSettings):
     # Model instances per encoder (as Triton's instance groups): this many batches computed at the same
     # time, each with intra_op_threads threads. `instance_sessions` says whether they are concurrent runs
     # of ONE ONNX Runtime session (shared: the weights and their pre-packed copies held once; ORT's Run is
-    # thread-safe) or a session each (separate: a copy of the weights per instance, +160 MB RSS per fp32
-    # MiniLM instance measured here). auto: shared on CPU, separate on CUDA (a session's runs share its
+    # thread-safe) or a session each (separate: a copy of the weights per instance, +90-160 MB RSS per
+    # fp32 MiniLM instance measured here). auto: shared on CPU, separate on CUDA (a session's runs share its
     # stream). Measured on 2 cores, in process, batches of one: 2 x 1 thread shared 197-205 inputs/s,
     # separate 174-188; 2 x 2 threads shared 167-183, one session 1 x 2 150-157.
     instances: int = Field(1, ge=1, le=64)
