@@ -2,8 +2,10 @@
 
 For each core count k, the server runs pinned to k CPUs (one logical CPU per physical core first, then
 their hyperthread siblings; `sched_setaffinity`) in two layouts of model instances, as Triton's instance
-groups: one ONNX Runtime session with k threads (`1xk`) and k sessions of one thread each (`kx1`). The
-in-process ceiling runs in a child process pinned the same way, in both layouts. The load generator runs
+groups: one ONNX Runtime session with k threads (`1xk`) and k instances of one thread each (`kx1`: k
+concurrent runs of one shared session, the CPU default, or k sessions with `--server-setting
+instance_sessions=separate`). The in-process ceiling runs in a child process pinned the same way, in both
+layouts. The load generator runs
 on the CPUs left over, and shares the server's only when none are left (the level says so).
 
 Phases per server, on the mixed corpus, each at most `phase_seconds` after a short warm-up:
@@ -151,6 +153,8 @@ async def run(config: ScalingConfig, log=lambda message: print(message, file=sys
     tokenizer = load_tokenizer(model.tokenizer_path, model.manifest.max_length)
     dims = model.manifest.dimensions
     flops_of = lambda tokens: encoder_flops(dims, tokens)  # noqa: E731
+    mode = (config.server_settings or {}).get("instance_sessions", "auto")
+    shared = mode != "separate"  # the servers run on the CPU, where auto shares one session
     levels = []
     for cores in config.cores:
         cpus, rest = order[:cores], order[cores:]
@@ -159,8 +163,6 @@ async def run(config: ScalingConfig, log=lambda message: print(message, file=sys
         corpus = mixed_corpus(tokenizer, limit=TEXTS_PER_CORE * cores)
         level = {"cores": cores, "cpus": cpus, "client_cpus": client, "client_shares_cpus": not rest,
                  "texts": len(corpus.texts)}  # fmt: skip
-        mode = (config.server_settings or {}).get("instance_sessions", "auto")
-        shared = mode != "separate"  # the servers run on the CPU, where auto shares one session
         level["inprocess"] = _ceiling_in_child(
             model.graph(ENCODER),
             model.tokenizer_path,
@@ -203,6 +205,7 @@ async def run(config: ScalingConfig, log=lambda message: print(message, file=sys
             "phase_seconds": config.phase_seconds,
             "cpu_order": order,
             "server_settings": config.server_settings or {},
+            "kx1_shared_session": shared,
         },  # fmt: skip
         "levels": levels,
         "summary": scaling_report.summary(levels),

@@ -52,8 +52,13 @@ def markdown(result: dict) -> str:
         f"{machine['load_average_at_start'][0]:.2f}. Model {result['model']['name']} "
         f"({result['model']['graph']}); phases of at most {result['settings']['phase_seconds']:g} s.",
         "",
-        "Inputs/s. `1xk`: one ONNX Runtime session with k threads; `kx1`: k sessions of one thread each. "
-        "bulk: 32-input requests; single: single-input calls at c=32. Efficiency: inputs/s per core over "
+        "Inputs/s. `1xk`: one ONNX Runtime session with k threads; `kx1`: k instances of one thread each, "
+        + (
+            "concurrent runs of one shared session. "
+            if result["settings"].get("kx1_shared_session", False)
+            else "a session each. "
+        )
+        + "bulk: 32-input requests; single: single-input calls at c=32. Efficiency: inputs/s per core over "
         "the fewest cores' inputs/s per core.",
         "",
     ]

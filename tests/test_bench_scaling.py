@@ -67,7 +67,9 @@ def test_scaling_run_on_a_tiny_model(tiny_repo, tmp_path):
     assert math.isclose(
         row["single_vs_bulk"], server["single"]["inputs_per_s"] / server["bulk"]["inputs_per_s"], rel_tol=1e-9
     )
-    assert "| cores | in-process | server bulk |" in (out / "scaling.md").read_text()
+    assert result["settings"]["kx1_shared_session"] is True  # the servers' CPU default, and the ceiling's
+    table = (out / "scaling.md").read_text()
+    assert "| cores | in-process | server bulk |" in table and "one shared session" in table
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
