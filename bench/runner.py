@@ -24,6 +24,7 @@ from bertserve.bench.model_setup import ModelUnderTest, resolve_model
 from bertserve.bench.processes import bertserve_process, child_pythonpath, naive_process
 from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun, Workload
 from bertserve.manifest import ENCODER, ENCODER_FP16, ENCODER_INT8
+from bertserve.service.settings import shares_session
 
 PROFILE_TEXTS = 200  # texts in the profiled pass
 
@@ -77,8 +78,7 @@ class BenchConfig:
         layouts = [(1, self.threads, False)]
         if instances > 1:
             per_instance = int(settings.get("intra_op_threads", self.threads)) or self.threads
-            mode = settings.get("instance_sessions", "auto")
-            shared = mode == "shared" or (mode == "auto" and self.provider == "cpu")
+            shared = shares_session(settings.get("instance_sessions", "auto"), self.provider)
             layouts.append((instances, per_instance, shared))
         return layouts
 

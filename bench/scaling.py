@@ -35,6 +35,7 @@ from bertserve.bench.model_setup import resolve_model
 from bertserve.bench.processes import BenchError, bertserve_process, child_pythonpath
 from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun
 from bertserve.manifest import ENCODER
+from bertserve.service.settings import shares_session
 
 TEXTS_PER_CORE = 150  # the texts of a level: an in-process pass of ~2 s at any k, repeated by the servers
 CEILING_BATCH_SIZES = (8, 32)
@@ -154,7 +155,7 @@ async def run(config: ScalingConfig, log=lambda message: print(message, file=sys
     dims = model.manifest.dimensions
     flops_of = lambda tokens: encoder_flops(dims, tokens)  # noqa: E731
     mode = (config.server_settings or {}).get("instance_sessions", "auto")
-    shared = mode != "separate"  # the servers run on the CPU, where auto shares one session
+    shared = shares_session(mode, "cpu")  # the scaling servers run on the CPU
     levels = []
     for cores in config.cores:
         cpus, rest = order[:cores], order[cores:]

@@ -17,7 +17,7 @@ from bertserve.service.errors import ModelNotFound, StartupError, TaskUnavailabl
 from bertserve.service.repository import ModelFiles, discover
 from bertserve.service.runtime import GraphSession
 from bertserve.service.served_model import ServedModel
-from bertserve.service.settings import Settings
+from bertserve.service.settings import Settings, shares_session
 from bertserve.service.tasks import Task
 from bertserve.service.tokenization import ModelTokenizer
 
@@ -79,11 +79,9 @@ def _shared_initializers(found: list[ModelFiles], tables: dict[str, np.ndarray])
 def _instances(settings: Settings, new_session: Callable[[], GraphSession]) -> list[GraphSession]:
     """The encoder's `instances`: one session run by every instance (shared), or a session each."""
     first = new_session()
-    mode = settings.instance_sessions
-    shared = mode == "shared" or (mode == "auto" and first.device == "cpu")
     return (
         [first] * settings.instances
-        if shared
+        if shares_session(settings.instance_sessions, first.device)
         else [first, *(new_session() for _ in range(settings.instances - 1))]
     )
 

@@ -153,6 +153,12 @@ def _describe(error: dict) -> str:
     return f"{where}: {error['msg']}{shown}"
 
 
+def shares_session(instance_sessions: str, device: str) -> bool:
+    """Whether an encoder's instances are concurrent runs of one session: `instance_sessions` shared, or
+    auto on the CPU (on CUDA, auto gives each instance a session of its own)."""
+    return instance_sessions == "shared" or (instance_sessions == "auto" and device == "cpu")
+
+
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment, with `overrides` (command-line flags that were given) on top."""
     given = {key: value for key, value in overrides.items() if value is not None}
