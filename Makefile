@@ -58,7 +58,8 @@ export-default: $(REPO)/.default-exported
 serve: setup export-default
 	$(BIN)/bertserve serve --model-repo $(REPO) --port $(PORT) --metrics-port $(METRICS_PORT)
 
-# Debian's prometheus (promtool, a live Prometheus) and wordnet-base, which the tests use.
+# Debian's prometheus (promtool, a live Prometheus) and wordnet-base, which the tests use, and g++ with
+# libgrpc++-dev, which build the bench's native load generator (bench/native/loadgen.cc).
 system-packages:
 	@scripts/system-packages.sh
 
@@ -69,7 +70,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-bench: setup export-default
+bench: setup system-packages export-default
 	$(BIN)/bertserve bench --model-repo $(REPO) --out bench-results
 
 # The default fill-mask model's continued masked-LM pretraining (`bertserve pretrain`, export/pretrain/; README,

@@ -99,6 +99,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "fp16 graph instead of int8, and the GPU's dense fp16 peak (needs onnxruntime-gpu and a GPU)",
     )
     parser.add_argument(
+        "--loadgen",
+        choices=("native", "python"),
+        default="native",
+        help="what sends the gRPC targets' requests: native, a C++ client built on first use (bench/native, "
+        "needs g++ and libgrpc++-dev; the Python client when it cannot be built) or python, grpc.aio in the "
+        "bench's process, which takes more of the cores it shares with the server",
+    )
+    parser.add_argument(
         "--server-setting", type=_setting, action="append", default=[], metavar="NAME=VALUE",
         help="extra bertserve setting for the bertserve targets (repeatable), e.g. max_queue_delay_ms=1",
     )  # fmt: skip
@@ -142,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
             "ceiling_batch_sizes": gpu.CEILING_BATCH_SIZES,
         } | overrides
     common = dict(model_repo=args.model_repo, out=args.out, model=args.model, checkpoint=args.checkpoint,
-                  threads=args.threads, server_settings=settings, provider=args.provider)  # fmt: skip
+                  threads=args.threads, server_settings=settings, provider=args.provider,
+                  loadgen=args.loadgen)  # fmt: skip
     config = (
         BenchConfig.quick_preset(**common, **overrides) if args.quick else BenchConfig(**common, **overrides)
     )
@@ -171,5 +180,6 @@ def _run_scaling(args: argparse.Namespace) -> int:
         model=args.model,
         phase_seconds=4.0 if args.quick else 10.0,
         server_settings=dict(args.server_setting),
+        loadgen=args.loadgen,
     )
     return _exit_code(run(config))

@@ -57,6 +57,9 @@ class PhaseResult:
     tokens: int = 0
     flops: float = 0.0
     errors: Counter = field(default_factory=Counter)  # status code name -> count
+    # CPU seconds of a load generator in another process (bench/native_loadgen.py); 0 for this process's,
+    # which the bench reads itself
+    client_cpu_s: float = 0.0
 
     @classmethod
     def merged(cls, parts: list[PhaseResult]) -> PhaseResult:
@@ -137,16 +140,9 @@ class _Progress:
             sys.stderr.flush()
 
 
-async def _send(call: Call, request: Request, started: float, result: PhaseResult) -> None:
-    try:
-        reply = await call(request.texts)
-    except grpc.aio.AioRpcError as error:
-        result.errors[error.code().name] += 1
-        return
-    except CallFailed as error:
-        result.errors[error.code] += 1
-        return
-    result.latencies.append(time.perf_counter() - started)
+def record_reply(result: PhaseResult, request: Request, latency_s: float, reply: object) -> None:
+    """Counts one answered request: its latency, its inputs and the server's metadata in its reply."""
+    result.latencies.append(latency_s)
     metadata = getattr(reply, "metadata", None)
     if metadata is not None:
         result.queue_ms.append(metadata.queue_time_ms)
@@ -156,6 +152,28 @@ async def _send(call: Call, request: Request, started: float, result: PhaseResul
     result.inputs += len(request.texts)
     result.tokens += request.tokens
     result.flops += request.flops
+
+
+def poisson_offsets(count: int, rate: float, seed: int = 0) -> list[float]:
+    """Send times (seconds from the phase's start) of `count` Poisson arrivals at mean `rate` per second."""
+    rng = random.Random(seed)
+    offsets, at = [], 0.0
+    for _ in range(count):
+        at += rng.expovariate(rate)
+        offsets.append(at)
+    return offsets
+
+
+async def _send(call: Call, request: Request, started: float, result: PhaseResult) -> None:
+    try:
+        reply = await call(request.texts)
+    except grpc.aio.AioRpcError as error:
+        result.errors[error.code().name] += 1
+        return
+    except CallFailed as error:
+        result.errors[error.code] += 1
+        return
+    record_reply(result, request, time.perf_counter() - started, reply)
 
 
 async def closed_loop(
@@ -193,7 +211,6 @@ async def open_loop(
     """Requests sent at Poisson arrival times of mean `rate` per second, whether or not earlier ones are
     done; arrivals stop after `time_limit_s` (those sent are still awaited)."""
     result = PhaseResult("open", offered_rate=rate, requests_planned=len(requests))
-    rng = random.Random(seed)
     progress = _Progress(label or f"open {rate:.1f} req/s", len(requests))
 
     async def timed(request: Request, scheduled: float) -> None:
@@ -201,11 +218,10 @@ async def open_loop(
         progress.tick()
 
     start = time.perf_counter()
-    scheduled = start
     tasks = []
     deadline = start + time_limit_s if time_limit_s else float("inf")
-    for request in requests:
-        scheduled += rng.expovariate(rate)
+    for request, offset in zip(requests, poisson_offsets(len(requests), rate, seed), strict=True):
+        scheduled = start + offset
         if scheduled > deadline:
             result.stopped_early = True
             break

@@ -15,7 +15,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bertserve.bench import analysis, gemm, gpu, inprocess, limits, profile, report, transport_floor
+from bertserve.bench import (
+    analysis,
+    gemm,
+    gpu,
+    inprocess,
+    limits,
+    native_loadgen,
+    profile,
+    report,
+    transport_floor,
+)
 from bertserve.bench.corpus import Corpus, fixed_length_corpus, load_tokenizer, mixed_corpus
 from bertserve.bench.flops import corpus_flops, encoder_flops
 from bertserve.bench.loadgen import make_requests
@@ -58,6 +68,9 @@ class BenchConfig:
     )
     # cuda: ceilings, kernels and servers on ONNX Runtime's CUDA provider (bench/gpu.py)
     provider: str = "cpu"
+    # what sends the gRPC targets' requests: "native" (bench/native_loadgen.py, the Python client when it
+    # cannot be built here) or "python" (bench/loadgen.py, in this process)
+    loadgen: str = "native"
 
     @property
     def measured_targets(self) -> list[str]:
@@ -258,6 +271,10 @@ async def run(config: BenchConfig) -> dict:
         gpu.require_cuda()  # before anything slow: a clear error on a machine without a usable GPU
         machine["gpu"] = {k: v for k, v in gpu.describe_gpu().items() if k != "theoretical"}
         notes.append("provider cuda: no naive PyTorch baseline and no CPU GEMM peak; fp16 instead of int8")
+    native, loadgen = native_loadgen.choose(config.loadgen)
+    if "native_unavailable" in loadgen:
+        notes.append(loadgen["native_unavailable"])
+        log(f"warning: {notes[-1]}")
     with tempfile.TemporaryDirectory(prefix="bertserve-bench-") as scratch:
         log(f"[1/5] model and corpus (at {time.perf_counter() - started:.0f} s)")
         model = resolve_model(config.model_repo, config.model, config.checkpoint, Path(scratch), log)
@@ -311,7 +328,7 @@ async def run(config: BenchConfig) -> dict:
         targets: dict[str, dict] = {}
         open_rate = config.open_rate
         for name, server in _servers(config, model, config.out / "logs").items():
-            targets[name] = await TargetRun(server, model.name, workload, log).run(open_rate)
+            targets[name] = await TargetRun(server, model.name, workload, log, native).run(open_rate)
             open_rate = (
                 open_rate or targets[name]["open"]["offered_rate_rps"]
             )  # the same offered load for all
@@ -365,6 +382,7 @@ async def run(config: BenchConfig) -> dict:
             "server_settings": config.server_settings,
             "open_rate_rps": open_rate,
             "phase_time_limit_s": config.phase_time_limit_s,
+            "load_generator": loadgen,
         },  # fmt: skip
         "flops": {
             "per_input_mean_gflop_mixed": corpus_flops(dims, mixed.tokens) / len(mixed.tokens) / 1e9,

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertserve.bench import inprocess, scaling_report
+from bertserve.bench import inprocess, native_loadgen, scaling_report
 from bertserve.bench.corpus import load_tokenizer, mixed_corpus
 from bertserve.bench.flops import encoder_flops
 from bertserve.bench.loadgen import make_requests
@@ -49,6 +49,7 @@ class ScalingConfig:
     model: str | None = None
     phase_seconds: float = 10.0
     server_settings: dict[str, str] | None = None
+    loadgen: str = "native"  # what sends the phases (bench/native_loadgen.py)
 
 
 def cpu_order(allowed: set[int], topology: dict[int, tuple[int, int]]) -> list[int]:
@@ -129,9 +130,11 @@ def ceiling_main() -> None:
     json.dump(results, sys.stdout)
 
 
-async def _server_phases(server, model: str, bulk, single, instances: int, seconds: float, log) -> dict:
+async def _server_phases(
+    server, model: str, bulk, single, instances: int, seconds: float, log, native: Path | None
+) -> dict:
     """Starts `server`, runs the bulk then the single phase against it (TargetRun's phases), stops it."""
-    target = TargetRun(server, model, workload=None, log=log)
+    target = TargetRun(server, model, workload=None, log=log, native=native)
     phases = {"startup_s": await server.start(300.0)}
     try:
         plan = [("bulk", bulk, max(2, 2 * instances)), ("single", single, PER_CALL_CONCURRENCY)]
@@ -156,6 +159,9 @@ async def run(config: ScalingConfig, log=lambda message: print(message, file=sys
     flops_of = lambda tokens: encoder_flops(dims, tokens)  # noqa: E731
     mode = (config.server_settings or {}).get("instance_sessions", "auto")
     shared = shares_session(mode, "cpu")  # the scaling servers run on the CPU
+    native, loadgen = native_loadgen.choose(config.loadgen)
+    if "native_unavailable" in loadgen:
+        log(f"warning: {loadgen['native_unavailable']}")
     levels = []
     for cores in config.cores:
         cpus, rest = order[:cores], order[cores:]
@@ -191,7 +197,7 @@ async def run(config: ScalingConfig, log=lambda message: print(message, file=sys
             server.env.update(child_pythonpath())
             server.cpus = cpus
             level["servers"][name] = await _server_phases(
-                server, model.name, bulk, single, instances, config.phase_seconds, log
+                server, model.name, bulk, single, instances, config.phase_seconds, log, native
             )
         pin_this_process(order)
         levels.append(level)
@@ -207,6 +213,7 @@ async def run(config: ScalingConfig, log=lambda message: print(message, file=sys
             "cpu_order": order,
             "server_settings": config.server_settings or {},
             "kx1_shared_session": shared,
+            "load_generator": loadgen,
         },  # fmt: skip
         "levels": levels,
         "summary": scaling_report.summary(levels),

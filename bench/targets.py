@@ -10,11 +10,14 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import grpc
 
 from bertserve.bench import http_client, streaming, transport_floor
 from bertserve.bench.loadgen import Call, PhaseResult, Request, between_checks, closed_loop, open_loop
+from bertserve.bench.native_loadgen import NativeMethod, NativePhase
 from bertserve.bench.processes import ServerProcess
 from bertserve.bench.server_metrics import phase_delta, scrape
 from bertserve.v1 import inference_pb2, inference_pb2_grpc
@@ -44,14 +47,49 @@ class Workload:
     ceiling_check: Callable[[], Awaitable[float]] | None = None
 
 
+def embed_request(texts: list[str], model: str) -> inference_pb2.EmbedRequest:
+    return inference_pb2.EmbedRequest(inputs=texts, model=model, truncate=True)
+
+
 def embed_call(channel: grpc.aio.Channel, model: str) -> Call:
     stub = inference_pb2_grpc.InferenceStub(channel)
 
     async def call(texts: list[str]) -> inference_pb2.EmbedResponse:
-        request = inference_pb2.EmbedRequest(inputs=texts, model=model, truncate=True)
-        return await stub.Embed(request, timeout=REQUEST_TIMEOUT_S)
+        return await stub.Embed(embed_request(texts, model), timeout=REQUEST_TIMEOUT_S)
 
     return call
+
+
+def native_embed(model: str) -> NativeMethod:
+    """Embed as the native load generator sends it: the same request bytes as `embed_call`."""
+    return NativeMethod(
+        "/bertserve.v1.Inference/Embed",
+        lambda request: embed_request(request.texts, model).SerializeToString(),
+        inference_pb2.EmbedResponse.FromString,
+    )
+
+
+class Phase(Protocol):
+    """A load-generator phase in two steps, so that only `measure` falls between the server's readings."""
+
+    async def warm_up(self) -> None: ...
+
+    async def measure(self) -> PhaseResult: ...
+
+
+@dataclass
+class PythonPhase:
+    """A phase of the in-process Python client (bench/loadgen.py): each step a coroutine made on demand."""
+
+    warm: Callable[[], Coroutine[None, None, PhaseResult]] | None
+    run: Callable[[], Coroutine[None, None, PhaseResult]]
+
+    async def warm_up(self) -> None:
+        if self.warm is not None:
+            await self.warm()
+
+    async def measure(self) -> PhaseResult:
+        return await self.run()
 
 
 def _line(name: str, label: str, s: dict) -> str:
@@ -72,30 +110,61 @@ def _elapsed(start: float | None, end: float | None) -> float | None:
 
 class TargetRun:
     """One server's phases. `run` is the whole sweep of a Workload; without one (workload None), a caller
-    starts the server itself and runs `closed_phases` inside `connected`."""
+    starts the server itself and runs `closed_phases` inside `connected`. With `native` (the native load
+    generator's binary, bench/native_loadgen.py) a gRPC target's phases are sent by it; otherwise, and
+    for HTTP targets, by the in-process Python client."""
 
     def __init__(
-        self, server: ServerProcess, model: str, workload: Workload | None, log: Callable[[str], None]
+        self,
+        server: ServerProcess,
+        model: str,
+        workload: Workload | None,
+        log: Callable[[str], None],
+        native: Path | None = None,
     ):
         self.server, self.model, self.workload, self.log = server, model, workload, log
+        self.native = native if server.protocol == "grpc" else None
         self.call: Call | None = None
 
-    async def _phase(
-        self, label: str, phase: Coroutine[None, None, PhaseResult], warmup: list[Request], concurrency: int
-    ) -> dict:
-        """Warms up, then awaits `phase` (not started until now) between two scrapes of /metrics."""
-        assert self.call is not None
-        if warmup:
-            await closed_loop(self.call, warmup, concurrency, label=f"{label} warm-up")
+    def _load(
+        self,
+        requests: list[Request],
+        label: str,
+        time_limit_s: float | None,
+        concurrency: int = 1,
+        rate: float | None = None,
+        warmup: list[Request] | None = None,
+        via: tuple[Call, NativeMethod] | None = None,
+    ) -> Phase:
+        """A closed-loop phase at `concurrency` (rate None) or an open-loop one at `rate` requests/s, of
+        Embed calls or of `via`'s (Python call, native method), preceded by `warmup` at `concurrency`."""
+        call, method = via or (self.call, native_embed(self.model))
+        assert call is not None, "inside connected()"
+        if self.native is not None:
+            return NativePhase(
+                self.native, self.server.address, method, requests, concurrency, warmup or [], rate,
+                time_limit_s, REQUEST_TIMEOUT_S,
+            )  # fmt: skip
+        warm = (lambda: closed_loop(call, warmup, concurrency, label=f"{label} warm-up")) if warmup else None
+        if rate is None:
+            return PythonPhase(warm, lambda: closed_loop(call, requests, concurrency, label, time_limit_s))
+        return PythonPhase(
+            warm, lambda: open_loop(call, requests, rate, label=label, time_limit_s=time_limit_s)
+        )
+
+    async def _phase(self, label: str, phase: Phase) -> dict:
+        """Warms up, then measures `phase` between two scrapes of /metrics."""
+        await phase.warm_up()
         before = await scrape(self.server.metrics_url)
         # the loop's thread is read inside the process's reads (process, loop ... loop, process), so its
         # share never exceeds the whole in a phase as short as a clock tick or two
         server_cpu, client_cpu = self.server.cpu_seconds(), time.process_time()
         loop_cpu = self.server.loop_cpu_seconds()
-        result = await phase
+        result = await phase.measure()
         loop_cpu = _elapsed(loop_cpu, self.server.loop_cpu_seconds())
         server_cpu = _elapsed(server_cpu, self.server.cpu_seconds())
-        client_cpu = time.process_time() - client_cpu
+        # this process's CPU, and the native load generator's (in its own process) when it sent the phase
+        client_cpu = time.process_time() - client_cpu + result.client_cpu_s
         after = await scrape(self.server.metrics_url)
         summary = result.summary()
         # CPU cores kept busy (2.0 = two cores) by the server and by this load generator, during the phase
@@ -140,25 +209,21 @@ class TargetRun:
 
                 async def sweep() -> None:
                     for c in w.concurrencies:
-                        phase = closed_loop(self.call, w.mixed, c, f"{self.server.name} c={c}", limit)
-                        closed.append(
-                            await self._phase(f"closed c={c}", phase, w.mixed[: min(c, WARMUP_MAX)], c)
-                        )
+                        warmup = w.mixed[: min(c, WARMUP_MAX)]
+                        phase = self._load(w.mixed, f"{self.server.name} c={c}", limit, c, warmup=warmup)
+                        closed.append(await self._phase(f"closed c={c}", phase))
 
                 _, ceilings = await between_checks(check, sweep())
                 if check:
                     self.log(f"  in-process ceiling before and after the sweep: {ceilings}")
                 best = max(closed, key=lambda s: s["inputs_per_s"])
                 c_best = best["concurrency"]
-                phase = closed_loop(self.call, w.fixed, c_best, f"{self.server.name} fixed", limit)
-                fixed = await self._phase(
-                    f"fixed c={c_best}", phase, w.fixed[: min(c_best, WARMUP_MAX)], c_best
-                )
+                warmup = w.fixed[: min(c_best, WARMUP_MAX)]
+                phase = self._load(w.fixed, f"{self.server.name} fixed", limit, c_best, warmup=warmup)
+                fixed = await self._phase(f"fixed c={c_best}", phase)
                 rate = open_rate or w.open_rate_fraction * best["requests_per_s"]
-                phase = open_loop(
-                    self.call, w.mixed, rate, label=f"{self.server.name} open", time_limit_s=limit
-                )
-                opened = await self._phase(f"open {rate:.0f} rps", phase, [], 1)
+                phase = self._load(w.mixed, f"{self.server.name} open", limit, rate=rate)
+                opened = await self._phase(f"open {rate:.0f} rps", phase)
                 per_call = floor = None
                 if self.server.name == w.stream_target:
                     per_call = await self._per_call()
@@ -198,12 +263,17 @@ class TargetRun:
         calls = [transport_floor.NO_WORK] * max(transport_floor.ALONE_CALLS, paced_calls)
         limit = 2 * transport_floor.PACED_SECONDS  # bounds the phases; the paced one ends by its count
         async with grpc.aio.insecure_channel(self.server.address, options=CHANNEL_OPTIONS) as channel:
-            check = transport_floor.health_check_call(channel)
-            await closed_loop(check, calls[:WARMUP_MAX], 1)
-            alone = closed_loop(check, calls[: transport_floor.ALONE_CALLS], 1, "no-work alone", limit)
-            alone_summary = await self._phase("no-work c=1", alone, [], 1)
-            paced = open_loop(check, calls[:paced_calls], rate, label="no-work paced", time_limit_s=limit)
-            paced_summary = await self._phase(f"no-work {rate:.0f} rps", paced, [], 1)
+            via = (transport_floor.health_check_call(channel), transport_floor.NATIVE_CHECK)
+            alone = self._load(
+                calls[: transport_floor.ALONE_CALLS],
+                "no-work alone",
+                limit,
+                warmup=calls[:WARMUP_MAX],
+                via=via,
+            )
+            alone_summary = await self._phase("no-work c=1", alone)
+            paced = self._load(calls[:paced_calls], "no-work paced", limit, rate=rate, via=via)
+            paced_summary = await self._phase(f"no-work {rate:.0f} rps", paced)
         return {"alone": alone_summary, "paced": paced_summary} | transport_floor.summarize(
             alone_summary, paced_summary
         )
@@ -225,8 +295,9 @@ class TargetRun:
         result = {}
         for key, requests, c in plan:
             label = f"{key} c={c}"
-            phase = closed_loop(self.call, requests, c, f"{self.server.name} {label}", time_limit_s)
-            result[key] = await self._phase(label, phase, requests[: min(c, WARMUP_MAX)], c)
+            warmup = requests[: min(c, WARMUP_MAX)]
+            phase = self._load(requests, f"{self.server.name} {label}", time_limit_s, c, warmup=warmup)
+            result[key] = await self._phase(label, phase)
         return result
 
     @contextlib.asynccontextmanager

@@ -27,6 +27,7 @@ from __future__ import annotations
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bertserve.bench.loadgen import Call, Request
+from bertserve.bench.native_loadgen import NativeMethod
 
 NO_WORK = Request(texts=[""], tokens=0, flops=0.0)  # one "input" per call: the phase's counts are calls
 ALONE_CALLS = 200  # sequential no-work calls for the p50 alone
@@ -41,6 +42,13 @@ def health_check_call(channel) -> Call:
         return await stub.Check(request, timeout=30.0)
 
     return call
+
+
+NATIVE_CHECK = NativeMethod(
+    "/grpc.health.v1.Health/Check",
+    lambda request: health_pb2.HealthCheckRequest().SerializeToString(),
+    health_pb2.HealthCheckResponse.FromString,
+)
 
 
 def summarize(alone: dict, paced: dict) -> dict:

@@ -135,6 +135,10 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     assert main(argv) == 0
     result = json.loads((out / "bench.json").read_text())  # strict JSON: no NaN
     assert not Path(result["model"]["checkpoint"]).is_absolute()  # committed results name no machine's paths
+    # the gRPC targets' phases came from the native client, whose own CPU is the load generator's
+    assert result["settings"]["load_generator"]["kind"] == "native"
+    for phase in result["targets"]["server-fp32"]["closed"]:
+        assert phase["client_cpu_cores"] > 0
 
     ratio_keys = (
         "server_vs_inprocess",

@@ -1,0 +1,212 @@
+// bertserve-loadgen: the bench's native gRPC load generator (bench/native_loadgen.py drives it).
+//
+// A Python grpc.aio client spends about 0.5 ms of CPU per call; on the 2 cores a bench shares with the
+// server that is CPU taken from the server under test. This client sends pre-serialized requests through
+// gRPC's C++ generic stub on one completion queue (one thread of ours), as Triton's perf_analyzer does in
+// C++, and records each reply's bytes for the Python side to parse.
+//
+// Usage: bertserve-loadgen TARGET METHOD REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP TIME_LIMIT_S TIMEOUT_S
+//   REQUESTS_FILE: records of [f64 scheduled send offset, s; negative: closed loop][u32 length][bytes].
+//   The first WARMUP records are sent first, closed loop at CONCURRENCY, and not recorded. Then it writes
+//   "ready\n" to stdout and waits for a line on stdin; the measured phase starts when that line comes:
+//   - closed loop (offsets < 0): CONCURRENCY calls in flight, each answered call replaced by the next;
+//   - open loop (offsets >= 0): each request sent at its offset from the start, whatever is in flight;
+//     its latency counts from that scheduled time (no coordinated omission).
+//   No request is sent once TIME_LIMIT_S (0: none) has passed; those sent are awaited.
+//   OUT_FILE: per answered request [u32 index][i32 status code][f64 latency s][u32 length][reply bytes].
+//   stdout, last line: {"seconds": .., "cpu_s": .., "sent": .., "stopped_early": 0|1}
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Request {
+  double offset_s;  // scheduled send time from the phase's start; < 0: closed loop
+  grpc::ByteBuffer payload;
+};
+
+struct Call {
+  size_t index = 0;
+  bool recorded = false;
+  Clock::time_point started;
+  grpc::ClientContext context;
+  grpc::ByteBuffer reply;
+  grpc::Status status;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> reader;
+};
+
+// gRPC's deadlines take the system clock; the phase is timed on the steady one.
+template <class Duration>
+std::chrono::system_clock::time_point wall_clock_in(Duration from_now) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(from_now);
+}
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+std::vector<Request> read_requests(const char* path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(std::string("cannot read ") + path);
+  std::vector<Request> requests;
+  while (true) {
+    double offset;
+    uint32_t length;
+    if (!in.read(reinterpret_cast<char*>(&offset), sizeof offset)) break;
+    if (!in.read(reinterpret_cast<char*>(&length), sizeof length)) throw std::runtime_error("truncated");
+    std::string bytes(length, '\0');
+    if (!in.read(bytes.data(), length)) throw std::runtime_error("truncated record");
+    grpc::Slice slice(bytes);
+    requests.push_back({offset, grpc::ByteBuffer(&slice, 1)});
+  }
+  return requests;
+}
+
+class Runner {
+ public:
+  Runner(std::shared_ptr<grpc::Channel> channel, std::string method, double timeout_s)
+      : stub_(channel), method_(std::move(method)), timeout_(timeout_s) {}
+
+  // Sends requests[first, last) and waits for all of them; open loop when their offsets are >= 0.
+  // Returns how many were sent (fewer than last - first when the time limit cut the phase short).
+  size_t run(const std::vector<Request>& requests, size_t first, size_t last, size_t concurrency,
+             double time_limit_s, bool record, std::FILE* out) {
+    const Clock::time_point start = Clock::now();
+    const bool open = first < last && requests[first].offset_s >= 0;
+    size_t next = first, in_flight = 0;
+    auto limit_passed = [&] {
+      return time_limit_s > 0 && std::chrono::duration<double>(Clock::now() - start).count() > time_limit_s;
+    };
+    auto send = [&](Clock::time_point scheduled) {
+      auto* call = new Call;
+      call->index = next;
+      call->recorded = record;
+      call->started = scheduled;
+      call->context.set_deadline(wall_clock_in(std::chrono::duration<double>(timeout_)));
+      call->reader = stub_.PrepareUnaryCall(&call->context, method_, requests[next].payload, &queue_);
+      call->reader->StartCall();
+      call->reader->Finish(&call->reply, &call->status, call);
+      ++next;
+      ++in_flight;
+    };
+    auto due = [&](size_t i) {
+      return start + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(requests[i].offset_s));
+    };
+    if (!open)
+      while (next < last && in_flight < concurrency) send(Clock::now());
+    while (in_flight > 0 || (open && next < last)) {
+      if (open && next < last && limit_passed()) last = next;  // stop sending; await those sent
+      void* tag = nullptr;
+      bool ok = false;
+      if (open && next < last) {
+        auto status = queue_.AsyncNext(&tag, &ok, wall_clock_in(due(next) - Clock::now()));
+        if (status == grpc::CompletionQueue::TIMEOUT) {
+          while (next < last && due(next) <= Clock::now()) send(due(next));
+          continue;
+        }
+        if (status == grpc::CompletionQueue::SHUTDOWN) break;
+      } else if (!queue_.Next(&tag, &ok)) {
+        break;
+      }
+      auto* call = static_cast<Call*>(tag);
+      const Clock::time_point done = Clock::now();
+      --in_flight;
+      if (call->recorded) write_record(out, *call, done);
+      delete call;
+      if (!open && next < last) {
+        if (limit_passed())
+          last = next;
+        else
+          send(Clock::now());
+      }
+    }
+    return next - first;
+  }
+
+ private:
+  static void write_record(std::FILE* out, Call& call, Clock::time_point done) {
+    uint32_t index = static_cast<uint32_t>(call.index);
+    int32_t code = static_cast<int32_t>(call.status.error_code());
+    double latency = std::chrono::duration<double>(done - call.started).count();
+    std::vector<grpc::Slice> slices;
+    if (call.status.ok()) call.reply.Dump(&slices).IgnoreError();
+    uint32_t length = 0;
+    for (const auto& s : slices) length += static_cast<uint32_t>(s.size());
+    std::fwrite(&index, sizeof index, 1, out);
+    std::fwrite(&code, sizeof code, 1, out);
+    std::fwrite(&latency, sizeof latency, 1, out);
+    std::fwrite(&length, sizeof length, 1, out);
+    for (const auto& s : slices) std::fwrite(s.begin(), 1, s.size(), out);
+  }
+
+  grpc::GenericStub stub_;
+  std::string method_;
+  double timeout_;
+  grpc::CompletionQueue queue_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 9) {
+    std::cerr << "usage: bertserve-loadgen TARGET METHOD REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP "
+                 "TIME_LIMIT_S TIMEOUT_S\n";
+    return 2;
+  }
+  try {
+    const std::string target = argv[1], method = argv[2];
+    const std::vector<Request> requests = read_requests(argv[3]);
+    const size_t concurrency = std::max<long>(1, std::atol(argv[5]));
+    const size_t warmup = std::min<size_t>(std::atol(argv[6]), requests.size());
+    const double time_limit_s = std::atof(argv[7]), timeout_s = std::atof(argv[8]);
+    std::FILE* out = std::fopen(argv[4], "wb");
+    if (!out) throw std::runtime_error(std::string("cannot write ") + argv[4]);
+
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetMaxSendMessageSize(64 << 20);
+    auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+    if (!channel->WaitForConnected(wall_clock_in(std::chrono::seconds(30)))) {
+      std::cerr << "bertserve-loadgen: cannot connect to " << target << "\n";
+      return 3;
+    }
+    Runner runner(channel, method, timeout_s);
+    runner.run(requests, 0, warmup, concurrency, 0, false, out);
+
+    std::cout << "ready" << std::endl;
+    std::string go;
+    if (!std::getline(std::cin, go)) return 4;  // the driver went away
+
+    const double cpu_before = process_cpu_seconds();
+    const Clock::time_point start = Clock::now();
+    const size_t sent = runner.run(requests, warmup, requests.size(), concurrency, time_limit_s, true, out);
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const double cpu_s = process_cpu_seconds() - cpu_before;
+    std::fclose(out);
+    std::printf("{\"seconds\": %.9f, \"cpu_s\": %.9f, \"sent\": %zu, \"stopped_early\": %d}\n", seconds,
+                cpu_s, sent, sent < requests.size() - warmup ? 1 : 0);
+    std::fflush(stdout);
+  } catch (const std::exception& error) {
+    std::cerr << "bertserve-loadgen: " << error.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,221 @@
+"""The native load generator (bench/native/loadgen.cc): built once per source, one child process per phase.
+
+The Python client (grpc.aio, bench/loadgen.py) spends about 0.35-0.55 ms of CPU per call; on a machine
+whose cores the server under test shares, that is taken from the server. The C++ client (gRPC's generic
+stub on one completion queue) spends about 0.17 ms. It sends the phase's requests pre-serialized, so
+every target still gets the same requests, and writes every reply for this module to parse into the same
+`PhaseResult` the Python client fills (latencies, replies' metadata, failures by status code).
+
+A phase is two steps, so the bench can read the server's counters around the measured part alone:
+`warm_up()` starts the child, connects, sends the warm-up requests and waits for its "ready";
+`measure()` starts the measured requests and parses the results. The child's CPU over the measured part
+comes back as `PhaseResult.client_cpu_s`.
+
+It is built with the system's C++ compiler against gRPC's C++ library (Debian: g++, pkg-config,
+libgrpc++-dev; scripts/system-packages.sh installs them) into a cache keyed by the source's hash.
+Without them, `find_binary` says why and the bench falls back to the Python client (bench.json says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from bertserve.bench.loadgen import PhaseResult, Request, poisson_offsets, record_reply
+
+SOURCE = Path(__file__).parent / "native" / "loadgen.cc"
+_REQUEST_HEAD = struct.Struct("<dI")  # scheduled offset (s; < 0: closed loop), payload length
+_REPLY_HEAD = struct.Struct("<IidI")  # request index, status code, latency (s), reply length
+_STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+READY_TIMEOUT_S = 60.0  # connecting and the warm-up; a hung server fails the phase, not the bench
+
+
+class NativeUnavailable(RuntimeError):
+    """The native load generator cannot be built here (the message says what is missing)."""
+
+
+def cache_dir() -> Path:
+    """Where built binaries live: $BERTSERVE_CACHE_DIR, else $XDG_CACHE_HOME/bertserve or ~/.cache/bertserve."""
+    explicit = os.environ.get("BERTSERVE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bertserve"
+
+
+def find_binary(source: Path = SOURCE) -> Path:
+    """The load generator built from `source`, compiling it on first use (a few seconds)."""
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    binary = cache_dir() / f"bertserve-loadgen-{digest}"
+    if binary.is_file() and os.access(binary, os.X_OK):
+        return binary
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not compiler or not shutil.which("pkg-config"):
+        raise NativeUnavailable("no C++ compiler or pkg-config (Debian: g++ pkg-config libgrpc++-dev)")
+    flags = subprocess.run(
+        ["pkg-config", "--cflags", "--libs", "grpc++"], capture_output=True, text=True, check=False
+    )
+    if flags.returncode != 0:
+        raise NativeUnavailable("gRPC's C++ library is not installed (Debian: libgrpc++-dev)")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=binary.parent) as scratch:
+        built = Path(scratch) / binary.name
+        command = [compiler, "-O2", "-std=c++17", str(source), "-o", str(built), *flags.stdout.split()]
+        compiled = subprocess.run(command, capture_output=True, text=True, check=False)
+        if compiled.returncode != 0:
+            raise NativeUnavailable(f"compiling {source.name} failed: {compiled.stderr.strip()[-2000:]}")
+        os.replace(built, binary)  # atomic: a concurrent build leaves one complete binary
+    return binary
+
+
+def choose(choice: str) -> tuple[Path | None, dict]:
+    """The load generator for `choice` ("native" or "python"): (the native binary, or None for the Python
+    client, which "native" falls back to when it cannot be built; what bench.json records of the choice,
+    with "native_unavailable" saying why it fell back)."""
+    if choice == "python":
+        return None, {"kind": "python", "asked": choice}
+    try:
+        binary = find_binary()
+    except NativeUnavailable as why:
+        fallback = f"the native load generator is unavailable ({why}): the Python client sent every phase"
+        return None, {"kind": "python", "asked": choice, "native_unavailable": fallback}
+    return binary, {"kind": "native", "asked": choice, "source": "bench/native/loadgen.cc"}
+
+
+@dataclass(frozen=True)
+class NativeMethod:
+    """One unary gRPC method as the native client calls it: its path, how a bench `Request` becomes the
+    request's bytes, and how reply bytes become the reply message (its metadata is recorded)."""
+
+    path: str  # e.g. /bertserve.v1.Inference/Embed
+    payload: Callable[[Request], bytes]
+    parse: Callable[[bytes], object]
+
+
+class NativePhase:
+    """One closed-loop (`rate` None) or open-loop phase of the native client against `address`."""
+
+    def __init__(
+        self,
+        binary: Path,
+        address: str,
+        method: NativeMethod,
+        requests: Sequence[Request],
+        concurrency: int = 1,
+        warmup: Sequence[Request] = (),
+        rate: float | None = None,
+        time_limit_s: float | None = None,
+        timeout_s: float = 300.0,
+        seed: int = 0,
+    ):
+        self.binary, self.address, self.method = binary, address, method
+        self.requests, self.warmup = list(requests), list(warmup)
+        self.concurrency, self.rate, self.seed = concurrency, rate, seed
+        self.time_limit_s, self.timeout_s = time_limit_s, timeout_s
+        self._scratch: tempfile.TemporaryDirectory | None = None
+        self._process: asyncio.subprocess.Process | None = None
+
+    def _write_requests(self, path: Path) -> None:
+        offsets = (
+            poisson_offsets(len(self.requests), self.rate, self.seed)
+            if self.rate
+            else [-1.0] * len(self.requests)
+        )
+        with path.open("wb") as out:
+            for request, offset in zip(
+                [*self.warmup, *self.requests], [-1.0] * len(self.warmup) + offsets, strict=True
+            ):
+                payload = self.method.payload(request)
+                out.write(_REQUEST_HEAD.pack(offset, len(payload)) + payload)
+
+    async def warm_up(self) -> None:
+        """Starts the child: it connects, sends the warm-up requests and waits for `measure`."""
+        self._scratch = tempfile.TemporaryDirectory(prefix="bertserve-loadgen-")
+        scratch = Path(self._scratch.name)
+        self._write_requests(scratch / "requests.bin")
+        self._process = await asyncio.create_subprocess_exec(
+            str(self.binary),
+            self.address,
+            self.method.path,
+            str(scratch / "requests.bin"),
+            str(scratch / "replies.bin"),
+            str(self.concurrency),
+            str(len(self.warmup)),
+            str(self.time_limit_s or 0),
+            str(self.timeout_s),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            line = await asyncio.wait_for(self._process.stdout.readline(), READY_TIMEOUT_S)
+        except TimeoutError:
+            line = b""
+        if line.strip() != b"ready":
+            await self._fail("did not get ready")
+
+    async def measure(self) -> PhaseResult:
+        """Runs the measured requests and parses what the child recorded."""
+        process = self._process
+        assert process is not None and process.stdin is not None, "warm_up first"
+        process.stdin.write(b"go\n")
+        await process.stdin.drain()
+        out, _ = await process.communicate()
+        if process.returncode != 0:
+            await self._fail(f"exited {process.returncode}")
+        stats = json.loads(out.decode().strip().splitlines()[-1])
+        result = PhaseResult(
+            "open" if self.rate else "closed",
+            concurrency=None if self.rate else self.concurrency,
+            offered_rate=self.rate,
+            requests_planned=len(self.requests),
+            stopped_early=bool(stats["stopped_early"]),
+            seconds=stats["seconds"],
+            client_cpu_s=stats["cpu_s"],
+        )
+        assert self._scratch is not None
+        replies = Path(self._scratch.name) / "replies.bin"
+        for index, code, latency, reply in _read_replies(replies.read_bytes()):
+            request = self.requests[index - len(self.warmup)]
+            if code:
+                result.errors[_STATUS_NAMES.get(code, str(code))] += 1
+            else:
+                record_reply(result, request, latency, self.method.parse(reply))
+        self._cleanup()
+        return result
+
+    async def _fail(self, what: str) -> None:
+        process = self._process
+        stderr = b""
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            _, stderr = await process.communicate()
+        self._cleanup()
+        raise RuntimeError(f"native load generator {what}: {stderr.decode(errors='replace').strip()}")
+
+    def _cleanup(self) -> None:
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+
+
+def _read_replies(data: bytes):
+    """(index, status code, latency s, reply bytes) per answered request, from the child's reply file."""
+    at = 0
+    while at < len(data):
+        index, code, latency, length = _REPLY_HEAD.unpack_from(data, at)
+        at += _REPLY_HEAD.size
+        yield index, code, latency, data[at : at + length]
+        at += length

@@ -1,0 +1,166 @@
+"""The bench's native load generator (bench/native_loadgen.py, bench/native/loadgen.cc) against a real
+grpc.aio server on loopback: what it sends, when, what it records, and how the bench falls back without it.
+
+The server echoes each request's bytes after a delay and fails the requests it is told to, so every
+property is checked against what the server itself saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+import pytest
+
+from bertserve.bench import native_loadgen
+from bertserve.bench.loadgen import Request
+from bertserve.bench.native_loadgen import NativeMethod, NativePhase
+from bertserve.bench.targets import embed_request, native_embed
+from bertserve.v1 import inference_pb2
+
+METHOD = "/bench.test.Echo/Call"
+ECHO = NativeMethod(METHOD, lambda request: request.texts[0].encode(), lambda reply: reply)
+
+
+@pytest.fixture(scope="module")
+def binary():
+    return native_loadgen.find_binary()  # CI installs g++ and libgrpc++-dev (scripts/system-packages.sh)
+
+
+class EchoServer:
+    """Echoes the request's bytes after `delay_s`; payloads in `fail` get RESOURCE_EXHAUSTED. Records
+    every payload it received and the most calls it had in flight at once."""
+
+    def __init__(self, delay_s: float = 0.0, fail: frozenset[bytes] = frozenset()):
+        self.delay_s, self.fail = delay_s, fail
+        self.received: list[bytes] = []
+        self.in_flight = self.most_in_flight = 0
+
+    async def call(self, payload: bytes, context) -> bytes:
+        self.received.append(payload)
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self.in_flight -= 1
+        if payload in self.fail:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "full")
+        return payload
+
+    @contextlib.asynccontextmanager
+    async def serving(self):
+        server = grpc.aio.server()
+        handler = grpc.unary_unary_rpc_method_handler(self.call)
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("bench.test.Echo", {"Call": handler}),)
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            await server.stop(None)
+
+
+def _requests(names: list[str]) -> list[Request]:
+    return [Request([name], 2, 10.0) for name in names]
+
+
+def test_closed_loop_sends_each_request_once_at_its_concurrency_after_an_unrecorded_warm_up(binary):
+    echo = EchoServer(delay_s=0.01, fail=frozenset({b"t7"}))
+    requests, warmup = _requests([f"t{i}" for i in range(40)]), _requests(["w0", "w1", "w2"])
+
+    async def go():
+        async with echo.serving() as address:
+            phase = NativePhase(binary, address, ECHO, requests, concurrency=4, warmup=warmup)
+            await phase.warm_up()
+            warmed = list(echo.received)
+            return warmed, await phase.measure()
+
+    warmed, result = asyncio.run(go())
+    assert warmed == [b"w0", b"w1", b"w2"]  # the warm-up, all of it before `measure`
+    assert sorted(echo.received[3:]) == sorted(f"t{i}".encode() for i in range(40))  # each exactly once
+    assert echo.most_in_flight == 4
+    assert result.errors == {"RESOURCE_EXHAUSTED": 1}
+    assert (result.inputs, result.tokens, result.flops, len(result.latencies)) == (39, 78, 390.0, 39)
+    assert min(result.latencies) >= 0.01 and result.seconds >= 10 * 0.01  # 40 calls of 10 ms, 4 at a time
+    assert not result.stopped_early and result.concurrency == 4 and result.mode == "closed"
+    assert result.client_cpu_s > 0  # the child's CPU over the measured part
+
+
+def test_open_loop_keeps_its_schedule_when_the_server_is_slow(binary):
+    echo = EchoServer(delay_s=0.2)
+    requests = _requests([f"r{i}" for i in range(20)])
+
+    async def go():
+        async with echo.serving() as address:
+            phase = NativePhase(binary, address, ECHO, requests, rate=200.0)
+            await phase.warm_up()
+            return await phase.measure()
+
+    result = asyncio.run(go())
+    # closed loop at concurrency 1 would need 20 x 0.2 s; arrivals every ~5 ms overlap the slow calls
+    assert result.seconds < 1.5 and len(result.latencies) == 20 and result.mode == "open"
+    assert min(result.latencies) >= 0.2 and echo.most_in_flight > 10
+
+
+def test_a_phase_stops_sending_at_its_time_limit_and_awaits_what_it_sent(binary):
+    echo = EchoServer(delay_s=0.1)
+    requests = _requests([f"r{i}" for i in range(100)])
+
+    async def go():
+        async with echo.serving() as address:
+            phases = []
+            for rate in (None, 100.0):
+                phase = NativePhase(binary, address, ECHO, requests, 2, rate=rate, time_limit_s=0.3)
+                await phase.warm_up()
+                phases.append(await phase.measure())
+            return phases
+
+    for result in asyncio.run(go()):
+        assert result.stopped_early, result.mode
+        assert 0 < len(result.latencies) < 100 and result.errors == {}, result.mode
+        assert result.seconds < 1.0, result.mode  # no request sent after 0.3 s, each answered in 0.1 s
+
+
+def test_a_server_that_is_not_there_fails_the_phase_with_the_reason(binary, monkeypatch):
+    monkeypatch.setattr(native_loadgen, "READY_TIMEOUT_S", 5.0)
+    with socket_bound_and_closed() as address:
+        phase = NativePhase(binary, address, ECHO, _requests(["a"]))
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="cannot connect|did not get ready"):
+            asyncio.run(phase.warm_up())
+        assert time.monotonic() - started < 40
+
+
+@contextlib.contextmanager
+def socket_bound_and_closed():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    yield f"127.0.0.1:{port}"
+
+
+def test_embed_requests_are_the_python_clients_bytes():
+    request = Request(["a b", "c"], 5, 1.0)
+    sent = native_embed("m").payload(request)
+    assert sent == embed_request(["a b", "c"], "m").SerializeToString()
+    assert inference_pb2.EmbedRequest.FromString(sent).truncate  # the bench always truncates
+
+
+def test_without_a_compiler_the_bench_falls_back_to_the_python_client(tmp_path, monkeypatch):
+    monkeypatch.setenv("BERTSERVE_CACHE_DIR", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CXX", "false")  # a compiler that always fails
+    binary, record = native_loadgen.choose("native")
+    assert (
+        binary is None
+        and record["kind"] == "python"
+        and "compiling loadgen.cc failed" in record["native_unavailable"]
+    )
+    assert native_loadgen.choose("python") == (None, {"kind": "python", "asked": "python"})
+    assert list(tmp_path.iterdir()) == []  # no half-built binary left behind
