@@ -71,7 +71,7 @@ def build_variant(variant: Variant, ctx: ExportContext, stages: StageLog) -> Gra
     with stages.stage(f"verify_{variant.key}", f"{variant.key}: {variant.verify_title}") as notes:
         parity = variant.verify(ctx, path, io)
         notes.append(_describe(parity))
-    fusions = ctx.fusions if variant.fused else {}
+    fusions = (ctx.ort_fusions if variant.from_fused else ctx.fusions) if variant.fused else {}
     return graph_spec(path, io, parity, variant.precision, variant.fused, fusions)
 
 

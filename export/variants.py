@@ -60,10 +60,11 @@ class ExportContext:
     tokenizer: Tokenizer
     specials: SpecialTokens
     options: ExportOptions
-    work_dir: Path  # scratch files (the unfused trace)
+    work_dir: Path  # scratch files (the unfused trace, the fused graph before the CPU rewrite)
     stage_dir: Path  # the version being written
     shared: SharedEncoder | None = None  # set: a head-only export onto this encoder model
-    fusions: dict[str, int] = field(default_factory=dict)  # ORT's, set when the fp32 encoder is fused
+    fusions: dict[str, int] = field(default_factory=dict)  # the fp32 encoder's, set when it is fused
+    ort_fusions: dict[str, int] = field(default_factory=dict)  # the same before the CPU rewrite
     tied_decoder: TiedDecoder | None = None  # set when a tied mlm_head is built (export/tied_decoder.py)
 
     @property
@@ -73,6 +74,11 @@ class ExportContext:
     @property
     def fp32_path(self) -> Path:
         return self.stage_dir / graph_file(ENCODER)
+
+    @property
+    def fused_fp32_path(self) -> Path:
+        """ORT's fused fp32 graph before the CPU rewrite (export/optimize.py), the float16 graph's source."""
+        return self.work_dir / "encoder_fused.onnx"
 
     @cached_property
     def encoder_module(self) -> nn.Module:
@@ -127,6 +133,7 @@ class Variant:
     verify: Callable[[ExportContext, Path, onnx_export.GraphIO], Parity]
     precision: str = "fp32"
     fused: bool = False  # records the fp32 encoder's fusions
+    from_fused: bool = False  # made from ORT's fused graph, not the CPU rewrite (records its fusions)
 
 
 def _parity(worst: float, cases: list[verify.ParityCase], tolerance: float) -> Parity:
@@ -143,7 +150,9 @@ def _build_fp32(ctx: ExportContext, path: Path, io: onnx_export.GraphIO) -> None
     onnx_export.trace_to_onnx(ctx.encoder_module, io, raw)
     verify.check_parity(raw, ctx.encoder_cases, ctx.options.tolerance)
     c = ctx.checkpoint.config
-    ctx.fusions = optimize.optimize_encoder(raw, path, c.num_attention_heads, c.hidden_size)
+    ctx.ort_fusions, ctx.fusions = optimize.optimize_encoder(
+        raw, ctx.fused_fp32_path, path, c.num_attention_heads, c.hidden_size
+    )
 
 
 def _verify_fp32(ctx: ExportContext, path: Path, io: onnx_export.GraphIO) -> Parity:
@@ -239,11 +248,12 @@ VARIANTS: tuple[Variant, ...] = (
         wanted=lambda ctx: ctx.owns_encoder and ctx.options.fp16,
         io=_encoder_io,
         build_title="converting to float16 (float32 inputs/outputs)",
-        build=lambda ctx, path, io: optimize.convert_fp16(ctx.fp32_path, path),
+        build=lambda ctx, path, io: optimize.convert_fp16(ctx.fused_fp32_path, path),
         verify_title=f"checking against fp32 on {len(SENTENCES)} sentences",
         verify=_verify_reduced,
         precision="fp16",
         fused=True,
+        from_fused=True,
     ),
     Variant(
         key=ENCODER_ATTENTIONS,

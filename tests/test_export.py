@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 
 import numpy as np
 import onnx
@@ -17,6 +18,7 @@ from bertserve.export.checkpoint import load_checkpoint
 from bertserve.export.errors import CheckpointError, ExportError
 from bertserve.export.pipeline import export_model
 from bertserve.export.verify import shape_grid, token_batch
+from bertserve.manifest import graph_file
 from bertserve.repository import Manifest, sha256_file
 from tests.conftest import DEFAULT_MODEL_NAME, TINY_MODELS
 from tests.helpers.checkpoints import load_reference
@@ -127,8 +129,18 @@ def test_default_export_matches_transformers(default_repo):
         "EmbedLayerNormalization": 1,
         "Attention": 6,
         "BiasGelu": 6,
-        "SkipLayerNormalization": 12,
+        "LayerNormalization": 12,  # ORT's 12 SkipLayerNormalizations, split for the CPU (export/optimize.py)
     }
+    # the CPU graphs carry the split, the CUDA graph (float16) ORT's fused operator
+    ops = {
+        key: Counter(n.op_type for n in onnx.load(str(directory / graph_file(key))).graph.node)
+        for key in ("encoder", "encoder_int8", "encoder_fp16")
+    }
+    assert ops["encoder"]["SkipLayerNormalization"] == ops["encoder_int8"]["SkipLayerNormalization"] == 0
+    assert (
+        ops["encoder_int8"]["LayerNormalization"] == 12
+        and ops["encoder_fp16"]["SkipLayerNormalization"] == 12
+    )
     feed = encode(load_tokenizer(directory), list(SENTENCES[:12]), 0)
     expected = hf_outputs(load_reference(default_checkpoint_dir()), feed)
     hidden, sentence, pooled = session(directory / "encoder.onnx").run(None, feed)
@@ -290,3 +302,42 @@ def test_exports_legacy_bin_with_vocab_only(tmp_path):
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
     assert tokenizer.encode("The cat sat [MASK] the mat").tokens[4] == "[MASK]"
     assert len(tokenizer.encode("word1 " * 500).ids) == manifest.max_length
+
+
+@pytest.mark.parametrize("bias, sum_used", [(True, True), (True, False), (False, False)])
+def test_split_skip_layer_norm_computes_what_the_fused_operator_does(bias, sum_used):
+    """export/optimize.py's CPU rewrite, against ONNX Runtime's own SkipLayerNormalization kernel."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    hidden = 16
+    weights = {
+        "gamma": rng.normal(1, 0.1, hidden),
+        "beta": rng.normal(0, 0.1, hidden),
+        "bias": rng.normal(0, 0.5, hidden),
+    }
+    inputs = ["x", "skip", "gamma", "beta"] + (["bias"] if bias else [])
+    outputs = ["y", "", "", "sum"] if sum_used else ["y"]
+    node = helper.make_node(
+        "SkipLayerNormalization", inputs, outputs, name="sln", domain="com.microsoft", epsilon=1e-5
+    )
+    graph_outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs if n]
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, hidden]) for n in ("x", "skip")],
+        graph_outputs,
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items() if k in inputs],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    feed = {n: rng.normal(0, 2, (2, 3, hidden)).astype(np.float32) for n in ("x", "skip")}
+
+    def run(m):
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+
+    fused = run(model)
+    assert optimize.split_skip_layer_norms(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["Add"] + ["Add"] * bias + ["LayerNormalization"]
+    for got, want in zip(run(model), fused, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
