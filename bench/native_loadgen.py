@@ -39,7 +39,7 @@ SOURCE = Path(__file__).parent / "native" / "loadgen.cc"
 _REQUEST_HEAD = struct.Struct("<dI")  # scheduled offset (s; < 0: closed loop), payload length
 _REPLY_HEAD = struct.Struct("<IidI")  # request index, status code, latency (s), reply length
 _STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
-READY_TIMEOUT_S = 60.0  # connecting and the warm-up; a hung server fails the phase, not the bench
+READY_TIMEOUT_S = 300.0  # connecting and the warm-up (as long as one request may take); then the phase fails
 
 
 class NativeUnavailable(RuntimeError):
@@ -169,9 +169,15 @@ class NativePhase:
         """Runs the measured requests and parses what the child recorded."""
         process = self._process
         assert process is not None and process.stdin is not None, "warm_up first"
-        process.stdin.write(b"go\n")
-        await process.stdin.drain()
-        out, _ = await process.communicate()
+        try:
+            process.stdin.write(b"go\n")
+            await process.stdin.drain()
+            out, _ = await process.communicate()
+        except BaseException:  # cancelled or interrupted: the child never outlives its phase
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            self._cleanup()
+            raise
         if process.returncode != 0:
             await self._fail(f"exited {process.returncode}")
         stats = json.loads(out.decode().strip().splitlines()[-1])

@@ -36,6 +36,14 @@ def _phase_row(name: str, label: str, phase: dict) -> list[str]:
     ]  # fmt: skip
 
 
+def _load_generator(result: dict) -> str:
+    chosen = result["settings"].get("load_generator") or {"kind": "python"}
+    if chosen["kind"] == "native":
+        return "Load generator: the native client (bench/native/loadgen.cc) for the gRPC targets."
+    why = f" ({chosen['native_unavailable']})" if "native_unavailable" in chosen else ""
+    return f"Load generator: the Python client (grpc.aio) in the bench's process{why}."
+
+
 def markdown(result: dict) -> str:
     m, model, corpus = result["machine"], result["model"], result["corpus"]
     lines = [
@@ -48,7 +56,7 @@ def markdown(result: dict) -> str:
         f"Mixed corpus: {corpus['mixed']['texts']} texts, {corpus['mixed']['mean_tokens']} tokens on average "
         f"(median {corpus['mixed']['median_tokens']}, max {corpus['mixed']['max_tokens']}); fixed: "
         f"{corpus['fixed']['texts']} texts of {corpus['fixed']['max_tokens']} tokens. "
-        f"{result['settings']['inputs_per_request']} input(s) per request.",
+        f"{result['settings']['inputs_per_request']} input(s) per request. {_load_generator(result)}",
         "",
         "## Closed loop, mixed corpus",
         "",

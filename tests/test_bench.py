@@ -240,6 +240,7 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     table = (out / "bench.md").read_text()
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table
     assert "estimate at the transport's floor" in table and "no-work call" in table
+    assert "Load generator: the native client" in table
     assert "| requests | inputs per s | server cpu ms per input | loop cpu ms per input |" in table
     for plot in ("throughput.png", "latency.png"):
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
