@@ -68,14 +68,17 @@ def find_binary(source: Path = SOURCE) -> Path:
     )
     if flags.returncode != 0:
         raise NativeUnavailable("gRPC's C++ library is not installed (Debian: libgrpc++-dev)")
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=binary.parent) as scratch:
-        built = Path(scratch) / binary.name
-        command = [compiler, "-O2", "-std=c++17", str(source), "-o", str(built), *flags.stdout.split()]
-        compiled = subprocess.run(command, capture_output=True, text=True, check=False)
-        if compiled.returncode != 0:
-            raise NativeUnavailable(f"compiling {source.name} failed: {compiled.stderr.strip()[-2000:]}")
-        os.replace(built, binary)  # atomic: a concurrent build leaves one complete binary
+    try:
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=binary.parent) as scratch:
+            built = Path(scratch) / binary.name
+            command = [compiler, "-O2", "-std=c++17", str(source), "-o", str(built), *flags.stdout.split()]
+            compiled = subprocess.run(command, capture_output=True, text=True, check=False)
+            if compiled.returncode != 0:
+                raise NativeUnavailable(f"compiling {source.name} failed: {compiled.stderr.strip()[-2000:]}")
+            os.replace(built, binary)  # atomic: a concurrent build leaves one complete binary
+    except OSError as error:  # an unwritable cache, a compiler that cannot start
+        raise NativeUnavailable(f"cannot build in {binary.parent}: {error}") from None
     return binary
 
 

@@ -164,3 +164,11 @@ def test_without_a_compiler_the_bench_falls_back_to_the_python_client(tmp_path, 
     )
     assert native_loadgen.choose("python") == (None, {"kind": "python", "asked": "python"})
     assert list(tmp_path.iterdir()) == []  # no half-built binary left behind
+
+
+def test_an_unwritable_cache_falls_back_too(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv("BERTSERVE_CACHE_DIR", str(blocked / "cache"))
+    binary, record = native_loadgen.choose("native")
+    assert binary is None and "cannot build in" in record["native_unavailable"]
