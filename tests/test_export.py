@@ -128,8 +128,8 @@ def test_default_export_matches_transformers(default_repo):
     assert manifest.graphs["encoder"].fusions == {
         "EmbedLayerNormalization": 1,
         "Attention": 6,
-        "BiasGelu": 6,
-        "LayerNormalization": 12,  # ORT's 12 SkipLayerNormalizations, split for the CPU (export/optimize.py)
+        "Gelu": 6,  # ORT's BiasGelus and 12 SkipLayerNormalizations, split for the CPU (export/optimize.py)
+        "LayerNormalization": 12,
     }
     # the CPU graphs carry the split, the CUDA graph (float16) ORT's fused operator
     ops = {
@@ -305,7 +305,7 @@ def test_exports_legacy_bin_with_vocab_only(tmp_path):
 
 
 @pytest.mark.parametrize("bias, sum_used", [(True, True), (True, False), (False, False)])
-def test_split_skip_layer_norm_computes_what_the_fused_operator_does(bias, sum_used):
+def test_split_skip_layer_norm_computes_what_the_fused_operator_does(bias, sum_used, tmp_path):
     """export/optimize.py's CPU rewrite, against ONNX Runtime's own SkipLayerNormalization kernel."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -337,7 +337,46 @@ def test_split_skip_layer_norm_computes_what_the_fused_operator_does(bias, sum_u
         return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
 
     fused = run(model)
-    assert optimize.split_skip_layer_norms(model) == 1
-    assert [n.op_type for n in model.graph.node] == ["Add"] + ["Add"] * bias + ["LayerNormalization"]
+    assert optimize.split_skip_layer_norms(model) == bias  # one without a bias stays fused
+    expected = ["Add", "Add", "LayerNormalization"] if bias else ["SkipLayerNormalization"]
+    assert [n.op_type for n in model.graph.node] == expected
     for got, want in zip(run(model), fused, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5)
+    # and ONNX Runtime does not fuse a split one back when it loads the graph (the point of the split)
+    assert ("SkipLayerNormalization" in _ops_after_loading(model, tmp_path)) == (not bias)
+
+
+def _ops_after_loading(model, tmp_path) -> set[str]:
+    """The operators of `model` as ONNX Runtime runs it on the CPU (every graph optimization on)."""
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "loaded.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return {n.op_type for n in onnx.load(str(tmp_path / "loaded.onnx")).graph.node}
+
+
+def test_split_bias_gelu_computes_what_the_fused_operator_does():
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    bias = numpy_helper.from_array(rng.normal(0, 1, 24).astype(np.float32), "bias")
+    node = helper.make_node("BiasGelu", ["x", "bias"], ["y"], name="bg", domain="com.microsoft")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 24])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [bias],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    feed = {"x": rng.normal(0, 2, (2, 5, 24)).astype(np.float32)}
+
+    def run(m):
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, feed
+        )[0]
+
+    fused = run(model)
+    assert optimize.split_bias_gelus(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["Add", "Gelu"]
+    np.testing.assert_allclose(run(model), fused, atol=1e-5)
