@@ -70,7 +70,9 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-bench: setup system-packages export-default
+# without the Debian packages (no root, no apt-get) the bench still runs, with the Python load generator
+bench: setup export-default
+	-@scripts/system-packages.sh
 	$(BIN)/bertserve bench --model-repo $(REPO) --out bench-results
 
 # The default fill-mask model's continued masked-LM pretraining (`bertserve pretrain`, export/pretrain/; README,

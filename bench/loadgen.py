@@ -57,8 +57,8 @@ class PhaseResult:
     tokens: int = 0
     flops: float = 0.0
     errors: Counter = field(default_factory=Counter)  # status code name -> count
-    # CPU seconds of a load generator in another process (bench/native_loadgen.py); 0 for this process's,
-    # which the bench reads itself
+    # CPU seconds of a load generator in another process (bench/native_loadgen.py) over the measured
+    # requests; 0 for this process's, which the bench reads itself
     client_cpu_s: float = 0.0
 
     @classmethod

@@ -40,6 +40,9 @@ _REQUEST_HEAD = struct.Struct("<dI")  # scheduled offset (s; < 0: closed loop), 
 _REPLY_HEAD = struct.Struct("<IidI")  # request index, status code, latency (s), reply length
 _STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 READY_TIMEOUT_S = 300.0  # connecting and the warm-up (as long as one request may take); then the phase fails
+# Beyond a phase's time limit and its last request's timeout, the child has this long to write its results.
+EXIT_GRACE_S = 60.0
+USAGE_EXIT = 2  # loadgen.cc's exit code for a wrong command line
 
 
 class NativeUnavailable(RuntimeError):
@@ -58,7 +61,7 @@ def find_binary(source: Path = SOURCE) -> Path:
     """The load generator built from `source`, compiling it on first use (a few seconds)."""
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
     binary = cache_dir() / f"bertserve-loadgen-{digest}"
-    if binary.is_file() and os.access(binary, os.X_OK):
+    if _starts(binary):  # one built against a gRPC library since removed or upgraded is built again
         return binary
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if not compiler or not shutil.which("pkg-config"):
@@ -79,7 +82,21 @@ def find_binary(source: Path = SOURCE) -> Path:
             os.replace(built, binary)  # atomic: a concurrent build leaves one complete binary
     except OSError as error:  # an unwritable cache, a compiler that cannot start
         raise NativeUnavailable(f"cannot build in {binary.parent}: {error}") from None
+    if not _starts(binary):
+        raise NativeUnavailable(f"{binary.name} was built but does not start (its gRPC library?)")
     return binary
+
+
+def _starts(binary: Path) -> bool:
+    """Whether `binary` runs here: without arguments it prints its usage and exits 2 (a missing shared
+    library makes the loader exit 127 instead)."""
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        return False
+    try:
+        ran = subprocess.run([str(binary)], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return ran.returncode == USAGE_EXIT
 
 
 def choose(choice: str) -> tuple[Path | None, dict]:
@@ -108,6 +125,8 @@ class NativeMethod:
 
 class NativePhase:
     """One closed-loop (`rate` None) or open-loop phase of the native client against `address`."""
+
+    own_process = True
 
     def __init__(
         self,
@@ -163,8 +182,11 @@ class NativePhase:
         )
         try:
             line = await asyncio.wait_for(self._process.stdout.readline(), READY_TIMEOUT_S)
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # distinct classes before Python 3.11
             line = b""
+        except BaseException:  # cancelled or interrupted: the child never outlives its phase
+            await self.close()
+            raise
         if line.strip() != b"ready":
             await self._fail("did not get ready")
 
@@ -172,17 +194,19 @@ class NativePhase:
         """Runs the measured requests and parses what the child recorded."""
         process = self._process
         assert process is not None and process.stdin is not None, "warm_up first"
+        # a closed loop without a time limit ends when its requests do, however long they take
+        limit = self.time_limit_s + self.timeout_s + EXIT_GRACE_S if self.time_limit_s else None
         try:
             process.stdin.write(b"go\n")
             await process.stdin.drain()
-            out, _ = await process.communicate()
+            out, err = await asyncio.wait_for(process.communicate(), limit)
+        except (TimeoutError, asyncio.TimeoutError):
+            await self._fail(f"did not finish within {limit:.0f} s")
         except BaseException:  # cancelled or interrupted: the child never outlives its phase
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            self._cleanup()
+            await self.close()
             raise
         if process.returncode != 0:
-            await self._fail(f"exited {process.returncode}")
+            await self._fail(f"exited {process.returncode}", err)
         stats = json.loads(out.decode().strip().splitlines()[-1])
         result = PhaseResult(
             "open" if self.rate else "closed",
@@ -204,15 +228,25 @@ class NativePhase:
         self._cleanup()
         return result
 
-    async def _fail(self, what: str) -> None:
+    async def _fail(self, what: str, stderr: bytes = b"") -> None:
         process = self._process
-        stderr = b""
-        if process is not None:
+        if process is not None and process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             _, stderr = await process.communicate()
         self._cleanup()
         raise RuntimeError(f"native load generator {what}: {stderr.decode(errors='replace').strip()}")
+
+    async def close(self) -> None:
+        """Kills the child if it still runs and removes its files; a finished phase has nothing left."""
+        process = self._process
+        try:
+            if process is not None and process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await asyncio.shield(process.wait())  # reaped even when the caller is cancelled again
+        finally:
+            self._cleanup()
 
     def _cleanup(self) -> None:
         if self._scratch is not None:

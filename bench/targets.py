@@ -70,11 +70,17 @@ def native_embed(model: str) -> NativeMethod:
 
 
 class Phase(Protocol):
-    """A load-generator phase in two steps, so that only `measure` falls between the server's readings."""
+    """A load-generator phase in two steps, so that only `measure` falls between the server's readings;
+    `close` ends whatever it still runs (after `measure`, or when a step failed or was cancelled)."""
+
+    # the load generator runs in a process of its own, whose CPU `measure` returns (client_cpu_s)
+    own_process: bool
 
     async def warm_up(self) -> None: ...
 
     async def measure(self) -> PhaseResult: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass
@@ -88,8 +94,13 @@ class PythonPhase:
         if self.warm is not None:
             await self.warm()
 
+    own_process = False
+
     async def measure(self) -> PhaseResult:
         return await self.run()
+
+    async def close(self) -> None:
+        pass  # its coroutines end with their steps
 
 
 def _line(name: str, label: str, s: dict) -> str:
@@ -154,18 +165,22 @@ class TargetRun:
 
     async def _phase(self, label: str, phase: Phase) -> dict:
         """Warms up, then measures `phase` between two scrapes of /metrics."""
-        await phase.warm_up()
-        before = await scrape(self.server.metrics_url)
-        # the loop's thread is read inside the process's reads (process, loop ... loop, process), so its
-        # share never exceeds the whole in a phase as short as a clock tick or two
-        server_cpu, client_cpu = self.server.cpu_seconds(), time.process_time()
-        loop_cpu = self.server.loop_cpu_seconds()
-        result = await phase.measure()
-        loop_cpu = _elapsed(loop_cpu, self.server.loop_cpu_seconds())
-        server_cpu = _elapsed(server_cpu, self.server.cpu_seconds())
-        # this process's CPU, and the native load generator's (in its own process) when it sent the phase
-        client_cpu = time.process_time() - client_cpu + result.client_cpu_s
-        after = await scrape(self.server.metrics_url)
+        try:
+            await phase.warm_up()
+            before = await scrape(self.server.metrics_url)
+            # the loop's thread is read inside the process's reads (process, loop ... loop, process), so its
+            # share never exceeds the whole in a phase as short as a clock tick or two
+            server_cpu, client_cpu = self.server.cpu_seconds(), time.process_time()
+            loop_cpu = self.server.loop_cpu_seconds()
+            result = await phase.measure()
+            loop_cpu = _elapsed(loop_cpu, self.server.loop_cpu_seconds())
+            server_cpu = _elapsed(server_cpu, self.server.cpu_seconds())
+            # the native load generator's own CPU (this process only parsed its replies, after the phase),
+            # else this process's
+            client_cpu = result.client_cpu_s if phase.own_process else time.process_time() - client_cpu
+            after = await scrape(self.server.metrics_url)
+        finally:
+            await phase.close()
         summary = result.summary()
         # CPU cores kept busy (2.0 = two cores) by the server and by this load generator, during the phase
         summary["server_cpu_cores"] = server_cpu / result.seconds if server_cpu is not None else None

@@ -78,7 +78,7 @@ def split_bias_gelus(model: onnx.ModelProto) -> int:
         if node.op_type != "BiasGelu":
             nodes.append(node)
             continue
-        biased = f"{node.name}_biased"
+        biased = f"{node.output[0]}_biased"  # outputs are unique in a graph; node names may be empty
         nodes.append(helper.make_node("Add", list(node.input[:2]), [biased], name=f"{node.name}_add_bias"))
         nodes.append(
             helper.make_node("Gelu", [biased], [node.output[0]], name=node.name, domain="com.microsoft")
@@ -103,8 +103,9 @@ def split_skip_layer_norms(model: onnx.ModelProto) -> int:
             raise ExportError(f"{node.name}: its mean or inverse-deviation output is used; cannot split it")
         x, skip, gamma, beta, bias = (list(node.input) + [""] * 5)[:5]
         epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
-        total = node.output[3] if len(node.output) > 3 and node.output[3] else f"{node.name}_sum"
-        residual = f"{node.name}_residual"
+        # intermediate names from the output's, unique in a graph (node names may be empty)
+        total = node.output[3] if len(node.output) > 3 and node.output[3] else f"{node.output[0]}_sum"
+        residual = f"{node.output[0]}_residual"
         nodes.append(helper.make_node("Add", [x, skip], [residual], name=f"{node.name}_add"))
         nodes.append(helper.make_node("Add", [residual, bias], [total], name=f"{node.name}_add_bias"))
         normalized = [total, gamma] + ([beta] if beta else [])

@@ -12,12 +12,14 @@
 //   - closed loop (offsets < 0): CONCURRENCY calls in flight, each answered call replaced by the next;
 //   - open loop (offsets >= 0): each request sent at its offset from the start, whatever is in flight;
 //     its latency counts from that scheduled time (no coordinated omission).
-//   No request is sent once TIME_LIMIT_S (0: none) has passed; those sent are awaited.
+//   No request is sent once TIME_LIMIT_S (0: none) has passed, nor one scheduled after it; those sent
+//   are awaited.
 //   OUT_FILE: per answered request [u32 index][i32 status code][f64 latency s][u32 length][reply bytes].
 //   stdout, last line: {"seconds": .., "cpu_s": .., "sent": .., "stopped_early": 0|1}
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -27,7 +29,9 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -69,7 +73,10 @@ std::vector<Request> read_requests(const char* path) {
   while (true) {
     double offset;
     uint32_t length;
-    if (!in.read(reinterpret_cast<char*>(&offset), sizeof offset)) break;
+    if (!in.read(reinterpret_cast<char*>(&offset), sizeof offset)) {
+      if (in.gcount() != 0) throw std::runtime_error("truncated record head");
+      break;
+    }
     if (!in.read(reinterpret_cast<char*>(&length), sizeof length)) throw std::runtime_error("truncated");
     std::string bytes(length, '\0');
     if (!in.read(bytes.data(), length)) throw std::runtime_error("truncated record");
@@ -110,18 +117,25 @@ class Runner {
       return start + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(requests[i].offset_s));
     };
+    auto scheduled_past_limit = [&](size_t i) {
+      return time_limit_s > 0 && requests[i].offset_s > time_limit_s;
+    };
     if (!open)
       while (next < last && in_flight < concurrency) send(Clock::now());
     while (in_flight > 0 || (open && next < last)) {
-      if (open && next < last && limit_passed()) last = next;  // stop sending; await those sent
+      if (open) {
+        // everything due goes out first, so replies arriving back to back never hold up a send
+        while (next < last && !scheduled_past_limit(next) && due(next) <= Clock::now()) send(due(next));
+        if (next < last && (scheduled_past_limit(next) || limit_passed())) {
+          last = next;  // stop sending; await those sent (the loop ends here when none are in flight)
+          continue;
+        }
+      }
       void* tag = nullptr;
       bool ok = false;
       if (open && next < last) {
         auto status = queue_.AsyncNext(&tag, &ok, wall_clock_in(due(next) - Clock::now()));
-        if (status == grpc::CompletionQueue::TIMEOUT) {
-          while (next < last && due(next) <= Clock::now()) send(due(next));
-          continue;
-        }
+        if (status == grpc::CompletionQueue::TIMEOUT) continue;  // the next request is due
         if (status == grpc::CompletionQueue::SHUTDOWN) break;
       } else if (!queue_.Next(&tag, &ok)) {
         break;
@@ -200,7 +214,8 @@ int main(int argc, char** argv) {
     const size_t sent = runner.run(requests, warmup, requests.size(), concurrency, time_limit_s, true, out);
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const double cpu_s = process_cpu_seconds() - cpu_before;
-    std::fclose(out);
+    if (std::ferror(out) || std::fclose(out) != 0)
+      throw std::runtime_error(std::string("cannot write ") + argv[4]);
     std::printf("{\"seconds\": %.9f, \"cpu_s\": %.9f, \"sent\": %zu, \"stopped_early\": %d}\n", seconds,
                 cpu_s, sent, sent < requests.size() - warmup ? 1 : 0);
     std::fflush(stdout);
