@@ -122,7 +122,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from bertserve.bench.runner import BenchConfig, run
+        from bertserve.bench.config import BenchConfig
+        from bertserve.bench.runner import run
     except ImportError as error:
         print(f"bertserve bench: {error}; the bench needs the export and dev extras "
               "(pip install -e '.[export,dev]')", file=sys.stderr)  # fmt: skip

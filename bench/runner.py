@@ -12,7 +12,6 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertserve.bench import (
@@ -26,6 +25,7 @@ from bertserve.bench import (
     report,
     transport_floor,
 )
+from bertserve.bench.config import BenchConfig
 from bertserve.bench.corpus import Corpus, fixed_length_corpus, load_tokenizer, mixed_corpus
 from bertserve.bench.flops import corpus_flops, encoder_flops
 from bertserve.bench.loadgen import make_requests
@@ -34,79 +34,8 @@ from bertserve.bench.model_setup import ModelUnderTest, resolve_model
 from bertserve.bench.processes import bertserve_process, child_pythonpath, naive_process
 from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun, Workload
 from bertserve.manifest import ENCODER, ENCODER_FP16, ENCODER_INT8
-from bertserve.service.settings import shares_session
 
 PROFILE_TEXTS = 200  # texts in the profiled pass
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    model_repo: Path
-    out: Path
-    model: str | None = None
-    checkpoint: Path | None = None
-    threads: int = 2
-    quick: bool = False
-    concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
-    texts: int = 1000  # mixed-corpus texts per phase (the corpus holds 2000)
-    fixed_texts: int = 128
-    fixed_length: int = 128  # tokens, [CLS] and [SEP] included; capped at the model's max_length
-    inputs_per_request: int = 1
-    ceiling_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32])
-    ceiling_passes: int = 2
-    single_latency_texts: int = 400  # in-process one-at-a-time latency over this many texts
-    gemm_seconds_per_shape: float = 0.3
-    open_rate: float | None = None  # requests/s; None: a fraction of server-fp32's saturation rate
-    open_rate_fraction: float = 0.7
-    stream: bool = True  # server-fp32 also runs the EmbedStream phases (bench/streaming.py)
-    phase_time_limit_s: float | None = 90.0  # a phase sends no request after this (slow targets stay bounded)
-    server_settings: dict[str, str] = field(
-        default_factory=dict
-    )  # extra BERTSERVE_* for every bertserve target
-    targets: list[str] = field(
-        default_factory=lambda: [analysis.SERVER, analysis.SERVER_BS1, analysis.SERVER_INT8, analysis.NAIVE]
-    )
-    # cuda: ceilings, kernels and servers on ONNX Runtime's CUDA provider (bench/gpu.py)
-    provider: str = "cpu"
-    # what sends the gRPC targets' requests: "native" (bench/native_loadgen.py, the Python client when it
-    # cannot be built here) or "python" (bench/loadgen.py, in this process)
-    loadgen: str = "native"
-
-    @property
-    def measured_targets(self) -> list[str]:
-        """On CUDA the low-precision target is fp16 (int8 is a CPU graph) and the naive PyTorch server, a
-        CPU baseline, is left out."""
-        if self.provider != "cuda":
-            return self.targets
-        swap = {analysis.SERVER_INT8: analysis.SERVER_FP16, analysis.NAIVE: None}
-        return [t for t in (swap.get(t, t) for t in self.targets) if t is not None]
-
-    @property
-    def ceiling_layouts(self) -> list[tuple[int, int, bool]]:
-        """(instances, threads per instance, one shared session) the ceiling tries: one session with every
-        thread, and the bertserve targets' own layout when they run several instances (`--server-setting
-        instances=N`, with intra_op_threads, which the bench sets to --threads, and instance_sessions)."""
-        settings = self.server_settings
-        instances = int(settings.get("instances", 1))
-        layouts = [(1, self.threads, False)]
-        if instances > 1:
-            per_instance = int(settings.get("intra_op_threads", self.threads)) or self.threads
-            shared = shares_session(settings.get("instance_sessions", "auto"), self.provider)
-            layouts.append((instances, per_instance, shared))
-        return layouts
-
-    @classmethod
-    def quick_preset(cls, **overrides) -> BenchConfig:
-        preset = dict(
-            quick=True,
-            texts=160,
-            fixed_texts=32,
-            ceiling_batch_sizes=[1, 8],
-            ceiling_passes=2,
-            gemm_seconds_per_shape=0.1,
-            phase_time_limit_s=8.0,
-        )
-        return cls(**(preset | overrides))
 
 
 def _portable(path: Path) -> str:

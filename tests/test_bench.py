@@ -326,7 +326,7 @@ def test_the_ceiling_runs_every_batch_once_on_each_instance_at_once():
     ],
 )
 def test_the_ceiling_tries_the_servers_own_instance_layout(tmp_path, settings, provider, layout):
-    from bertserve.bench.runner import BenchConfig
+    from bertserve.bench.config import BenchConfig
 
     config = BenchConfig(tmp_path, tmp_path, threads=2, server_settings=settings, provider=provider)
     assert config.ceiling_layouts == [(1, 2, False)] + ([layout] if layout else [])

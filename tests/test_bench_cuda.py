@@ -9,8 +9,8 @@ import pytest
 
 from bertserve.bench import analysis, gpu, limits
 from bertserve.bench.commands import register
+from bertserve.bench.config import BenchConfig
 from bertserve.bench.processes import BenchError
-from bertserve.bench.runner import BenchConfig
 
 # (nvidia-smi name, then per precision the boost clock in MHz NVIDIA quotes that peak at and the dense
 # TFLOP/s it quotes: tensor-core fp16, and fp32 as ONNX Runtime's CUDA provider runs it (TF32 tensor cores
