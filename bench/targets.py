@@ -89,12 +89,11 @@ class PythonPhase:
 
     warm: Callable[[], Coroutine[None, None, PhaseResult]] | None
     run: Callable[[], Coroutine[None, None, PhaseResult]]
+    own_process = False  # a class attribute, not a field: the bench reads this process's CPU
 
     async def warm_up(self) -> None:
         if self.warm is not None:
             await self.warm()
-
-    own_process = False
 
     async def measure(self) -> PhaseResult:
         return await self.run()

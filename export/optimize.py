@@ -42,8 +42,8 @@ def optimize_encoder(
     raw: Path, fused: Path, out: Path, num_heads: int, hidden_size: int
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Fuses the traced encoder with ORT's optimizer (offline, opt_level 0 so the file runs on any
-    provider) into `fused`, and writes `out`, the CPU graph: the same with its SkipLayerNormalizations
-    split (`split_for_cpu`). Returns the fused operators of `fused` and of `out`, by type."""
+    provider) into `fused`, and writes `out`, the CPU graph: the same with its SkipLayerNormalizations and
+    BiasGelus split (`split_for_cpu`). Returns the fused operators of `fused` and of `out`, by type."""
     from onnxruntime.transformers import optimizer
 
     _quiet_onnxruntime_tools()
