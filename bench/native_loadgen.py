@@ -57,10 +57,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bertserve"
 
 
+def cached_binary(source: Path = SOURCE) -> Path:
+    """Where the load generator built from `source` is cached (keyed by the source's hash)."""
+    return cache_dir() / f"bertserve-loadgen-{hashlib.sha256(source.read_bytes()).hexdigest()[:16]}"
+
+
 def find_binary(source: Path = SOURCE) -> Path:
     """The load generator built from `source`, compiling it on first use (a few seconds)."""
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    binary = cache_dir() / f"bertserve-loadgen-{digest}"
+    binary = cached_binary(source)
     if _starts(binary):  # one built against a gRPC library since removed or upgraded is built again
         return binary
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
@@ -228,23 +232,28 @@ class NativePhase:
         self._cleanup()
         return result
 
-    async def _fail(self, what: str, stderr: bytes = b"") -> None:
+    def _kill(self) -> asyncio.subprocess.Process | None:
+        """Kills the child if it still runs; the child when it did (to be reaped), else None."""
         process = self._process
-        if process is not None and process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            _, stderr = await process.communicate()
+        if process is None or process.returncode is not None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        return process
+
+    async def _fail(self, what: str, stderr: bytes = b"") -> None:
+        killed = self._kill()
+        if killed is not None:
+            _, stderr = await killed.communicate()
         self._cleanup()
         raise RuntimeError(f"native load generator {what}: {stderr.decode(errors='replace').strip()}")
 
     async def close(self) -> None:
         """Kills the child if it still runs and removes its files; a finished phase has nothing left."""
-        process = self._process
         try:
-            if process is not None and process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await asyncio.shield(process.wait())  # reaped even when the caller is cancelled again
+            killed = self._kill()
+            if killed is not None:
+                await asyncio.shield(killed.wait())  # reaped even when the caller is cancelled again
         finally:
             self._cleanup()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 
 import grpc
@@ -173,8 +172,7 @@ def test_a_cancelled_warm_up_leaves_no_child_and_no_files(binary):
 
 def test_a_cached_binary_that_does_not_start_is_built_again(tmp_path, monkeypatch):
     monkeypatch.setenv("BERTSERVE_CACHE_DIR", str(tmp_path))
-    digest = hashlib.sha256(native_loadgen.SOURCE.read_bytes()).hexdigest()[:16]
-    stale = tmp_path / f"bertserve-loadgen-{digest}"  # where find_binary caches this source's build
+    stale = native_loadgen.cached_binary()
     stale.write_text("#!/bin/sh\nexit 127\n")  # as the loader does when a shared library is gone
     stale.chmod(0o755)
     monkeypatch.setenv("CXX", "false")  # the build that replaces it fails here, so the bench falls back
