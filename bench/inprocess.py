@@ -55,7 +55,7 @@ def make_session(graph: Path, threads: int, provider: str = "cpu") -> ort.Infere
     return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
 
 
-def _feeds(sequences: list[list[int]], input_names: set[str]) -> dict[str, np.ndarray]:
+def feeds_for(sequences: list[list[int]], input_names: set[str]) -> dict[str, np.ndarray]:
     width = max(len(s) for s in sequences)
     ids = np.zeros((len(sequences), width), dtype=np.int64)  # (B, T), pad id 0
     mask = np.zeros_like(ids)
@@ -74,7 +74,7 @@ def plan_batches(sequences: list[list[int]], batch_size: int, input_names: set[s
         chunk = ordered[start : start + batch_size]
         real = sum(len(s) for s in chunk)
         batches.append(
-            Batch(_feeds(chunk, input_names), len(chunk), real, len(chunk) * max(len(s) for s in chunk))
+            Batch(feeds_for(chunk, input_names), len(chunk), real, len(chunk) * max(len(s) for s in chunk))
         )
     return batches
 
@@ -163,10 +163,10 @@ def measure_single_latency(
     session = make_session(graph, threads, provider)
     input_names = {i.name for i in session.get_inputs()}
     texts = corpus.texts[:count]
-    session.run([OUTPUT], _feeds([tokenizer.encode(texts[0]).ids], input_names))  # warm-up
+    session.run([OUTPUT], feeds_for([tokenizer.encode(texts[0]).ids], input_names))  # warm-up
     latencies = []
     for text in texts:
         start = time.perf_counter()
-        session.run([OUTPUT], _feeds([tokenizer.encode(text).ids], input_names))
+        session.run([OUTPUT], feeds_for([tokenizer.encode(text).ids], input_names))
         latencies.append(time.perf_counter() - start)
     return {"graph": graph.name, "threads": threads, "inputs": len(texts), **latency_summary(latencies)}

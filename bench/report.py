@@ -135,6 +135,7 @@ def markdown(result: dict) -> str:
     ]  # fmt: skip
     lines += md_table(["metric", "goal", "measured", "met", "estimate at the transport's floor"], rows)
     lines += _floor_text(result.get("transport_floor"), result["settings"]["threads"])
+    lines += _handler_floor_text(result.get("handler_floor"))
     limits = result["ratios"].get("limits")
     if limits:
         lines += ["", "## Physical limits", "", limits_text(limits["theoretical"], limits["kernel"]), ""]
@@ -173,6 +174,21 @@ def _floor_text(floor: dict | None, threads: int) -> list[str]:
         "that beside the in-process ceilings (an estimate: a server's length-grouped batches can compute a "
         "little faster than the ceiling's). The p50 one is a floor: a lone Embed call's round trip "
         "includes a no-work call's.",
+    ]
+
+
+def _handler_floor_text(handler: dict | None) -> list[str]:
+    if not handler:
+        return []
+    inline, thread = handler["inline"], handler["thread"]
+    return [
+        "",
+        "The handler's floor (bench/handler_floor.py): server-fp32's c=1 calls against a grpc.aio handler "
+        "that tokenizes and runs the same graph with nothing of bertserve's path read p50 "
+        f"{fmt_num(inline['p50_ms'], 3)} ms with the graph run on the event loop "
+        f"({fmt_num(inline['p50_minus_inprocess_ms'], 3)} ms over in-process) and "
+        f"{fmt_num(thread['p50_ms'], 3)} ms in a worker thread "
+        f"({fmt_num(thread['p50_minus_inprocess_ms'], 3)} ms over in-process; the p50 goal's estimate above).",
     ]
 
 

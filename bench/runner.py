@@ -18,6 +18,7 @@ from bertserve.bench import (
     analysis,
     gemm,
     gpu,
+    handler_floor,
     inprocess,
     limits,
     native_loadgen,
@@ -183,6 +184,33 @@ def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
     return servers
 
 
+async def _handler_floor(
+    config: BenchConfig, model: ModelUnderTest, workload: Workload, single: dict, native: Path | None
+) -> dict:
+    """server-fp32's c=1 phase again against each of bench/handler_floor.py's servers, one at a time."""
+    phases = {}
+    for mode in handler_floor.MODES:
+        server = handler_floor.process(
+            mode,
+            model.graph(ENCODER),
+            model.tokenizer_path,
+            model.manifest.max_length,
+            config.threads,
+            config.provider,
+            config.out / "logs",
+        )
+        server.env.update(child_pythonpath())
+        target = TargetRun(server, model.name, None, log, native)
+        await server.start(workload.startup_timeout_s)
+        try:
+            async with target.connected(1):
+                plan = [(mode, list(workload.mixed), 1)]
+                phases |= await target.closed_phases(plan, config.phase_time_limit_s)
+        finally:
+            await server.stop()
+    return handler_floor.summarize(phases, single)
+
+
 async def run(config: BenchConfig) -> dict:
     started = time.perf_counter()
     config.out.mkdir(parents=True, exist_ok=True)
@@ -261,6 +289,9 @@ async def run(config: BenchConfig) -> dict:
             open_rate = (
                 open_rate or targets[name]["open"]["offered_rate_rps"]
             )  # the same offered load for all
+        handler = None
+        if analysis.SERVER in targets and 1 in config.concurrency:
+            handler = await _handler_floor(config, model, workload, ceilings["fp32"]["single"], native)
 
     for name, target in targets.items():
         cut = [p for p in [*target["closed"], target["fixed"], target["open"]] if p["stopped_early"]]
@@ -275,7 +306,12 @@ async def run(config: BenchConfig) -> dict:
     int8_graph = model.int8_manifest.graphs.get(ENCODER_INT8) if model.int8_manifest else None
     server = targets.get(analysis.SERVER, {})
     floor = transport_floor.of_target(
-        server, ceilings, PER_CALL_CONCURRENCY, config.threads, machine["logical_cores"]
+        server,
+        ceilings,
+        PER_CALL_CONCURRENCY,
+        config.threads,
+        machine["logical_cores"],
+        handler and handler["thread"]["p50_minus_inprocess_ms"],
     )
     measured = ratios | {
         "int8_cosine_to_fp32": int8_graph.parity.cosine_to_fp32 if int8_graph and int8_graph.parity else None,
@@ -326,6 +362,7 @@ async def run(config: BenchConfig) -> dict:
         "padding_ratio": ratios["padding_ratio"],
         "gemm_peak_fraction": ratios["gemm_peak_fraction"],
         "transport_floor": floor,
+        "handler_floor": handler,
         "goals": analysis.goals(measured, floor and floor["estimates"]),
         "notes": notes,
     }

@@ -230,7 +230,14 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     }
     assert estimated.keys() == floor["estimates"].keys() == {"server_vs_inprocess", "single_vs_bulk", "int8_vs_server_fp32", "p50_c1_minus_inprocess_ms"}  # fmt: skip
     assert 0 < estimated["server_vs_inprocess"] <= 1 and 0 < estimated["single_vs_bulk"] <= 1
-    assert estimated["p50_c1_minus_inprocess_ms"] == floor["p50_ms_alone"]
+    # the handler's floor: server-fp32's c=1 calls against a bare grpc.aio handler, inline and in a thread
+    handler, c1 = result["handler_floor"], server["closed"][0]
+    single_p50 = result["inprocess"]["fp32"]["single"]["p50_ms"]
+    for mode in ("inline", "thread"):
+        assert handler[mode]["errors"] == {} and handler[mode]["requests_ok"] == c1["requests_ok"], mode
+        assert handler[mode]["p50_ms"] > 0 and handler[mode]["reply_inference_ms_mean"] > 0, mode
+        assert math.isclose(handler[mode]["p50_minus_inprocess_ms"], handler[mode]["p50_ms"] - single_p50)
+    assert estimated["p50_c1_minus_inprocess_ms"] == handler["thread"]["p50_minus_inprocess_ms"]
     inprocess = result["inprocess"]
     assert math.isclose(
         result["ratios"]["int8_vs_fp32_inprocess"],
@@ -240,6 +247,7 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     table = (out / "bench.md").read_text()
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table
     assert "estimate at the transport's floor" in table and "no-work call" in table
+    assert "The handler's floor (bench/handler_floor.py)" in table
     assert "Load generator: the native client" in table
     assert "| requests | inputs per s | server cpu ms per input | loop cpu ms per input |" in table
     for plot in ("throughput.png", "latency.png"):
@@ -257,6 +265,9 @@ def test_transport_floor_estimates_give_the_encoder_the_cpu_a_no_work_call_leave
     # int8 at 400 calls/s loses 0.4 cores: (400 / 1.2) / (200 / 1.1)
     assert math.isclose(got["int8_vs_server_fp32"], (400 / 1.2) / (200 / 1.1))
     assert got["p50_c1_minus_inprocess_ms"] == 0.6
+    # where the handler's floor was measured, it is the p50 goal's estimate
+    handler = transport_floor.estimates(floor, inprocess, 180.0, 32, 2, 2, handler_p50_over_inprocess_ms=0.9)
+    assert handler["p50_c1_minus_inprocess_ms"] == 0.9
     # cores the targets' threads leave idle take the transport's CPU first
     spare = transport_floor.estimates(floor, inprocess, 180.0, 32, threads=2, logical_cores=3)
     assert spare["server_vs_inprocess"] == spare["single_vs_bulk"] == 1.0
