@@ -41,12 +41,13 @@ def padding_ratio(phase: dict | None) -> float | None:
     return _div(phase["server"].get("batch_tokens_padded"), phase["tokens"])
 
 
-def _adjacent(phase: dict, ceiling_inputs_per_s: float | None) -> float | None:
-    """The ceiling to hold a phase against: the mean of the in-process checks measured right before and
-    after it (the ceiling at the phase's time on a machine whose speed drifts, where the first ceiling may
-    be minutes old), else the first ceiling."""
-    checks = phase.get("ceiling_checks") or []
-    return sum(checks) / len(checks) if checks else ceiling_inputs_per_s
+def adjacent(phase: dict, first: float | None, key: str = "ceiling_checks") -> float | None:
+    """The in-process figure to hold a phase against: the mean of the checks (`key`: the ceiling's
+    inputs/s, or `single_p50_checks`: one input at a time, p50 ms) measured right before and after it (the
+    figure at the phase's time on a machine whose speed drifts, where the first one may be minutes old),
+    else the first one."""
+    checks = phase.get(key) or []
+    return sum(checks) / len(checks) if checks else first
 
 
 def _stream_ratios(stream: dict | None, ceiling_inputs_per_s: float | None) -> dict:
@@ -59,7 +60,7 @@ def _stream_ratios(stream: dict | None, ceiling_inputs_per_s: float | None) -> d
         }
     rate = stream["alone"]["inputs_per_s"]
     return {
-        "stream_vs_inprocess": _div(rate, _adjacent(stream["alone"], ceiling_inputs_per_s)),
+        "stream_vs_inprocess": _div(rate, adjacent(stream["alone"], ceiling_inputs_per_s)),
         "stream_vs_inprocess_first_ceiling": _div(rate, ceiling_inputs_per_s),
         "unary_p99_during_stream_vs_alone": _div(
             stream["unary_during_stream"]["p99_ms"], stream["unary_alone"]["p99_ms"]
@@ -111,7 +112,7 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
     )  # highest concurrency: biggest batches
     saturation = targets[SERVER]["saturation"] if SERVER in targets else {}
     return {
-        "server_vs_inprocess": _div(server, _adjacent(saturation, ceiling.get("inputs_per_s"))),
+        "server_vs_inprocess": _div(server, adjacent(saturation, ceiling.get("inputs_per_s"))),
         "server_vs_inprocess_first_ceiling": _div(server, ceiling.get("inputs_per_s")),
         "server_vs_inprocess_fixed": _div(
             server_fixed and server_fixed["inputs_per_s"], ceiling_fixed.get("inputs_per_s")
@@ -129,7 +130,14 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
         **_stream_ratios(targets.get(SERVER, {}).get("stream"), ceiling.get("inputs_per_s")),
         "single_vs_bulk": _single_vs_bulk(targets.get(SERVER, {}).get("per_call")),
         "http_vs_grpc": _div(_saturation(targets, SERVER_HTTP), server),
-        "p50_c1_minus_inprocess_ms": (at_one["p50_ms"] - single["p50_ms"]) if at_one and single else None,
+        "p50_c1_minus_inprocess_ms": (
+            at_one["p50_ms"] - adjacent(at_one, single["p50_ms"], "single_p50_checks")
+            if at_one and single
+            else None
+        ),
+        "p50_c1_minus_inprocess_ms_first": (at_one["p50_ms"] - single["p50_ms"])
+        if at_one and single
+        else None,
         "gemm_peak_fraction": _div(saturated and saturated["gflops_per_s"], gemm_peak_gflops),
         "gemm_peak_fraction_inprocess": _div(ceiling.get("gflops_per_s"), gemm_peak_gflops),
         "padding_ratio": padding_ratio(busiest),

@@ -30,6 +30,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from bertserve.bench.analysis import adjacent
 from bertserve.bench.corpus import load_tokenizer
 from bertserve.bench.inprocess import OUTPUT, feeds_for, make_session
 from bertserve.bench.processes import ServerProcess, free_port
@@ -84,19 +85,21 @@ def process(
 
 
 def summarize(phases: dict[str, dict], inprocess_single: dict) -> dict:
-    """Mode -> its p50 at c=1, that less the in-process p50 (None without one), and what its phase
+    """Mode -> its p50 at c=1, that less the in-process p50 (the mean of the phase's `single_p50_checks`,
+    measured right before and after it, else the run's first; None without either), and what its phase
     answered."""
-    base = inprocess_single.get("p50_ms")
-    return {
-        mode: {
+    out = {}
+    for mode, phase in phases.items():
+        base = adjacent(phase, inprocess_single.get("p50_ms"), "single_p50_checks")
+        out[mode] = {
             "p50_ms": phase["p50_ms"],
             "p50_minus_inprocess_ms": None if base is None else phase["p50_ms"] - base,
+            "single_p50_checks": phase.get("single_p50_checks", []),
             "reply_inference_ms_mean": phase["reply_inference_ms_mean"],  # the session's run, timed inside
             "requests_ok": phase["requests_ok"],
             "errors": phase["errors"],
         }
-        for mode, phase in phases.items()
-    }
+    return out
 
 
 async def serve(args: argparse.Namespace) -> None:

@@ -184,7 +184,8 @@ def _handler_floor_text(handler: dict | None) -> list[str]:
     return [
         "",
         "The handler's floor (bench/handler_floor.py): server-fp32's c=1 calls against a grpc.aio handler "
-        "that tokenizes and runs the same graph with nothing of bertserve's path read p50 "
+        "that tokenizes and runs the same graph with nothing of bertserve's path, each phase held against "
+        "the in-process p50 measured right before and after it (as server-fp32's c=1 phase is), read p50 "
         f"{fmt_num(inline['p50_ms'], 3)} ms with the graph run on the event loop "
         f"({fmt_num(inline['p50_minus_inprocess_ms'], 3)} ms over in-process) and "
         f"{fmt_num(thread['p50_ms'], 3)} ms in a worker thread "

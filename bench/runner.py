@@ -29,7 +29,7 @@ from bertserve.bench import (
 from bertserve.bench.config import BenchConfig
 from bertserve.bench.corpus import Corpus, fixed_length_corpus, load_tokenizer, mixed_corpus
 from bertserve.bench.flops import corpus_flops, encoder_flops
-from bertserve.bench.loadgen import make_requests
+from bertserve.bench.loadgen import between_checks, make_requests
 from bertserve.bench.machine import describe_machine
 from bertserve.bench.model_setup import ModelUnderTest, resolve_model
 from bertserve.bench.processes import bertserve_process, child_pythonpath, naive_process
@@ -137,6 +137,25 @@ def _ceiling_check(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed:
     return check
 
 
+def _single_check(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus):
+    """The in-process p50 of one input at a time (ms), as in the first measurement, off the loop: what a
+    c=1 phase is held against, measured right before and after it."""
+
+    async def check() -> float:
+        again = await asyncio.to_thread(
+            inprocess.measure_single_latency,
+            model.graph(ENCODER),
+            tokenizer,
+            mixed,
+            config.threads,
+            min(len(mixed.texts), config.single_latency_texts),
+            config.provider,
+        )
+        return round(again["p50_ms"], 3)
+
+    return check
+
+
 def _profiles(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, ceilings: dict) -> dict:
     """ORT's per-operator profile of each graph at its best ceiling batch size, on the mixed corpus."""
     sample = Corpus(mixed.name, mixed.texts[:PROFILE_TEXTS], mixed.tokens[:PROFILE_TEXTS])
@@ -187,7 +206,8 @@ def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
 async def _handler_floor(
     config: BenchConfig, model: ModelUnderTest, workload: Workload, single: dict, native: Path | None
 ) -> dict:
-    """server-fp32's c=1 phase again against each of bench/handler_floor.py's servers, one at a time."""
+    """server-fp32's c=1 phase again against each of bench/handler_floor.py's servers, one at a time,
+    each between two in-process measurements of one input at a time (`workload.single_check`)."""
     phases = {}
     for mode in handler_floor.MODES:
         server = handler_floor.process(
@@ -205,7 +225,9 @@ async def _handler_floor(
         try:
             async with target.connected(1):
                 plan = [(mode, list(workload.mixed), 1)]
-                phases |= await target.closed_phases(plan, config.phase_time_limit_s)
+                measured = target.closed_phases(plan, config.phase_time_limit_s)
+                found, singles = await between_checks(workload.single_check, measured)
+                phases[mode] = found[mode] | {"single_p50_checks": singles}
         finally:
             await server.stop()
     return handler_floor.summarize(phases, single)
@@ -281,6 +303,7 @@ async def run(config: BenchConfig) -> dict:
             single=tuple(make_requests(mixed.texts, mixed.tokens, 1, flops_of)),
             bulk=tuple(make_requests(mixed.texts, mixed.tokens, PER_CALL_CONCURRENCY, flops_of)),
             ceiling_check=_ceiling_check(config, model, tokenizer, mixed, ceilings["fp32"]["mixed"]),
+            single_check=_single_check(config, model, tokenizer, mixed),
         )
         targets: dict[str, dict] = {}
         open_rate = config.open_rate

@@ -45,6 +45,9 @@ class Workload:
     # On stream_target: the in-process ceiling (inputs/s) measured again, while the server idles, right
     # before and after the saturation sweep and the lone stream, against the machine's drift
     ceiling_check: Callable[[], Awaitable[float]] | None = None
+    # On stream_target: the in-process p50 of one input at a time (ms), measured again right before and
+    # after the c=1 phase, which `p50_c1_minus_inprocess_ms` holds it against
+    single_check: Callable[[], Awaitable[float]] | None = None
 
 
 def embed_request(texts: list[str], model: str) -> inference_pb2.EmbedRequest:
@@ -221,11 +224,18 @@ class TargetRun:
                 limit = w.phase_time_limit_s
                 check = w.ceiling_check if self.server.name == w.stream_target else None
 
+                single_check = w.single_check if self.server.name == w.stream_target else None
+
                 async def sweep() -> None:
                     for c in w.concurrencies:
                         warmup = w.mixed[: min(c, WARMUP_MAX)]
                         phase = self._load(w.mixed, f"{self.server.name} c={c}", limit, c, warmup=warmup)
-                        closed.append(await self._phase(f"closed c={c}", phase))
+                        measured = self._phase(f"closed c={c}", phase)
+                        summary, singles = await between_checks(single_check if c == 1 else None, measured)
+                        if singles:
+                            summary["single_p50_checks"] = singles
+                            self.log(f"  in-process p50, one input at a time, before and after: {singles}")
+                        closed.append(summary)
 
                 _, ceilings = await between_checks(check, sweep())
                 if check:
