@@ -111,6 +111,15 @@ def markdown(result: dict) -> str:
             "",
             f"One input at a time in-process (tokenization included): p50 {single['p50_ms']:.2f} ms.",
         ]
+        checks = next(
+            (p.get("single_p50_checks") for p in result["targets"].get("server-fp32", {}).get("closed", [])
+             if p["concurrency"] == 1), None,
+        )  # fmt: skip
+        if checks:
+            lines[-1] += (
+                f" Measured again right before and after server-fp32's c=1 phase, which p50_c1_minus_inprocess_ms "
+                f"is held against: {', '.join(f'{c:.2f}' for c in checks)} ms."
+            )
     gemm = result["gemm"]
     for precision, p in result.get("profile", {}).items():
         top = ", ".join(f"{op} {share:.0%}" for op, share in list(p["share_by_op"].items())[:6])
@@ -172,7 +181,8 @@ def _floor_text(floor: dict | None, threads: int) -> list[str]:
         f"server's CPU and {fmt_num(floor['client_cpu_ms_per_call'], 3)} ms of the load generator's per call. "
         f"The last column is what each goal's metric would read on {threads} cores if the server cost only "
         "that beside the in-process ceilings (an estimate: a server's length-grouped batches can compute a "
-        "little faster than the ceiling's). The p50 one is a floor: a lone Embed call's round trip "
+        "little faster than the ceiling's). The p50 one is the handler's floor below (the graph in a worker "
+        "thread) where the run measured it, else the no-work call's p50: a lone Embed call's round trip "
         "includes a no-work call's.",
     ]
 
