@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bertserve.bench import (
@@ -114,46 +115,34 @@ def _graphs(config: BenchConfig, model: ModelUnderTest) -> dict[str, Path]:
     return graphs
 
 
-def _ceiling_check(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, found: dict):
-    """The fp32 mixed ceiling again at the batch size and layout found best (same passes), off the loop:
-    what server-fp32's sweep and lone stream are held against, measured right before and after them."""
+def _again(measure: Callable[..., dict], key: str, digits: int, *args) -> Callable[[], Awaitable[float]]:
+    """A check: `measure(*args)[key]` measured again, off the loop, each time it is awaited."""
 
     async def check() -> float:
-        again = await asyncio.to_thread(
-            inprocess.measure_ceiling,
-            model.graph(ENCODER),
-            tokenizer,
-            mixed,
-            config.threads,
-            [found["best_batch_size"]],
-            config.ceiling_passes,
-            found["instances"],
-            config.provider,
-            found["shared_session"],
-            found["threads_per_instance"],
-        )
-        return round(again["inputs_per_s"], 2)
+        return round((await asyncio.to_thread(measure, *args))[key], digits)
 
     return check
+
+
+def _ceiling_check(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, found: dict):
+    """The fp32 mixed ceiling (inputs/s) again at the batch size and layout found best (same passes): what
+    server-fp32's sweep and lone stream are held against, measured right before and after them."""
+    return _again(
+        inprocess.measure_ceiling, "inputs_per_s", 2,
+        model.graph(ENCODER), tokenizer, mixed, config.threads, [found["best_batch_size"]],
+        config.ceiling_passes, found["instances"], config.provider, found["shared_session"],
+        found["threads_per_instance"],
+    )  # fmt: skip
 
 
 def _single_check(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus):
-    """The in-process p50 of one input at a time (ms), as in the first measurement, off the loop: what a
-    c=1 phase is held against, measured right before and after it."""
-
-    async def check() -> float:
-        again = await asyncio.to_thread(
-            inprocess.measure_single_latency,
-            model.graph(ENCODER),
-            tokenizer,
-            mixed,
-            config.threads,
-            min(len(mixed.texts), config.single_latency_texts),
-            config.provider,
-        )
-        return round(again["p50_ms"], 3)
-
-    return check
+    """The in-process p50 of one input at a time (ms), as in the first measurement: what a c=1 phase is
+    held against, measured right before and after it."""
+    count = min(len(mixed.texts), config.single_latency_texts)
+    return _again(
+        inprocess.measure_single_latency, "p50_ms", 3,
+        model.graph(ENCODER), tokenizer, mixed, config.threads, count, config.provider,
+    )  # fmt: skip
 
 
 def _profiles(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, ceilings: dict) -> dict:
