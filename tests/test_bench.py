@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertserve.bench import limits, transport_floor
+from bertserve.bench import handler_floor, limits, transport_floor
 from bertserve.bench.corpus import MIXED_CORPUS, fixed_length_corpus, load_tokenizer, mixed_corpus
 from bertserve.bench.flops import encoder_flops
 from bertserve.bench.loadgen import Request, closed_loop, make_requests, open_loop
@@ -348,3 +349,26 @@ def test_the_ceiling_tries_the_servers_own_instance_layout(tmp_path, settings, p
 
     config = BenchConfig(tmp_path, tmp_path, threads=2, server_settings=settings, provider=provider)
     assert config.ceiling_layouts == [(1, 2, False)] + ([layout] if layout else [])
+
+
+def test_a_handler_floor_that_cannot_start_costs_a_note_not_the_run(tiny_repo, tmp_path, monkeypatch):
+    real = handler_floor.process
+
+    def exits_at_once(*args):
+        server = real(*args)
+        server.argv = [sys.executable, "-c", "raise SystemExit(3)"]
+        return server
+
+    monkeypatch.setattr(handler_floor, "process", exits_at_once)
+    out = tmp_path / "bench"
+    argv = ["bench", "--model-repo", str(tiny_repo), "--model", "tiny-embed", "--out", str(out), "--quick",
+            "--threads", "1", "--targets", "server-fp32", "--concurrency", "1", "--texts", "8",
+            "--fixed-texts", "4"]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads((out / "bench.json").read_text())
+    assert result["handler_floor"] is None
+    assert [n for n in result["notes"] if "handler's floor was not measured" in n and "exited with 3" in n]
+    # what the targets measured is kept, the p50 goal's estimate falls back to the no-work call
+    assert result["ratios"]["p50_c1_minus_inprocess_ms"] is not None
+    floor = result["transport_floor"]
+    assert floor["estimates"]["p50_c1_minus_inprocess_ms"] == floor["p50_ms_alone"]
