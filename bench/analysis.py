@@ -21,7 +21,7 @@ def _saturation(targets: dict, name: str) -> float | None:
     return target["saturation"]["inputs_per_s"] if target else None
 
 
-def _closed_at(targets: dict, name: str, concurrency: int) -> dict | None:
+def closed_at(targets: dict, name: str, concurrency: int) -> dict | None:
     target = targets.get(name)
     for phase in target["closed"] if target else []:
         if phase["concurrency"] == concurrency:
@@ -31,7 +31,7 @@ def _closed_at(targets: dict, name: str, concurrency: int) -> dict | None:
 
 def _saturation_phase(targets: dict, name: str) -> dict | None:
     target = targets.get(name)
-    return _closed_at(targets, name, target["saturation"]["concurrency"]) if target else None
+    return closed_at(targets, name, target["saturation"]["concurrency"]) if target else None
 
 
 def padding_ratio(phase: dict | None) -> float | None:
@@ -105,7 +105,7 @@ def ratios(targets: dict, inprocess: dict, gemm_peak_gflops: float | None) -> di
     ceiling_fixed = inprocess.get("fp32", {}).get("fixed", {})
     single = inprocess.get("fp32", {}).get("single", {})
     server_fixed = targets.get(SERVER, {}).get("fixed")
-    at_one = _closed_at(targets, SERVER, 1)
+    at_one = closed_at(targets, SERVER, 1)
     saturated = _saturation_phase(targets, SERVER)
     busiest = (
         targets[SERVER]["closed"][-1] if SERVER in targets else None

@@ -1,74 +1,27 @@
 """The handler's floor: the p50 at c=1 of a grpc.aio front with nothing of bertserve's path.
 
-A minimal grpc.aio server answers Embed: its handler tokenizes the call's texts with the model's tokenizer
-and runs the server's fp32 graph (the same session options and threads), then replies. No validation,
-admission, batcher, metrics or interceptors. Two modes, each its own server process:
-
-- `inline`: the session runs on the event loop itself (a front that blocks its loop for the whole run:
-  no health probe or other call is answered meanwhile, which bertserve never does);
-- `thread`: the session runs in one worker thread and the handler awaits it (`run_in_executor`): the hop
-  to another thread and back that any asyncio front keeping its loop free pays.
-
-The bench sends each the single-input calls of server-fp32's c=1 phase, one at a time, through the same
-load generator. Less the in-process p50 (the same graph, one input at a time, tokenization included),
-`inline` is the least that `p50_c1_minus_inprocess_ms` can read with grpc.aio on this machine, and
-`thread` the least with the loop kept free; what bertserve reads above `thread` is its own path.
-
-    python -m bertserve.bench.handler_floor --graph G --tokenizer T --max-length L --threads N --port P --mode inline
+bench/handler_floor_server.py is a minimal grpc.aio server whose Embed handler tokenizes and runs the
+same fp32 graph, with the graph on the event loop (`inline`) or in one worker thread (`thread`). After the
+targets, `measure` starts one server per mode and sends it server-fp32's c=1 calls through the same load
+generator, each phase between two in-process measurements of one input at a time (the figure it is held
+against, as server-fp32's own c=1 phase is). Less that in-process p50, `inline` is about the least that
+`p50_c1_minus_inprocess_ms` can read with grpc.aio on the machine, and `thread` the least with the loop
+kept free; what bertserve reads above `thread` is its own path.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import signal
+import math
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 
-import grpc
-import numpy as np
-
 from bertserve.bench.analysis import adjacent
-from bertserve.bench.corpus import load_tokenizer
-from bertserve.bench.inprocess import OUTPUT, feeds_for, make_session
-from bertserve.bench.processes import ServerProcess, free_port
-from bertserve.v1 import inference_pb2, inference_pb2_grpc
-
-MODES = ("inline", "thread")
-
-
-class FloorEmbedder(inference_pb2_grpc.InferenceServicer):
-    def __init__(
-        self, graph: Path, tokenizer: Path, max_length: int, threads: int, mode: str, provider: str
-    ) -> None:
-        self.session = make_session(graph, threads, provider)
-        self.input_names = {i.name for i in self.session.get_inputs()}
-        self.tokenizer = load_tokenizer(tokenizer, max_length)
-        self.executor = ThreadPoolExecutor(max_workers=1) if mode == "thread" else None
-
-    def _embed(self, texts: list[str]) -> tuple[np.ndarray, list[int], float]:
-        """(embeddings (B, H), tokens per input, seconds of the session's run)."""
-        sequences = [e.ids for e in self.tokenizer.encode_batch(texts)]
-        started = time.perf_counter()
-        (embeddings,) = self.session.run([OUTPUT], feeds_for(sequences, self.input_names))
-        return embeddings, [len(s) for s in sequences], time.perf_counter() - started
-
-    async def Embed(self, request, context):  # noqa: N802 (gRPC method name)
-        texts = list(request.inputs)
-        if self.executor is None:
-            embeddings, tokens, seconds = self._embed(texts)
-        else:
-            loop = asyncio.get_running_loop()
-            embeddings, tokens, seconds = await loop.run_in_executor(self.executor, self._embed, texts)
-        return inference_pb2.EmbedResponse(
-            embeddings=[inference_pb2.Embedding(values=row) for row in embeddings.tolist()],
-            dimension=embeddings.shape[1],
-            metadata=inference_pb2.ResponseMetadata(
-                total_tokens=sum(tokens), input_tokens=tokens, inference_time_ms=1e3 * seconds, batches=1
-            ),
-        )
+from bertserve.bench.handler_floor_server import MODES
+from bertserve.bench.loadgen import between_checks
+from bertserve.bench.processes import ServerProcess, child_pythonpath, free_port
+from bertserve.bench.targets import TargetRun, Workload
+from bertserve.manifest import ENCODER
 
 
 def process(
@@ -76,24 +29,28 @@ def process(
 ) -> ServerProcess:
     port = free_port()
     argv = [
-        "-m", "bertserve.bench.handler_floor", "--graph", str(graph), "--tokenizer", str(tokenizer),
-        "--max-length", str(max_length), "--threads", str(threads), "--port", str(port), "--mode", mode,
-        "--provider", provider,
+        sys.executable, "-m", "bertserve.bench.handler_floor_server", "--graph", str(graph),
+        "--tokenizer", str(tokenizer), "--max-length", str(max_length), "--threads", str(threads),
+        "--port", str(port), "--mode", mode, "--provider", provider,
     ]  # fmt: skip
     name = f"handler-floor-{mode}"
-    return ServerProcess(name, [sys.executable, *argv], port, log_dir / f"{name}.log", health_checked=False)
+    server = ServerProcess(name, argv, port, log_dir / f"{name}.log", health_checked=False)
+    server.env.update(child_pythonpath())
+    return server
 
 
 def summarize(phases: dict[str, dict], inprocess_single: dict) -> dict:
     """Mode -> its p50 at c=1, that less the in-process p50 (the mean of the phase's `single_p50_checks`,
-    measured right before and after it, else the run's first; None without either), and what its phase
-    answered."""
+    measured right before and after it, else the run's first), and what its phase answered. A phase with
+    failed calls, or no p50, gives no figure (None)."""
     out = {}
     for mode, phase in phases.items():
         base = adjacent(phase, inprocess_single.get("p50_ms"), "single_p50_checks")
+        p50 = phase["p50_ms"]
+        valid = not phase["errors"] and phase["requests_ok"] > 0 and math.isfinite(p50)
         out[mode] = {
-            "p50_ms": phase["p50_ms"],
-            "p50_minus_inprocess_ms": None if base is None else phase["p50_ms"] - base,
+            "p50_ms": p50 if valid else None,
+            "p50_minus_inprocess_ms": p50 - base if valid and base is not None else None,
             "single_p50_checks": phase.get("single_p50_checks", []),
             "reply_inference_ms_mean": phase["reply_inference_ms_mean"],  # the session's run, timed inside
             "requests_ok": phase["requests_ok"],
@@ -102,33 +59,30 @@ def summarize(phases: dict[str, dict], inprocess_single: dict) -> dict:
     return out
 
 
-async def serve(args: argparse.Namespace) -> None:
-    server = grpc.aio.server()
-    embedder = FloorEmbedder(
-        Path(args.graph), Path(args.tokenizer), args.max_length, args.threads, args.mode, args.provider
-    )
-    inference_pb2_grpc.add_InferenceServicer_to_server(embedder, server)
-    server.add_insecure_port(f"127.0.0.1:{args.port}")
-    await server.start()  # after the session is loaded: accepting connections means ready
-    stopped = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopped.set)
-    await stopped.wait()
-    await server.stop(grace=5)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--graph", required=True)
-    parser.add_argument("--tokenizer", required=True)
-    parser.add_argument("--max-length", type=int, required=True)
-    parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--mode", choices=MODES, required=True)
-    parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
-    asyncio.run(serve(parser.parse_args()))
-
-
-if __name__ == "__main__":
-    main()
+async def measure(
+    model,
+    workload: Workload,
+    threads: int,
+    provider: str,
+    inprocess_single: dict,
+    native: Path | None,
+    log_dir: Path,
+    log: Callable[[str], None],
+    time_limit_s: float | None,
+) -> dict:
+    """server-fp32's c=1 phase (`workload.mixed`) again against each mode's server, one at a time, each
+    between two calls of `workload.single_check`; `model`: bench.model_setup.ModelUnderTest."""
+    phases = {}
+    for mode in MODES:
+        graph, max_length = model.graph(ENCODER), model.manifest.max_length
+        server = process(mode, graph, model.tokenizer_path, max_length, threads, provider, log_dir)
+        target = TargetRun(server, model.name, None, log, native)
+        try:
+            await server.start(workload.startup_timeout_s)
+            async with target.connected(1):
+                measured = target.closed_phases([(mode, list(workload.mixed), 1)], time_limit_s)
+                found, singles = await between_checks(workload.single_check, measured)
+                phases[mode] = found[mode] | {"single_p50_checks": singles}
+        finally:
+            await server.stop()
+    return summarize(phases, inprocess_single)

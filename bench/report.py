@@ -6,8 +6,9 @@ import json
 import math
 from pathlib import Path
 
-from bertserve.bench.analysis import padding_ratio
+from bertserve.bench.analysis import SERVER, closed_at, padding_ratio
 from bertserve.bench.limits import PEAK_KEYS
+from bertserve.bench.transport_floor import HANDLER_ESTIMATE
 
 
 def fmt_num(value: float | None, digits: int = 1) -> str:
@@ -111,10 +112,8 @@ def markdown(result: dict) -> str:
             "",
             f"One input at a time in-process (tokenization included): p50 {single['p50_ms']:.2f} ms.",
         ]
-        checks = next(
-            (p.get("single_p50_checks") for p in result["targets"].get("server-fp32", {}).get("closed", [])
-             if p["concurrency"] == 1), None,
-        )  # fmt: skip
+        at_one = closed_at(result["targets"], SERVER, 1)
+        checks = at_one and at_one.get("single_p50_checks")
         if checks:
             lines[-1] += (
                 f" Measured again right before and after server-fp32's c=1 phase, which p50_c1_minus_inprocess_ms "
@@ -144,7 +143,10 @@ def markdown(result: dict) -> str:
     ]  # fmt: skip
     lines += md_table(["metric", "goal", "measured", "met", "estimate at the transport's floor"], rows)
     lines += _floor_text(result.get("transport_floor"), result["settings"]["threads"])
-    lines += _handler_floor_text(result.get("handler_floor"))
+    floor = result.get("transport_floor") or {}
+    lines += _handler_floor_text(
+        result.get("handler_floor"), floor.get("p50_estimate_source") == HANDLER_ESTIMATE
+    )
     limits = result["ratios"].get("limits")
     if limits:
         lines += ["", "## Physical limits", "", limits_text(limits["theoretical"], limits["kernel"]), ""]
@@ -181,25 +183,35 @@ def _floor_text(floor: dict | None, threads: int) -> list[str]:
         f"server's CPU and {fmt_num(floor['client_cpu_ms_per_call'], 3)} ms of the load generator's per call. "
         f"The last column is what each goal's metric would read on {threads} cores if the server cost only "
         "that beside the in-process ceilings (an estimate: a server's length-grouped batches can compute a "
-        "little faster than the ceiling's). The p50 one is the handler's floor below (the graph in a worker "
-        "thread) where the run measured it, else the no-work call's p50: a lone Embed call's round trip "
-        "includes a no-work call's.",
+        "little faster than the ceiling's). The p50 one is "
+        + (
+            "the handler's floor below (the graph in a worker thread)."
+            if floor.get("p50_estimate_source") == HANDLER_ESTIMATE
+            else "the no-work call's p50: a lone Embed call's round trip includes a no-work call's."
+        ),
     ]
 
 
-def _handler_floor_text(handler: dict | None) -> list[str]:
+def _handler_floor_text(handler: dict | None, estimated: bool) -> list[str]:
+    """`estimated`: the goals table's p50 estimate is the thread mode's figure."""
     if not handler:
         return []
-    inline, thread = handler["inline"], handler["thread"]
+
+    def mode_text(mode: dict, where: str) -> str:
+        failed = sum(mode["errors"].values())
+        if failed:
+            return f"{where}: no figure ({failed} calls failed, {mode['requests_ok']} answered)"
+        over = fmt_num(mode["p50_minus_inprocess_ms"], 3)
+        return f"{fmt_num(mode['p50_ms'], 3)} ms {where} ({over} ms over in-process)"
+
+    estimate = "; the p50 goal's estimate above" if estimated else ""
     return [
         "",
         "The handler's floor (bench/handler_floor.py): server-fp32's c=1 calls against a grpc.aio handler "
         "that tokenizes and runs the same graph with nothing of bertserve's path, each phase held against "
         "the in-process p50 measured right before and after it (as server-fp32's c=1 phase is), read p50 "
-        f"{fmt_num(inline['p50_ms'], 3)} ms with the graph run on the event loop "
-        f"({fmt_num(inline['p50_minus_inprocess_ms'], 3)} ms over in-process) and "
-        f"{fmt_num(thread['p50_ms'], 3)} ms in a worker thread "
-        f"({fmt_num(thread['p50_minus_inprocess_ms'], 3)} ms over in-process; the p50 goal's estimate above).",
+        f"{mode_text(handler['inline'], 'with the graph run on the event loop')} and "
+        f"{mode_text(handler['thread'], 'in a worker thread')}{estimate}.",
     ]
 
 

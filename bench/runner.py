@@ -6,17 +6,16 @@ peak and the ceilings first, then one server at a time), and every target gets t
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bertserve.bench import (
     analysis,
+    checks,
     gemm,
     gpu,
     handler_floor,
@@ -30,10 +29,10 @@ from bertserve.bench import (
 from bertserve.bench.config import BenchConfig
 from bertserve.bench.corpus import Corpus, fixed_length_corpus, load_tokenizer, mixed_corpus
 from bertserve.bench.flops import corpus_flops, encoder_flops
-from bertserve.bench.loadgen import between_checks, make_requests
+from bertserve.bench.loadgen import make_requests
 from bertserve.bench.machine import describe_machine
 from bertserve.bench.model_setup import ModelUnderTest, resolve_model
-from bertserve.bench.processes import BenchError, bertserve_process, child_pythonpath, naive_process
+from bertserve.bench.processes import bertserve_process, child_pythonpath, naive_process
 from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun, Workload
 from bertserve.manifest import ENCODER, ENCODER_FP16, ENCODER_INT8
 
@@ -115,36 +114,6 @@ def _graphs(config: BenchConfig, model: ModelUnderTest) -> dict[str, Path]:
     return graphs
 
 
-def _again(measure: Callable[..., dict], key: str, digits: int, *args) -> Callable[[], Awaitable[float]]:
-    """A check: `measure(*args)[key]` measured again, off the loop, each time it is awaited."""
-
-    async def check() -> float:
-        return round((await asyncio.to_thread(measure, *args))[key], digits)
-
-    return check
-
-
-def _ceiling_check(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, found: dict):
-    """The fp32 mixed ceiling (inputs/s) again at the batch size and layout found best (same passes): what
-    server-fp32's sweep and lone stream are held against, measured right before and after them."""
-    return _again(
-        inprocess.measure_ceiling, "inputs_per_s", 2,
-        model.graph(ENCODER), tokenizer, mixed, config.threads, [found["best_batch_size"]],
-        config.ceiling_passes, found["instances"], config.provider, found["shared_session"],
-        found["threads_per_instance"],
-    )  # fmt: skip
-
-
-def _single_check(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus):
-    """The in-process p50 of one input at a time (ms), as in the first measurement: what a c=1 phase is
-    held against, measured right before and after it."""
-    count = min(len(mixed.texts), config.single_latency_texts)
-    return _again(
-        inprocess.measure_single_latency, "p50_ms", 3,
-        model.graph(ENCODER), tokenizer, mixed, config.threads, count, config.provider,
-    )  # fmt: skip
-
-
 def _profiles(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corpus, ceilings: dict) -> dict:
     """ORT's per-operator profile of each graph at its best ceiling batch size, on the mixed corpus."""
     sample = Corpus(mixed.name, mixed.texts[:PROFILE_TEXTS], mixed.tokens[:PROFILE_TEXTS])
@@ -190,36 +159,6 @@ def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
     for server in servers.values():
         server.env.update(child_pythonpath())
     return servers
-
-
-async def _handler_floor(
-    config: BenchConfig, model: ModelUnderTest, workload: Workload, single: dict, native: Path | None
-) -> dict:
-    """server-fp32's c=1 phase again against each of bench/handler_floor.py's servers, one at a time,
-    each between two in-process measurements of one input at a time (`workload.single_check`)."""
-    phases = {}
-    for mode in handler_floor.MODES:
-        server = handler_floor.process(
-            mode,
-            model.graph(ENCODER),
-            model.tokenizer_path,
-            model.manifest.max_length,
-            config.threads,
-            config.provider,
-            config.out / "logs",
-        )
-        server.env.update(child_pythonpath())
-        target = TargetRun(server, model.name, None, log, native)
-        await server.start(workload.startup_timeout_s)
-        try:
-            async with target.connected(1):
-                plan = [(mode, list(workload.mixed), 1)]
-                measured = target.closed_phases(plan, config.phase_time_limit_s)
-                found, singles = await between_checks(workload.single_check, measured)
-                phases[mode] = found[mode] | {"single_p50_checks": singles}
-        finally:
-            await server.stop()
-    return handler_floor.summarize(phases, single)
 
 
 async def run(config: BenchConfig) -> dict:
@@ -291,8 +230,9 @@ async def run(config: BenchConfig) -> dict:
             stream_texts=tuple(mixed.texts),
             single=tuple(make_requests(mixed.texts, mixed.tokens, 1, flops_of)),
             bulk=tuple(make_requests(mixed.texts, mixed.tokens, PER_CALL_CONCURRENCY, flops_of)),
-            ceiling_check=_ceiling_check(config, model, tokenizer, mixed, ceilings["fp32"]["mixed"]),
-            single_check=_single_check(config, model, tokenizer, mixed),
+            ceiling_check=checks.ceiling_check(config, model, tokenizer, mixed, ceilings["fp32"]["mixed"]),
+            single_check=checks.single_check(config, model, tokenizer, mixed),
+            checked_target=analysis.SERVER,
         )
         targets: dict[str, dict] = {}
         open_rate = config.open_rate
@@ -304,8 +244,11 @@ async def run(config: BenchConfig) -> dict:
         handler = None
         if analysis.SERVER in targets and 1 in config.concurrency:
             try:
-                handler = await _handler_floor(config, model, workload, ceilings["fp32"]["single"], native)
-            except BenchError as error:  # a diagnostic after the targets: the run keeps what it measured
+                handler = await handler_floor.measure(
+                    model, workload, config.threads, config.provider, ceilings["fp32"]["single"], native,
+                    config.out / "logs", log, config.phase_time_limit_s,
+                )  # fmt: skip
+            except Exception as error:  # a diagnostic after the targets: the run keeps what it measured
                 notes.append(f"the handler's floor was not measured: {error}")
                 log(f"warning: {notes[-1]}")
 

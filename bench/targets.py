@@ -42,12 +42,13 @@ class Workload:
     # On stream_target too: the mixed corpus as single-input requests and as requests of PER_CALL_CONCURRENCY
     single: tuple[Request, ...] = ()
     bulk: tuple[Request, ...] = ()
-    # On stream_target: the in-process ceiling (inputs/s) measured again, while the server idles, right
-    # before and after the saturation sweep and the lone stream, against the machine's drift
+    # On checked_target, against the machine's drift, measured again while the server idles (bench/checks.py):
+    # the in-process ceiling (inputs/s) right before and after the saturation sweep (and, when it is the
+    # stream_target too, the lone stream), and the in-process p50 of one input at a time (ms) right before
+    # and after the c=1 phase, which `p50_c1_minus_inprocess_ms` holds it against
     ceiling_check: Callable[[], Awaitable[float]] | None = None
-    # On stream_target: the in-process p50 of one input at a time (ms), measured again right before and
-    # after the c=1 phase, which `p50_c1_minus_inprocess_ms` holds it against
     single_check: Callable[[], Awaitable[float]] | None = None
+    checked_target: str | None = None
 
 
 def embed_request(texts: list[str], model: str) -> inference_pb2.EmbedRequest:
@@ -222,9 +223,9 @@ class TargetRun:
             async with self.connected(max(256, *w.concurrencies)):  # open loop: a connection per call
                 closed = []
                 limit = w.phase_time_limit_s
-                check = w.ceiling_check if self.server.name == w.stream_target else None
-
-                single_check = w.single_check if self.server.name == w.stream_target else None
+                checked = self.server.name == w.checked_target
+                check = w.ceiling_check if checked else None
+                single_check = w.single_check if checked else None
 
                 async def sweep() -> None:
                     for c in w.concurrencies:

@@ -31,6 +31,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bertserve.bench.loadgen import Call, Request
 from bertserve.bench.native_loadgen import NativeMethod
 
+# where the p50 goal's estimate comes from (`p50_estimate_source`)
+HANDLER_ESTIMATE, NO_WORK_ESTIMATE = "handler's floor, thread", "no-work call"
 NO_WORK = Request(texts=[""], tokens=0, flops=0.0)  # one "input" per call: the phase's counts are calls
 ALONE_CALLS = 200  # sequential no-work calls for the p50 alone
 PACED_SECONDS = 5.0  # the paced phase's length: CPU is read in 10 ms clock ticks, so several seconds
@@ -124,4 +126,8 @@ def of_target(
     guessed = estimates(
         floor, inprocess, bulk, inputs_per_bulk_request, threads, logical_cores, handler_p50_over_inprocess_ms
     )
-    return {k: v for k, v in floor.items() if k not in ("alone", "paced")} | {"estimates": guessed}
+    source = NO_WORK_ESTIMATE if handler_p50_over_inprocess_ms is None else HANDLER_ESTIMATE
+    return {k: v for k, v in floor.items() if k not in ("alone", "paced")} | {
+        "estimates": guessed,
+        "p50_estimate_source": source,  # bench/handler_floor.py where measured
+    }

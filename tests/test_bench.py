@@ -254,7 +254,8 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
 
     table = (out / "bench.md").read_text()
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table
-    assert "estimate at the transport's floor" in table and "no-work call" in table
+    assert "estimate at the transport's floor" in table and "a call that does no work" in table
+    assert "The p50 one is the handler's floor below" in table
     assert "The handler's floor (bench/handler_floor.py)" in table
     assert "Load generator: the native client" in table
     assert "| requests | inputs per s | server cpu ms per input | loop cpu ms per input |" in table
@@ -372,3 +373,18 @@ def test_a_handler_floor_that_cannot_start_costs_a_note_not_the_run(tiny_repo, t
     assert result["ratios"]["p50_c1_minus_inprocess_ms"] is not None
     floor = result["transport_floor"]
     assert floor["estimates"]["p50_c1_minus_inprocess_ms"] == floor["p50_ms_alone"]
+    assert floor["p50_estimate_source"] == transport_floor.NO_WORK_ESTIMATE
+    table = (out / "bench.md").read_text()
+    assert "The p50 one is the no-work call's p50" in table and "The handler's floor" not in table
+
+
+def test_a_handler_floor_phase_with_failed_calls_gives_no_figure():
+    answered = {"p50_ms": 6.5, "errors": {}, "requests_ok": 40, "reply_inference_ms_mean": 5.0}
+    phases = {
+        "inline": answered | {"single_p50_checks": [5.0, 6.0]},  # held against the checks' mean
+        "thread": answered | {"p50_ms": float("nan"), "errors": {"UNAVAILABLE": 40}, "requests_ok": 0},
+    }
+    got = handler_floor.summarize(phases, {"p50_ms": 5.9})
+    assert math.isclose(got["inline"]["p50_minus_inprocess_ms"], 1.0)
+    assert got["thread"]["p50_ms"] is None and got["thread"]["p50_minus_inprocess_ms"] is None
+    assert math.isclose(handler_floor.summarize({"inline": answered}, {"p50_ms": 5.9})["inline"]["p50_minus_inprocess_ms"], 0.6)  # fmt: skip
