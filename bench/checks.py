@@ -34,11 +34,14 @@ def ceiling_check(config: BenchConfig, model, tokenizer, mixed: Corpus, found: d
     )  # fmt: skip
 
 
+def single_latency_args(config: BenchConfig, model, tokenizer, mixed: Corpus) -> tuple:
+    """`inprocess.measure_single_latency`'s arguments, for the run's first measurement and its checks alike."""
+    count = min(len(mixed.texts), config.single_latency_texts)
+    return model.graph(ENCODER), tokenizer, mixed, config.threads, count, config.provider
+
+
 def single_check(config: BenchConfig, model, tokenizer, mixed: Corpus) -> Check:
     """The in-process p50 of one input at a time (ms), as the run's first measurement: what a c=1 phase
     is held against."""
-    count = min(len(mixed.texts), config.single_latency_texts)
-    return again(
-        inprocess.measure_single_latency, "p50_ms", 3,
-        model.graph(ENCODER), tokenizer, mixed, config.threads, count, config.provider,
-    )  # fmt: skip
+    args = single_latency_args(config, model, tokenizer, mixed)
+    return again(inprocess.measure_single_latency, "p50_ms", 3, *args)

@@ -73,8 +73,8 @@ async def measure(
     """server-fp32's c=1 phase (`workload.mixed`) again against each mode's server, one at a time, each
     between two calls of `workload.single_check`; `model`: bench.model_setup.ModelUnderTest."""
     phases = {}
+    graph, max_length = model.graph(ENCODER), model.manifest.max_length
     for mode in MODES:
-        graph, max_length = model.graph(ENCODER), model.manifest.max_length
         server = process(mode, graph, model.tokenizer_path, max_length, threads, provider, log_dir)
         target = TargetRun(server, model.name, None, log, native)
         try:

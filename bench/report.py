@@ -142,11 +142,10 @@ def markdown(result: dict) -> str:
         for g in result["goals"]
     ]  # fmt: skip
     lines += md_table(["metric", "goal", "measured", "met", "estimate at the transport's floor"], rows)
-    lines += _floor_text(result.get("transport_floor"), result["settings"]["threads"])
-    floor = result.get("transport_floor") or {}
-    lines += _handler_floor_text(
-        result.get("handler_floor"), floor.get("p50_estimate_source") == HANDLER_ESTIMATE
-    )
+    floor = result.get("transport_floor")
+    from_handler = bool(floor) and floor.get("p50_estimate_source") == HANDLER_ESTIMATE
+    lines += _floor_text(floor, result["settings"]["threads"], from_handler)
+    lines += _handler_floor_text(result.get("handler_floor"), from_handler)
     limits = result["ratios"].get("limits")
     if limits:
         lines += ["", "## Physical limits", "", limits_text(limits["theoretical"], limits["kernel"]), ""]
@@ -172,7 +171,8 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _floor_text(floor: dict | None, threads: int) -> list[str]:
+def _floor_text(floor: dict | None, threads: int, from_handler: bool) -> list[str]:
+    """`from_handler`: the goals table's p50 estimate is the handler's floor (thread mode)."""
     if not floor:
         return []
     return [
@@ -186,14 +186,14 @@ def _floor_text(floor: dict | None, threads: int) -> list[str]:
         "little faster than the ceiling's). The p50 one is "
         + (
             "the handler's floor below (the graph in a worker thread)."
-            if floor.get("p50_estimate_source") == HANDLER_ESTIMATE
+            if from_handler
             else "the no-work call's p50: a lone Embed call's round trip includes a no-work call's."
         ),
     ]
 
 
-def _handler_floor_text(handler: dict | None, estimated: bool) -> list[str]:
-    """`estimated`: the goals table's p50 estimate is the thread mode's figure."""
+def _handler_floor_text(handler: dict | None, from_handler: bool) -> list[str]:
+    """`from_handler`: the goals table's p50 estimate is the thread mode's figure."""
     if not handler:
         return []
 
@@ -204,7 +204,7 @@ def _handler_floor_text(handler: dict | None, estimated: bool) -> list[str]:
         over = fmt_num(mode["p50_minus_inprocess_ms"], 3)
         return f"{fmt_num(mode['p50_ms'], 3)} ms {where} ({over} ms over in-process)"
 
-    estimate = "; the p50 goal's estimate above" if estimated else ""
+    estimate = "; the p50 goal's estimate above" if from_handler else ""
     return [
         "",
         "The handler's floor (bench/handler_floor.py): server-fp32's c=1 calls against a grpc.aio handler "

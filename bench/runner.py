@@ -92,14 +92,8 @@ def _ceilings(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corp
                 f"  in-process {precision} {corpus.name}: {c['inputs_per_s']:.1f} inputs/s at batch "
                 f"{c['best_batch_size']}, {c['instances']} session(s) (tried {c['layouts_tried']})"
             )
-    results["fp32"]["single"] = inprocess.measure_single_latency(
-        graphs["fp32"],
-        tokenizer,
-        mixed,
-        config.threads,
-        min(len(mixed.texts), config.single_latency_texts),
-        config.provider,
-    )
+    single = checks.single_latency_args(config, model, tokenizer, mixed)  # as its checks beside c=1 phases
+    results["fp32"]["single"] = inprocess.measure_single_latency(*single)
     log(f"  in-process fp32 one input at a time: p50 {results['fp32']['single']['p50_ms']:.2f} ms")
     return results
 
