@@ -120,6 +120,8 @@ class InferenceServer:
         size_options = [
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
+            # gRPC sets SO_REUSEPORT by default: a second server on a taken port would silently share it
+            ("grpc.so_reuseport", 0),
         ]
         self.admission = Admission(s.concurrent_rpcs_limit(), self.metrics)
         self._server = grpc.aio.server(
