@@ -75,7 +75,7 @@ bench: setup export-default
 	-@scripts/system-packages.sh
 	$(BIN)/bertserve bench --model-repo $(REPO) --out bench-results
 
-# The default fill-mask model's continued masked-LM pretraining (`bertserve pretrain`, export/pretrain/; README,
+# The default fill-mask model's continued masked-LM pretraining (`bertserve pretrain`, export/pretrain/; docs/models.md,
 # Pretraining), on WordNet glosses, never on the held-out synsets train-heads measures on. Six stages, each
 # from the previous stage's checkpoint (pretrain.json records its sha256): MiniLM's layers 4-5 and the MLM head
 # (started from the committed WordNet head), 900 then 600 steps; layers 2-5, 4,000 steps; layers 1-5, 7,000

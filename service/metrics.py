@@ -1,4 +1,4 @@
-"""Prometheus metrics (names in docs/architecture.md), in a registry of their own per server, with the
+"""Prometheus metrics (listed in the README's Monitor table), in a registry of their own per server, with the
 standard process_*, python_* and python_gc_* collectors, served over HTTP on their own port by the
 bounded server of service/metrics_http.py."""
 

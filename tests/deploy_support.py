@@ -72,11 +72,11 @@ def one(documents: list[dict], kind: str, name: str | None = None) -> dict:
     return found[0]
 
 
-def architecture_metrics() -> set[str]:
-    """Metric names listed in docs/architecture.md's Metrics section (prefix bertserve_)."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
-    return {"bertserve_" + name for name in re.findall(r"`([a-z_]+)\{", section)}
+def documented_metrics() -> set[str]:
+    """Metric names of the README's Monitor table (tests/test_readme_tables.py checks it against the server)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Monitor\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `(bertserve_[a-z_]+)` \|", section, re.M))
 
 
 def dashboard_queries() -> list[str]:

@@ -1,6 +1,6 @@
 """deploy/prometheus, deploy/grafana and docker-compose.yaml, checked without a running server:
 promtool on the config and the rules (plus the rules' unit tests), and the files agreeing with each
-other, with the Kubernetes settings and with the metric names of docs/architecture.md.
+other, with the Kubernetes settings and with the metric names of the README's Monitor table.
 
 The live checks (promtool check metrics on a real scrape, a Prometheus server scraping bertserve and
 every dashboard/alert query run against it) are in tests/test_deploy_runtime.py.
@@ -20,8 +20,8 @@ from tests.deploy_support import (
     DEPLOY,
     ROOT,
     alert_queries,
-    architecture_metrics,
     dashboard_queries,
+    documented_metrics,
     system_tool,
 )
 
@@ -80,7 +80,7 @@ def test_alert_rules_unit_tests_can_fail(tmp_path):
 
 
 def test_queries_use_only_documented_metrics():
-    documented = architecture_metrics()
+    documented = documented_metrics()
     assert "bertserve_queue_depth" in documented and "bertserve_padding_ratio" in documented
     for query in [*dashboard_queries(), *alert_queries().values()]:
         assert metric_names_in(query) <= documented, query

@@ -1,5 +1,6 @@
 """The README's HTTP examples run: every `curl` line of its HTTP section and its `openai` client example,
-against a live server on the tiny repository (the README's model names mapped to the tiny ones)."""
+and the quick start's call on each port, against a live server on the tiny repository (the README's model
+names mapped to the tiny ones)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import re
 import shlex
 import subprocess
+import sys
+from pathlib import Path
 
 from tests.helpers.server import ROOT
 
@@ -17,10 +20,14 @@ MODELS = {
 }
 
 
-def http_section() -> str:
+def readme_section(title: str) -> str:
     text = (ROOT / "README.md").read_text()
-    start = text.index("\n## HTTP\n")
+    start = text.index(f"\n## {title}\n")
     return text[start : text.index("\n## ", start + 1)]
+
+
+def http_section() -> str:
+    return readme_section("HTTP")
 
 
 def localized(text: str, base_url: str) -> str:
@@ -53,3 +60,23 @@ def test_readme_openai_example_runs(tiny_server, capsys):
     exec(compile(localized(code, tiny_server.http_url), "README.md", "exec"), {})
     count, dimension, tokens = capsys.readouterr().out.split()
     assert (count, dimension) == ("2", "48") and int(tokens) > 4
+
+
+def test_readme_quick_start_calls_each_port(tiny_server):
+    """The quick start's three lines (the CLI on gRPC, curl on HTTP, curl | grep on /metrics) succeed."""
+    (block,) = re.findall(r"```bash\n(.*?)```", readme_section("Quick start"), re.S)
+    lines = [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    assert len(lines) == 3 and "8080" in block and "8002" in block and "50051" in block
+    bertserve = str(Path(sys.executable).parent / "bertserve")
+    for line in lines:
+        command = localized(line, tiny_server.http_url).replace(
+            "localhost:8002/metrics", tiny_server.metrics_url
+        )
+        command = re.sub(
+            r"\.venv/bin/bertserve (\S+)", rf"{bertserve} \1 --address {tiny_server.address}", command
+        )
+        command = command.replace("curl ", "curl --fail-with-body --max-time 30 ")
+        result = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0 and result.stdout.strip(), (line, result.stdout, result.stderr)
