@@ -226,6 +226,7 @@ LONG = "n" * 3_000_000
         ("/v1/embeddings", {"input": "a", "model": LONG}),
         ("/v1/embeddings", {"input": "a", "encoding_format": LONG}),
         ("/bertserve/v1/attention", {"input": "a", "model": "tiny-embed", "layers": [LONG]}),
+        ("/bertserve/v1/attention", {"input": "a", "model": "tiny-embed", "layers": [10**4000]}),
     ],
     ids=[
         "kserve input name",
@@ -238,6 +239,7 @@ LONG = "n" * 3_000_000
         "model",
         "encoding",
         "layers",
+        "4001-digit layer",
     ],
 )
 def test_long_client_values_are_shortened_in_errors(http, route, body):
