@@ -20,6 +20,7 @@ ATTENTIONS_OUTPUT = "attentions"
 # Protobuf bytes per token in the response besides the maps (text, id, offsets, flags, framing): a bound.
 TOKEN_BYTES = 64
 FRAMING_BYTES = 1024
+PROTO_PROBABILITY_BYTES = 4  # a float32 in a packed repeated field
 
 
 def select_indices(values: Sequence[int], limit: int, field: str, model: str) -> list[int]:
@@ -38,13 +39,21 @@ def select_indices(values: Sequence[int], limit: int, field: str, model: str) ->
     return list(values)
 
 
-def check_response_size(maps: int, length: int, max_message_bytes: int) -> None:
-    """Refuses, before any compute, a response that would not fit in a gRPC message."""
-    size = maps * (4 * length * length + 16) + TOKEN_BYTES * length + FRAMING_BYTES
+def check_response_size(
+    maps: int,
+    length: int,
+    max_message_bytes: int,
+    probability_bytes: int = PROTO_PROBABILITY_BYTES,
+    token_bytes: int = TOKEN_BYTES,
+) -> None:
+    """Refuses, before any compute, a response that would not fit in a message: `probability_bytes` and
+    `token_bytes` are what the reply's encoding spends on each (protobuf's by default; JSON's are larger)."""
+    size = maps * (probability_bytes * length * length + 64) + token_bytes * length + FRAMING_BYTES
     if size > max_message_bytes:
         raise InvalidInput(
-            f"layers, heads: {maps} maps of {length} x {length} probabilities need about {size} bytes, "
-            f"more than max_message_bytes {max_message_bytes}; ask for fewer layers or heads"
+            f"layers, heads: {maps} maps of {length} x {length} probabilities need about {size} bytes "
+            f"({probability_bytes} per probability), more than max_message_bytes {max_message_bytes}; "
+            "ask for fewer layers or heads, or send a shorter input"
         )
 
 

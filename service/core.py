@@ -271,9 +271,12 @@ class InferenceCore:
         heads: Sequence[int] = (),
         truncate: bool = False,
         deadline: float | None = None,
+        reply_bytes: tuple[int, int] | None = None,
     ) -> AttentionResult:
         """For one text, the attention probabilities of the chosen layers and heads (empty: all), in
-        request order. Admitted by the model's encoder queue owner (`max_queue_attention`)."""
+        request order. Admitted by the model's encoder queue owner (`max_queue_attention`). `reply_bytes`:
+        (per probability, per token) in the caller's reply, to refuse one too large before computing it
+        (None: protobuf's)."""
         served = self.registry.resolve_attention(model)
         dims = served.manifest.dimensions
         chosen_layers = select_indices(layers, dims.num_hidden_layers, "layers", served.name)
@@ -284,7 +287,7 @@ class InferenceCore:
             raise InvalidInput(str(exc).replace("inputs[0]", "input", 1)) from None
         (e,) = encoded
         maps_count = len(chosen_layers) * len(chosen_heads)
-        check_response_size(maps_count, e.length, self.settings.max_message_bytes)
+        check_response_size(maps_count, e.length, self.settings.max_message_bytes, *(reply_bytes or ()))
         self.metrics.inputs.labels(served.name, "attention").inc()
         run = served.attention.bind(e.ids, e.type_ids, chosen_layers, chosen_heads, served.name)
         result = await served.encoder.batcher.submit_exclusive(run, e.length, deadline)

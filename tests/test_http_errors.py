@@ -27,7 +27,17 @@ def text_tensor(data, **changes) -> dict:
 CASES = [
     ("not json", "POST", EMBEDDINGS, b'{"input": ', JSON, 400, "INVALID_ARGUMENT", "body: not valid JSON"),
     ("not utf-8", "POST", EMBEDDINGS, b'{"input": "\xff"}', JSON, 400, "INVALID_ARGUMENT", "not valid UTF-8"),
-    ("nested", "POST", EMBEDDINGS, b'{"input": ' + b"[" * 100_000, JSON, 400, "INVALID_ARGUMENT", "nested"),
+    ("nested", "POST", EMBEDDINGS, b'{"input": ' + b"[" * 1_200, JSON, 400, "INVALID_ARGUMENT", "nested"),
+    (
+        "brackets",
+        "POST",
+        EMBEDDINGS,
+        b"[" * 100_000,
+        JSON,
+        400,
+        "INVALID_ARGUMENT",
+        "max_inputs_per_request 256",
+    ),
     ("empty body", "POST", EMBEDDINGS, b"", JSON, 400, "INVALID_ARGUMENT", "body: empty"),
     ("not an object", "POST", EMBEDDINGS, ["a"], {}, 400, "INVALID_ARGUMENT", "must be a JSON object"),
     (

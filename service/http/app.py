@@ -186,7 +186,7 @@ class HttpFront:
                 raise errors.InvalidInput(
                     f"response: {len(response.body)} bytes is more than max_message_bytes "
                     f"{self.settings.max_message_bytes}; ask for less in one call (fewer or shorter inputs, "
-                    "a smaller top_k, encoding_format base64)"
+                    "a smaller top_k, fewer attention layers or heads; encoding_format base64 on /v1/embeddings)"
                 )
             return response
         except asyncio.CancelledError:  # the client disconnected

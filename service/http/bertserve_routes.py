@@ -14,12 +14,25 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from bertserve.service.http.app import Call, HttpFront, Route
+from bertserve.service.http.json_body import JSON_FLOAT_BYTES, off_loop_above
 from bertserve.service.http.schema import Fields, json_object
 from bertserve.service.http.transport import Response, json_response
-from bertserve.service.results import CallMeta
+from bertserve.service.results import (
+    AttentionResult,
+    CallMeta,
+    ClassifyResult,
+    EmbedResult,
+    FillMaskResult,
+    TokenizeResult,
+)
 from bertserve.service.tokenization import EncodedInput
 
 PREFIX = "/bertserve/v1"
+# Bounds on what the attention reply's JSON spends: a probability as a float's shortest repr with its
+# comma (at most 23 bytes: "1.2345678901234567e-05,"); a token's entry (its text escaped as \uXXXX).
+JSON_PROBABILITY_BYTES = 23
+JSON_TOKEN_BYTES = 160
+JSON_ENTRY_BYTES = 64  # a candidate, label or token entry: to decide which replies are built off the loop
 
 
 def metadata(meta: CallMeta) -> dict:
@@ -45,16 +58,12 @@ def tokens(encoded: EncodedInput) -> list[dict]:
     ]
 
 
-def _request(call: Call, *extra: str) -> tuple[Fields, list[str], str, bool]:
-    fields = Fields(json_object(call.request), ("inputs", "model", "truncate", *extra))
+async def _request(front: HttpFront, call: Call, *extra: str) -> tuple[Fields, list[str], str, bool]:
+    fields = Fields(await json_object(front, call.request), ("inputs", "model", "truncate", *extra))
     return fields, fields.strings("inputs"), fields.string("model"), fields.boolean("truncate")
 
 
-async def embed(front: HttpFront, call: Call) -> Response:
-    fields, inputs, model, truncate = _request(call, "normalize")
-    result = await front.core.embed(
-        model, inputs, truncate=truncate, normalize=fields.boolean("normalize", None), deadline=call.deadline
-    )
+def _embed_reply(result: EmbedResult) -> Response:
     return json_response(
         200,
         {
@@ -65,11 +74,15 @@ async def embed(front: HttpFront, call: Call) -> Response:
     )
 
 
-async def fill_mask(front: HttpFront, call: Call) -> Response:
-    fields, inputs, model, truncate = _request(call, "top_k")
-    result = await front.core.fill_mask(
-        model, inputs, truncate=truncate, top_k=fields.integer("top_k"), deadline=call.deadline
+async def embed(front: HttpFront, call: Call) -> Response:
+    fields, inputs, model, truncate = await _request(front, call, "normalize")
+    result = await front.core.embed(
+        model, inputs, truncate=truncate, normalize=fields.boolean("normalize", None), deadline=call.deadline
     )
+    return await off_loop_above(front, JSON_FLOAT_BYTES * result.vectors.size, _embed_reply, result)
+
+
+def _fill_mask_reply(result: FillMaskResult) -> Response:
     results = [
         {
             "masks": [
@@ -99,8 +112,25 @@ async def fill_mask(front: HttpFront, call: Call) -> Response:
     return json_response(200, {"results": results, "metadata": metadata(result.meta)})
 
 
+async def fill_mask(front: HttpFront, call: Call) -> Response:
+    fields, inputs, model, truncate = await _request(front, call, "top_k")
+    result = await front.core.fill_mask(
+        model, inputs, truncate=truncate, top_k=fields.integer("top_k"), deadline=call.deadline
+    )
+    candidates = sum(len(mask.tokens) for masks in result.masks for mask in masks)
+    return await off_loop_above(front, JSON_ENTRY_BYTES * candidates, _fill_mask_reply, result)
+
+
+def _classify_reply(result: ClassifyResult) -> Response:
+    results = [
+        {"labels": [{"label": s.label, "index": s.index, "score": float(s.score)} for s in labels]}
+        for labels in result.labels
+    ]
+    return json_response(200, {"results": results, "metadata": metadata(result.meta)})
+
+
 async def classify(front: HttpFront, call: Call) -> Response:
-    fields, inputs, model, truncate = _request(call, "top_k", "raw_scores")
+    fields, inputs, model, truncate = await _request(front, call, "top_k", "raw_scores")
     result = await front.core.classify(
         model,
         inputs,
@@ -109,30 +139,23 @@ async def classify(front: HttpFront, call: Call) -> Response:
         raw_scores=fields.boolean("raw_scores"),
         deadline=call.deadline,
     )
-    results = [
-        {"labels": [{"label": s.label, "index": s.index, "score": float(s.score)} for s in labels]}
-        for labels in result.labels
-    ]
-    return json_response(200, {"results": results, "metadata": metadata(result.meta)})
+    labels = sum(len(row) for row in result.labels)
+    return await off_loop_above(front, JSON_ENTRY_BYTES * labels, _classify_reply, result)
 
 
-async def tokenize(front: HttpFront, call: Call) -> Response:
-    _, inputs, model, truncate = _request(call)
-    result = await front.core.tokenize(model, inputs, truncate=truncate)
+def _tokenize_reply(result: TokenizeResult) -> Response:
     results = [{"tokens": tokens(e)} for e in result.inputs]
     return json_response(200, {"results": results, "metadata": metadata(result.meta)})
 
 
-async def attention(front: HttpFront, call: Call) -> Response:
-    fields = Fields(json_object(call.request), ("input", "model", "layers", "heads", "truncate"))
-    result = await front.core.attention(
-        fields.string("model"),
-        fields.required_string("input"),
-        layers=fields.integers("layers"),
-        heads=fields.integers("heads"),
-        truncate=fields.boolean("truncate"),
-        deadline=call.deadline,
-    )
+async def tokenize(front: HttpFront, call: Call) -> Response:
+    _, inputs, model, truncate = await _request(front, call)
+    result = await front.core.tokenize(model, inputs, truncate=truncate)
+    size = JSON_ENTRY_BYTES * result.meta.total_tokens
+    return await off_loop_above(front, size, _tokenize_reply, result)
+
+
+def _attention_reply(result: AttentionResult) -> Response:
     maps = [
         {"layer": layer, "head": head, "probabilities": result.maps[i, j].ravel().tolist()}
         for i, layer in enumerate(result.layers)
@@ -146,12 +169,30 @@ async def attention(front: HttpFront, call: Call) -> Response:
         "maps": maps,
         "metadata": metadata(result.meta),
     }
-    return await front.core.off_loop(json_response, 200, body)  # maps can be megabytes of JSON
+    return json_response(200, body)
+
+
+async def attention(front: HttpFront, call: Call) -> Response:
+    body = await json_object(front, call.request)
+    fields = Fields(body, ("input", "model", "layers", "heads", "truncate"))
+    model = fields.string("model")
+    dims = front.core.registry.resolve_attention(model).manifest.dimensions
+    result = await front.core.attention(
+        model,
+        fields.required_string("input"),
+        layers=fields.integers("layers", dims.num_hidden_layers),
+        heads=fields.integers("heads", dims.num_attention_heads),
+        truncate=fields.boolean("truncate"),
+        deadline=call.deadline,
+        reply_bytes=(JSON_PROBABILITY_BYTES, JSON_TOKEN_BYTES),
+    )
+    size = JSON_PROBABILITY_BYTES * result.maps.size
+    return await off_loop_above(front, size, _attention_reply, result)
 
 
 async def info(front: HttpFront, call: Call) -> Response:
     if call.request.method == "POST" and call.request.body:
-        Fields(json_object(call.request), ())
+        Fields(await json_object(front, call.request), ())
     server = front.core.info()
     models = [asdict(m) for m in server.models]
     return json_response(

@@ -5,12 +5,15 @@ body raises `InvalidInput` (or `HttpError`) naming the field, as the gRPC servic
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
-from bertserve.service.errors import InvalidInput
-from bertserve.service.http.app import Call
-from bertserve.service.http.schema import check_content_type, kind_of, parse_json
+from bertserve.service.errors import InvalidInput, quote
+from bertserve.service.http.json_body import parse_json
+from bertserve.service.http.schema import check_content_type, kind_of
 from bertserve.service.http.status import HttpError
+from bertserve.service.http.transport import Request
 from bertserve.service.kserve.tensors import TEXT_INPUT, decode_bytes_elements, encode_bytes_elements
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -22,26 +25,37 @@ PARAMETER_KINDS = {
     "top_k": int,
     "binary_data_output": bool,
 }
+INT64 = range(-(1 << 63), 1 << 63)
+ASCII_DIGITS = re.compile(r"[0-9]{1,15}")  # str.isdigit() and int() also take other scripts' digits
 
 
-def split_body(call: Call) -> tuple[dict, bytes]:
-    """The JSON header and the binary data after it."""
-    request = call.request
+def header_length(request: Request) -> int | None:
+    """The JSON header's byte count (`Inference-Header-Content-Length`), None when absent."""
+    value = request.headers.get(HEADER_LENGTH)
+    if value is None:
+        return None
+    length = int(value) if ASCII_DIGITS.fullmatch(value) else None
+    if length is None or length > len(request.body):
+        raise HttpError(
+            400,
+            f"{HEADER_LENGTH}: must be the JSON header's byte count in ASCII digits, at most the body's "
+            f"{len(request.body)} (got {quote(value, 32)})",
+        )
+    return length
+
+
+def decode_request(request: Request, max_inputs: int) -> tuple[dict, list[str]]:
+    """An infer request's JSON header and texts (blocking: a large body is decoded off the event loop)."""
     check_content_type(request, INFER_MEDIA_TYPES)
-    length = request.headers.get(HEADER_LENGTH)
+    length = header_length(request)
     if length is None:
         header, binary = request.body, b""
     else:
-        if not length.isdigit() or int(length) > len(request.body):
-            raise HttpError(
-                400,
-                f"{HEADER_LENGTH}: must be the JSON header's byte count, at most the body's {len(request.body)}",
-            )
-        header, binary = request.body[: int(length)], request.body[int(length) :]
-    value = parse_json(header, "body" if length is None else "body (JSON header)")
-    if not isinstance(value, dict):
-        raise HttpError(400, f"body: must be a JSON object (got {kind_of(value)})")
-    return value, binary
+        header, binary = request.body[:length], request.body[length:]
+    body = parse_json(header, max_inputs, "body" if length is None else "body (JSON header)")
+    if not isinstance(body, dict):
+        raise HttpError(400, f"body: must be a JSON object (got {kind_of(body)})")
+    return body, read_texts(body, binary, max_inputs)
 
 
 def parameters_of(value: object, field: str) -> dict:
@@ -56,64 +70,89 @@ def parameter(parameters: dict, name: str, default):
     if name not in parameters:
         return default
     value, kind = parameters[name], PARAMETER_KINDS[name]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        expected = "true or false" if kind is bool else "an integer"
-        raise InvalidInput(f"parameters[{name!r}]: must be {expected} (got {kind_of(value)})")
+    if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value not in INT64)):
+        expected = "true or false" if kind is bool else "a 64-bit integer"
+        raise InvalidInput(f"parameters[{name!r}]: must be {expected} (got {quote(value, 32)})")
     return value
 
 
-def flatten(data: object, field: str) -> list:
+def flatten(data: object, field: str, count: int) -> list:
+    """The `count` elements of `data`: flat, or rows of elements; its length is checked before any
+    element is looked at."""
     if not isinstance(data, list):
         raise InvalidInput(f"{field}.data: must be an array (got {kind_of(data)})")
+    if len(data) > count:
+        raise InvalidInput(f"{field}.data: {len(data)} items is more than the {count} elements of its shape")
     if data and all(isinstance(row, list) for row in data):
+        total = sum(len(row) for row in data)
+        if total != count:
+            raise InvalidInput(f"{field}.data: {total} elements, but its shape has {count}")
         data = [item for row in data for item in row]
     return data
 
 
-def read_texts(body: dict, binary: bytes, max_inputs: int) -> list[str]:
-    inputs = body.get("inputs")
-    names = (
-        [t.get("name") if isinstance(t, dict) else None for t in inputs] if isinstance(inputs, list) else None
-    )
-    if names != [TEXT_INPUT]:
-        raise InvalidInput(f"inputs: expected exactly one input tensor {TEXT_INPUT!r} (BYTES), got {names}")
-    tensor, field = inputs[0], f"inputs[{TEXT_INPUT!r}]"
-    if tensor.get("datatype") != "BYTES":
-        raise InvalidInput(
-            f"{field}.datatype: must be BYTES (UTF-8 text), got {tensor.get('datatype')!r:.32}"
-        )
+def _count(tensor: dict, field: str, max_inputs: int) -> int:
+    """The element count the tensor's shape declares ([n] or [n, 1]), checked against `max_inputs`."""
     shape = tensor.get("shape")
     if not (
         isinstance(shape, list)
+        and len(shape) in (1, 2)
         and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
-        and (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1))
+        and (len(shape) == 1 or shape[1] == 1)
     ):
-        raise InvalidInput(f"{field}.shape: must be [n] or [n, 1] (got {shape!r:.64})")
+        raise InvalidInput(f"{field}.shape: must be [n] or [n, 1] (got {quote(shape)})")
     count = shape[0]
     if count < 1:
-        raise InvalidInput(f"{field}.shape: needs at least one element (got {shape})")
+        raise InvalidInput(f"{field}.shape: needs at least one element (got {quote(shape)})")
     if count > max_inputs:
-        raise InvalidInput(f"{field}.shape: {count} inputs is more than max_inputs_per_request {max_inputs}")
+        raise InvalidInput(
+            f"{field}.shape: {quote(count, 32)} inputs is more than max_inputs_per_request {max_inputs}"
+        )
+    return count
+
+
+def read_texts(body: dict, binary: bytes, max_inputs: int) -> list[str]:
+    """The texts of the single BYTES input "text": JSON strings in `data`, or binary tensor data. The
+    element count comes from the shape and is checked before any element is decoded."""
+    inputs = body.get("inputs")
+    if not isinstance(inputs, list):
+        raise InvalidInput(
+            f"inputs: must be an array holding one tensor {TEXT_INPUT!r} (got {kind_of(inputs)})"
+        )
+    names = [t.get("name") if isinstance(t, dict) else None for t in inputs[:8]]
+    if names != [TEXT_INPUT]:
+        shown = quote(names) if len(inputs) <= 8 else f"{len(inputs)} tensors"
+        raise InvalidInput(f"inputs: expected exactly one input tensor {TEXT_INPUT!r} (BYTES), got {shown}")
+    tensor = inputs[0]
+    field = f"inputs[{TEXT_INPUT!r}]"
+    if tensor.get("datatype") != "BYTES":
+        raise InvalidInput(
+            f"{field}.datatype: must be BYTES (UTF-8 text), got {quote(tensor.get('datatype'))}"
+        )
+    count = _count(tensor, field, max_inputs)
     size = parameters_of(tensor.get("parameters"), f"{field}.parameters").get("binary_data_size")
     if size is not None:
         if "data" in tensor:
             raise InvalidInput(f"{field}.data: must be absent when parameters.binary_data_size is given")
         if not isinstance(size, int) or isinstance(size, bool) or size != len(binary):
             raise InvalidInput(
-                f"{field}.parameters.binary_data_size: {size!r:.32} does not match the {len(binary)} binary bytes"
+                f"{field}.parameters.binary_data_size: {quote(size, 32)} does not match the "
+                f"{len(binary)} binary bytes"
             )
-        elements = decode_bytes_elements(binary, f"{field} binary data")
+        elements = decode_bytes_elements(binary, f"{field} binary data", count)
     else:
         if binary:
             raise InvalidInput(
                 f"body: {len(binary)} binary bytes after the JSON header, but no input has binary_data_size"
             )
-        elements = flatten(tensor.get("data"), field)
+        elements = flatten(tensor.get("data"), field, count)
         for i, element in enumerate(elements):
             if not isinstance(element, str):
                 raise InvalidInput(f"{field}.data[{i}]: must be a string (got {kind_of(element)})")
     if len(elements) != count:
-        raise InvalidInput(f"{field}: shape {shape} needs {count} elements, got {len(elements)}")
+        raise InvalidInput(
+            f"{field}: shape {quote(tensor['shape'])} needs {count} elements, got {len(elements)}"
+        )
     texts = []
     for i, element in enumerate(elements):
         if isinstance(element, bytes):

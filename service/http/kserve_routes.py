@@ -23,15 +23,15 @@ import json
 
 from bertserve import __version__
 from bertserve.service.core import DEFAULT_FILL_MASK_TOP_K
-from bertserve.service.errors import InvalidInput, ModelNotFound
+from bertserve.service.errors import InvalidInput, ModelNotFound, quote
 from bertserve.service.http.app import Call, HttpFront, Route
+from bertserve.service.http.json_body import JSON_FLOAT_BYTES, off_loop_above
 from bertserve.service.http.kserve_json import (
     HEADER_LENGTH,
+    decode_request,
     output_tensor,
     parameter,
     parameters_of,
-    read_texts,
-    split_body,
 )
 from bertserve.service.http.schema import Fields, json_object, kind_of
 from bertserve.service.http.status import kserve_error
@@ -94,7 +94,7 @@ async def repository_index(front: HttpFront, call: Call) -> Response:
     """The model repository extension's index (as gRPC RepositoryIndex): body {"ready": bool}, optional."""
     only_ready = False
     if call.request.body:
-        body = json_object(call.request)
+        body = await json_object(front, call.request)
         only_ready = bool(Fields(body, ("ready",)).boolean("ready"))
     is_ready = front.ready()
     state = "READY" if is_ready else "UNAVAILABLE"
@@ -129,12 +129,17 @@ def _requested(model: ServedModel, body: dict) -> list[tuple[str, bool | None]]:
         return [(name, None) for name, task in available.items() if task in DEFAULT_TASKS]
     if not isinstance(outputs, list):
         raise InvalidInput(f"outputs: must be an array (got {kind_of(outputs)})")
+    if len(outputs) > len(available):
+        raise InvalidInput(
+            f"outputs: {len(outputs)} outputs requested; model {model.name} has {len(available)} "
+            f"({', '.join(available) or 'none'})"
+        )
     requested = []
     for i, output in enumerate(outputs):
         name = output.get("name") if isinstance(output, dict) else None
-        if name not in available:
+        if not isinstance(name, str) or name not in available:
             raise InvalidInput(
-                f"outputs[{i}].name: model {model.name} has no output {str(name)[:64]!r} "
+                f"outputs[{i}].name: model {model.name} has no output {quote(name)} "
                 f"(outputs: {', '.join(available) or 'none'})"
             )
         parameters = parameters_of(output.get("parameters"), f"outputs[{i}].parameters")
@@ -143,7 +148,12 @@ def _requested(model: ServedModel, body: dict) -> list[tuple[str, bool | None]]:
                 f"outputs[{i}].parameters['classification']: the classification extension is not "
                 "supported; request the labels and label_scores outputs (parameter top_k) instead"
             )
-        requested.append((name, parameters.get("binary_data")))
+        flag = parameters.get("binary_data")
+        if flag is not None and not isinstance(flag, bool):
+            raise InvalidInput(
+                f"outputs[{i}].parameters['binary_data']: must be true or false (got {kind_of(flag)})"
+            )
+        requested.append((name, flag))
     names = [name for name, _ in requested]
     if len(set(names)) != len(names):
         raise InvalidInput(f"outputs: an output is requested twice ({names})")
@@ -161,22 +171,41 @@ def _task_call(task: Task, parameters: dict, names: list[str]) -> TaskCall:
     return FillMaskCall(top_k=top_k, sequences="mask_sequences" in names)
 
 
-def _pairs(tensors: dict[str, OutputTensor]) -> dict[str, tuple]:
-    """name -> (datatype, values) as `output_tensor` takes them: BYTES as lists of rows."""
-    return {
-        name: (t.datatype, t.values.tolist() if t.datatype == "BYTES" else t.values)
-        for name, t in tensors.items()
-    }
+def _answer(
+    model: ServedModel,
+    requested: list[tuple[str, bool | None]],
+    tensors: dict[str, OutputTensor],
+    binary_default: bool,
+    request_id: str,
+) -> Response:
+    """The infer reply: JSON, or a JSON header and binary tensor data."""
+    outputs, chunks = [], []
+    for name, flag in requested:
+        t = tensors[name]
+        values = t.values.tolist() if t.datatype == "BYTES" else t.values  # BYTES: lists of rows
+        tensor, raw = output_tensor(name, t.datatype, values, binary=binary_default if flag is None else flag)
+        outputs.append(tensor)
+        chunks.append(raw)
+    answer = {"model_name": model.name, "model_version": str(model.version), "outputs": outputs}
+    if request_id:
+        answer["id"] = request_id
+    header = json.dumps(answer, separators=(",", ":")).encode()
+    if not any(chunks):
+        return Response(200, header)
+    return Response(
+        200, header + b"".join(chunks), "application/octet-stream", [(HEADER_LENGTH, str(len(header)))]
+    )
 
 
 async def infer(front: HttpFront, call: Call) -> Response:
     model = _model(front, call)
-    body, binary = split_body(call)
+    limit = front.settings.max_inputs_per_request
+    size = len(call.request.body)
+    body, texts = await off_loop_above(front, size, decode_request, call.request, limit)
     parameters = parameters_of(body.get("parameters"), "parameters")
     request_id = body.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInput(f"id: must be a string (got {kind_of(request_id)})")
-    texts = read_texts(body, binary, front.settings.max_inputs_per_request)
     requested = _requested(model, body)
     binary_default = parameter(parameters, "binary_data_output", False)
     available = model_outputs(model)
@@ -190,23 +219,9 @@ async def infer(front: HttpFront, call: Call) -> Response:
     tensors: dict = {}
     mask_token = model.manifest.tasks.fill_mask.mask_token if model.manifest.tasks.fill_mask else ""
     for task, outcome in zip(tasks, outcomes, strict=True):
-        tensors.update(_pairs(task_tensors(task, outcome, mask_token, "mask_sequences" in names)))
-    outputs, chunks = [], []
-    for name, flag in requested:
-        tensor, raw = output_tensor(
-            name, *tensors[name], binary=binary_default if flag is None else bool(flag)
-        )
-        outputs.append(tensor)
-        chunks.append(raw)
-    answer = {"model_name": model.name, "model_version": str(model.version), "outputs": outputs}
-    if request_id:
-        answer["id"] = request_id
-    header = json.dumps(answer, separators=(",", ":")).encode()
-    if not any(chunks):
-        return Response(200, header)
-    return Response(
-        200, header + b"".join(chunks), "application/octet-stream", [(HEADER_LENGTH, str(len(header)))]
-    )
+        tensors.update(task_tensors(task, outcome, mask_token, "mask_sequences" in names))
+    size = JSON_FLOAT_BYTES * sum(tensors[name].values.size for name in names)
+    return await off_loop_above(front, size, _answer, model, requested, tensors, binary_default, request_id)
 
 
 def _both(method: str, suffix: str, handler, summary: str, admitted: bool = True) -> list[Route]:

@@ -18,12 +18,15 @@ import numpy as np
 
 from bertserve.service.errors import InvalidInput
 from bertserve.service.http.app import Call, HttpFront, Route
+from bertserve.service.http.json_body import JSON_FLOAT_BYTES, off_loop_above
 from bertserve.service.http.schema import Fields, json_object, kind_of
 from bertserve.service.http.transport import Response, json_response
+from bertserve.service.results import EmbedResult
 from bertserve.service.tasks import Task
 
 FIELDS = ("input", "model", "encoding_format", "dimensions", "user", "truncate")
 OWNER = "bertserve"
+BASE64_FLOAT_BYTES = 6  # a float32 in base64, rounded up
 
 
 def read_input(value: object) -> list[str]:
@@ -56,7 +59,7 @@ def _encode(vectors: np.ndarray, encoding: str) -> list:
 
 
 async def embeddings(front: HttpFront, call: Call) -> Response:
-    body = json_object(call.request)
+    body = await json_object(front, call.request)
     fields = Fields(body, FIELDS)
     if "input" not in body or body["input"] is None:
         raise InvalidInput("input: required (a string or an array of strings)")
@@ -76,6 +79,11 @@ async def embeddings(front: HttpFront, call: Call) -> Response:
         result = await front.core.embed(model.name, texts, truncate=truncate, deadline=call.deadline)
     except InvalidInput as exc:
         raise _as_openai_error(exc) from None
+    size = (JSON_FLOAT_BYTES if encoding == "float" else BASE64_FLOAT_BYTES) * result.vectors.size
+    return await off_loop_above(front, size, _reply, result, encoding)
+
+
+def _reply(result: EmbedResult, encoding: str) -> Response:
     data = [
         {"object": "embedding", "index": i, "embedding": vector}
         for i, vector in enumerate(_encode(result.vectors, encoding))

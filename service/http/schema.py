@@ -1,14 +1,19 @@
 """JSON request bodies -> typed values. A wrong body is refused with a message naming the field: the HTTP
-layer's own errors (content type, not JSON) as `HttpError`, field errors as `InvalidInput` (400)."""
+layer's own errors (content type, not JSON) as `HttpError`, field errors as `InvalidInput` (400). Parsing
+and its limits: `json_body.py`."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from bertserve.service.errors import InvalidInput
+from bertserve.service.errors import InvalidInput, quote
+from bertserve.service.http.json_body import off_loop_above, parse_json
 from bertserve.service.http.status import HttpError
 from bertserve.service.http.transport import Request
+
+if TYPE_CHECKING:
+    from bertserve.service.http.app import HttpFront
 
 JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
 
@@ -31,23 +36,13 @@ def check_content_type(request: Request, allowed: Iterable[str] = ("application/
         raise HttpError(415, "content-encoding: compressed request bodies are not supported")
 
 
-def parse_json(data: bytes, what: str = "body") -> object:
-    try:
-        return json.loads(data)
-    except RecursionError:
-        raise HttpError(400, f"{what}: JSON nested too deeply") from None
-    except UnicodeDecodeError as exc:
-        raise HttpError(400, f"{what}: not valid UTF-8 at byte {exc.start}") from None
-    except ValueError as exc:
-        raise HttpError(400, f"{what}: not valid JSON ({exc})") from None
-
-
-def json_object(request: Request) -> dict:
-    """The request body as a JSON object."""
+async def json_object(front: HttpFront, request: Request) -> dict:
+    """The request body as a JSON object (a large body is parsed off the event loop)."""
     check_content_type(request)
     if not request.body:
         raise HttpError(400, "body: empty; send a JSON object")
-    value = parse_json(request.body)
+    limit = front.settings.max_inputs_per_request
+    value = await off_loop_above(front, len(request.body), parse_json, request.body, limit)
     if not isinstance(value, dict):
         raise HttpError(400, f"body: must be a JSON object (got {kind_of(value)})")
     return value
@@ -84,6 +79,8 @@ class Fields:
             if not value.is_integer():
                 raise InvalidInput(f"{self.prefix}{name}: must be an integer (got {value})")
             value = int(value)
+        if value is not None and not -(1 << 63) <= value < 1 << 63:
+            raise InvalidInput(f"{self.prefix}{name}: must be a 64-bit integer (got {quote(value, 32)})")
         return value
 
     def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
@@ -105,8 +102,12 @@ class Fields:
                 raise InvalidInput(f"{self.prefix}{name}[{i}]: must be a string (got {kind_of(item)})")
         return value
 
-    def integers(self, name: str) -> list[int]:
+    def integers(self, name: str, max_items: int) -> list[int]:
         value = self._get(name, (list,), "an array of integers", [])
+        if len(value) > max_items:
+            raise InvalidInput(
+                f"{self.prefix}{name}: {len(value)} items is more than the {max_items} there are"
+            )
         for i, item in enumerate(value):
             if not isinstance(item, int) or isinstance(item, bool) or item < 0:
                 raise InvalidInput(f"{self.prefix}{name}[{i}]: must be an integer >= 0 (got {item!r:.32})")

@@ -37,6 +37,7 @@ CODE_OF_STATUS = {status: code for status, code in STATUS_OF_ERROR.values()} | {
     431: "RESOURCE_EXHAUSTED",
 }
 OPENAI_TYPE = {429: "rate_limit_error", 503: "server_error", 504: "timeout_error"}
+MAX_MESSAGE_CHARS = 1024  # an error message never grows with what the client sent
 FIELD = re.compile(r"^([A-Za-z_][\w.]*(?:\[[^\]]*\])*(?:\.[\w]+)*): ")
 
 
@@ -62,18 +63,25 @@ class Failure:
         return match[1] if match else None
 
 
+def capped(message: str) -> str:
+    """`message` cut to MAX_MESSAGE_CHARS: the last guard for a message that quotes client data whole."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[: MAX_MESSAGE_CHARS - 48]}... (message cut from {len(message)} characters)"
+
+
 def failure_of(exc: BaseException) -> Failure:
     """The HTTP answer to `exc`: a domain error, an HttpError, or anything else (500, not described)."""
     if isinstance(exc, HttpError):
         return Failure(
-            exc.status, CODE_OF_STATUS.get(exc.status, "INVALID_ARGUMENT"), exc.message, exc.headers
+            exc.status, CODE_OF_STATUS.get(exc.status, "INVALID_ARGUMENT"), capped(exc.message), exc.headers
         )
     if isinstance(exc, errors.ServiceError):
         for kind in type(exc).__mro__:
             if kind in STATUS_OF_ERROR:
                 status, code = STATUS_OF_ERROR[kind]
                 retry = [("retry-after", RETRY_AFTER_S)] if status in (429, 503) else []
-                return Failure(status, code, str(exc), retry)
+                return Failure(status, code, capped(str(exc)), retry)
     return Failure(500, "INTERNAL", f"internal error: {type(exc).__name__}")
 
 

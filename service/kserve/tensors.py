@@ -18,11 +18,17 @@ TEXT_INPUT = "text"
 LENGTH_PREFIX = struct.Struct("<I")  # BYTES elements in raw contents: uint32 little-endian length, then bytes
 
 
-def decode_bytes_elements(raw: bytes, field: str) -> list[bytes]:
-    """Splits raw BYTES contents (length-prefixed elements, as Triton encodes them) into elements."""
+def decode_bytes_elements(raw: bytes, field: str, count: int | None = None) -> list[bytes]:
+    """Splits raw BYTES contents (length-prefixed elements, as Triton encodes them) into elements; with
+    `count` (the elements the tensor's shape declares), refuses more of them before decoding the rest."""
     elements, offset = [], 0
     view = memoryview(raw)
     while offset < len(raw):
+        if count is not None and len(elements) == count:
+            raise InvalidInput(
+                f"{field}: more than the {count} elements its shape declares ({len(raw) - offset} bytes "
+                f"left at byte {offset})"
+            )
         if offset + LENGTH_PREFIX.size > len(raw):
             raise InvalidInput(
                 f"{field}: {len(raw) - offset} bytes left at byte {offset}, too few for a 4-byte length prefix"
@@ -72,7 +78,7 @@ def read_texts(request: pb.ModelInferRequest, max_inputs: int) -> list[str]:
             raise InvalidInput(
                 f"raw_input_contents: {len(request.raw_input_contents)} entries for 1 input tensor"
             )
-        elements = decode_bytes_elements(request.raw_input_contents[0], "raw_input_contents[0]")
+        elements = decode_bytes_elements(request.raw_input_contents[0], "raw_input_contents[0]", count)
     else:
         elements = list(tensor.contents.bytes_contents)
     if len(elements) != count:
