@@ -53,7 +53,7 @@ def tls_flood(r: dict) -> str:
     return (
         f"HTTPS probes: {probes}; {first}; silent ones closed by server {r['silent_closed_by_server']}"
         f"/{r['silent_connected']}; fds peak {r['fds_peak']}; log {r['log_bytes'] / 1e6:.1f} MB"
-        f"{_logs(r)}; after: {r['https_after_close']}"
+        f"{_logs(r)}; after they close: {r['https_after_close']}"
     )
 
 

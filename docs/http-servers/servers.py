@@ -238,7 +238,9 @@ async def run_bertserve(port: int, context: ssl.SSLContext | None) -> None:
         body_timeout_s=10,
         keep_alive_s=30,
     )
-    server = HttpServer(handle, limits, lambda status, message: Response(status, message.encode(), "text/plain"))
+    server = HttpServer(
+        handle, limits, lambda status, message: Response(status, message.encode(), "text/plain")
+    )
     await server.start("127.0.0.1", port, context)
     await asyncio.Event().wait()
 
