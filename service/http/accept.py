@@ -140,7 +140,8 @@ async def first_byte(sock: socket.socket) -> bytes:
 class Lingering:
     """Sends `answer` on `sock`, shuts down writing, then reads and discards what the client still sends
     until it closes or `seconds` pass, and closes: closing with unread bytes would make the kernel reset
-    the connection, and the client could lose the answer. `done()` is called once closed."""
+    the connection, and the client could lose the answer. `seconds` 0: what has arrived is discarded and
+    the socket closed at once. `done()` is called once closed."""
 
     def __init__(self, sock: socket.socket, answer: bytes, seconds: float, done: Callable[[], None]):
         self.sock, self.done, self.closed = sock, done, False
@@ -153,6 +154,9 @@ class Lingering:
             sock.send(answer)
             sock.shutdown(socket.SHUT_WR)
         except OSError:
+            self.close()
+            return
+        if seconds <= 0:
             self.close()
             return
         self.loop.add_reader(self.fd, self._readable)

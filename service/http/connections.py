@@ -103,15 +103,16 @@ class HttpServer:
     def _admit(self, sock: socket.socket) -> None:
         if self.open >= self.limits.max_connections and not self._evict_idle():
             self._count("refused")
-            if self.tls is not None or self.lingering >= self.limits.max_connections:
+            if self.tls is not None:  # no answer is possible before a handshake
                 sock.close()
                 return
             message = f"too many connections (max {self.limits.max_connections}); retry later"
             self.rejected_request(503)
             response = self.reject_response(503, message)
             response.headers.append(("retry-after", "1"))
+            linger = self.lingering < self.limits.max_connections  # else closed once answered
             self.lingering += 1
-            Lingering(sock, serialize(response, close=True), LINGER_S, self._lingered)
+            Lingering(sock, serialize(response, close=True), LINGER_S if linger else 0, self._lingered)
             return
         self._count("accepted")
         self.open += 1
