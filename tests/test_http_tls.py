@@ -53,33 +53,29 @@ def test_silent_connections_to_the_https_port_are_counted_before_their_handshake
     caplog,
 ):
     """200 silent TCP connections against a cap of 16: 16 wait for their handshake (until the read
-    timeout), the others are closed at once and counted; gRPC over TLS answers meanwhile, HTTPS once the
+    timeout, 3 s), the others are closed at once and counted; gRPC over TLS answers meanwhile, HTTPS once the
     handshakes time out, and the log has no line per refused connection."""
     trust = ssl.create_default_context(cafile=str(pki / "ca.pem"))
     ca = (pki / "ca.pem").read_bytes()
     with (
         caplog.at_level(logging.INFO),
-        ServerThread(**tls_server_settings, http_max_connections=16, http_read_timeout_s=1.0) as server,
+        ServerThread(**tls_server_settings, http_max_connections=16, http_read_timeout_s=3.0) as server,
     ):
         port = server.server.http_port
         before = scrape(server.metrics_url)
         silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(200)]
         try:
-            deadline = time.monotonic() + 10
-            while (
-                metric(scrape(server.metrics_url), "bertserve_http_connections_total")
-                - metric(before, "bertserve_http_connections_total")
-                < 200
-                and time.monotonic() < deadline
-            ):
+            most, deadline = 0, time.monotonic() + 1.5  # within the read timeout: none timed out yet
+            while time.monotonic() < deadline:
+                most = max(most, _accepted_sockets(port))
                 time.sleep(0.05)
-            assert _accepted_sockets(port) <= 16
+            assert most <= 16
             started = time.monotonic()
             with Client(server.address, credentials=grpc.ssl_channel_credentials(ca)) as client:
                 assert client.info(timeout=10).models
             assert time.monotonic() - started < 5
             deadline = time.monotonic() + 15
-            while True:  # refused until the silent handshakes time out (1 s), then answered
+            while True:  # refused until the silent handshakes time out, then answered
                 try:
                     reply = httpx.get(f"https://127.0.0.1:{port}/health", verify=trust, timeout=5)
                     break
