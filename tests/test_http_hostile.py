@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import resource
 import threading
 import time
 
 import pytest
 
 from bertserve.client import Client
+from bertserve.service.errors import StartupError
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.server import ServerThread, metric, scrape, wait_for
 from tests.test_http_robustness import HEALTH, connect, exchange, post_head, read_all, status_of
@@ -191,3 +193,19 @@ def test_transport_refusals_are_metrics(server):
     for status in ("431", "417", "400"):
         assert delta(before, after, "bertserve_http_rejected_total", status=status) == 1
     assert delta(before, after, "bertserve_http_connections_total", outcome="refused") == 0
+
+
+def test_start_raises_the_open_files_limit_and_refuses_a_cap_above_it(tiny_repo):
+    """A server raises its open-files soft limit to the hard limit, and refuses to start when
+    http_max_connections (twice: connections and refusals being closed, and a reserve) would not fit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard // 2 > 1_000_000 or hard < 4096:
+        pytest.skip(f"the hard open-files limit {hard} leaves nothing to check")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+    try:
+        with ServerThread(model_repo=tiny_repo, models=["tiny-embed"]):
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
+        with pytest.raises(StartupError, match="setting http_max_connections: .* open files"):
+            ServerThread(model_repo=tiny_repo, models=["tiny-embed"], http_max_connections=hard // 2).start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

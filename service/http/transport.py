@@ -21,14 +21,21 @@ client that disconnects is seen at once: its handler is cancelled, which drops i
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from http import HTTPStatus
+from collections.abc import Callable
 
 import httptools
+
+from bertserve.service.http.messages import (  # noqa: F401  (Handler, json_response: the routes import them from here)
+    Handler,
+    HttpLimits,
+    Reject,
+    Request,
+    Response,
+    json_response,
+    serialize,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,63 +44,6 @@ READ_BYTES = 32 * 1024  # one read from the socket
 HEAD_SLICE = 4 * 1024  # request line and headers are fed to the parser in slices of this size, counted
 LINGER_S = 2.0  # after a refusal, what the client still sends is discarded for this long at most
 _READ_BUFFER = memoryview(bytearray(READ_BYTES))  # shared: each read is parsed or copied before the next
-
-
-@dataclass(frozen=True)
-class HttpLimits:
-    max_body_bytes: int
-    max_header_bytes: int = 32 * 1024  # request line and header fields together
-    max_connections: int = 1024
-    max_body_bytes_in_flight: int = 64 * 1024 * 1024  # request bodies held, all connections together
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    keep_alive_s: float = 30.0
-
-
-@dataclass
-class Request:
-    method: str
-    path: str  # percent-encoded, as sent
-    query: str
-    headers: dict[str, str]  # lower-case names; repeated fields joined with ", "
-    body: bytes
-
-
-@dataclass
-class Response:
-    status: int
-    body: bytes = b""
-    content_type: str = "application/json"
-    headers: list[tuple[str, str]] = field(default_factory=list)
-
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def json_response(status: int, value: object, headers: list[tuple[str, str]] | None = None) -> Response:
-    body = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
-    return Response(status, body, "application/json", headers or [])
-
-
-class Reject(Exception):
-    """Raised inside a parser callback: answer `status` with `message` and close the connection."""
-
-    def __init__(self, status: int, message: str, headers: list[tuple[str, str]] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or []
-
-
-def serialize(response: Response, close: bool, head: bool = False) -> bytes:
-    """The response's bytes; `head`: without its body (an answer to HEAD), Content-Length as for GET."""
-    reason = HTTPStatus(response.status).phrase if response.status in HTTPStatus._value2member_map_ else ""
-    lines = [f"HTTP/1.1 {response.status} {reason}"]
-    if response.content_type:
-        lines.append(f"content-type: {response.content_type}")
-    lines.append(f"content-length: {len(response.body)}")
-    lines.extend(f"{name}: {value}" for name, value in response.headers)
-    if close:
-        lines.append("connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else response.body)
 
 
 class Connection(asyncio.BufferedProtocol):
