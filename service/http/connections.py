@@ -72,6 +72,7 @@ class HttpServer:
         self.tls: ssl.SSLContext | None = None
         self._listener = Listener(self._admit)
         self._starting: set[asyncio.Task] = set()
+        self._lingerers: set[Lingering] = set()
         self._freed_since_trim = 0
         self._trimming = False
 
@@ -112,7 +113,7 @@ class HttpServer:
             response.headers.append(("retry-after", "1"))
             linger = self.lingering < self.limits.max_connections  # else closed once answered
             self.lingering += 1
-            Lingering(sock, serialize(response, close=True), LINGER_S if linger else 0, self._lingered)
+            self._linger(sock, serialize(response, close=True), LINGER_S if linger else 0, self._lingered)
             return
         self._count("accepted")
         self.open += 1
@@ -132,6 +133,20 @@ class HttpServer:
 
     def _lingered(self) -> None:
         self.lingering -= 1
+
+    def _linger(self, sock: socket.socket, answer: bytes, seconds: float, done: Callable[[], None]) -> None:
+        """A lingering close (accept.Lingering), closed at once by stop()."""
+        held: list[Lingering] = []
+
+        def closed() -> None:
+            if held:
+                self._lingerers.discard(held[0])
+            done()
+
+        lingering = Lingering(sock, answer, seconds, closed)
+        if not lingering.closed:
+            held.append(lingering)
+            self._lingerers.add(lingering)
 
     async def _connect(self, sock: socket.socket, release: Callable[[], None]) -> None:
         loop = asyncio.get_running_loop()
@@ -161,7 +176,7 @@ class HttpServer:
             self._count("not_tls")
             self.rejected_request(400)
             answer = serialize(self.reject_response(400, NOT_TLS), close=True)
-            Lingering(sock, answer, LINGER_S, release)
+            self._linger(sock, answer, LINGER_S, release)
             return
         left = max(0.001, self.limits.header_timeout_s - (loop.time() - started))
         try:
@@ -228,6 +243,8 @@ class HttpServer:
         self._listener.close()
         for task in list(self._starting):
             task.cancel()
+        for lingering in list(self._lingerers):
+            lingering.close()
         busy = [c.task for c in self.connections if c.task is not None]
         if busy:
             await asyncio.wait(busy, timeout=grace_s)
