@@ -99,6 +99,24 @@ class Metrics:
         self.dropped = Counter(
             "bertserve_dropped", "inputs dropped before compute", ["model", "reason"], registry=r
         )
+        # the HTTP transport (service/http/connections.py): refusals before any request is routed
+        self.http_connections = Counter(
+            "bertserve_http_connections",
+            "HTTP connections by outcome: accepted, refused (over http_max_connections), evicted (idle "
+            "keep-alive closed for a new one), handshake_failed, handshake_timeout, not_tls (plain HTTP "
+            "to the HTTPS port)",
+            ["outcome"],
+            registry=r,
+        )
+        self.http_connections_open = Gauge(
+            "bertserve_http_connections_open", "HTTP connections open (TLS handshakes included)", registry=r
+        )
+        self.http_rejected = Counter(
+            "bertserve_http_rejected",
+            "HTTP requests refused by the transport before routing, by status (408: timed out)",
+            ["status"],
+            registry=r,
+        )
         self.model_info = Gauge(
             "bertserve_model_info",
             "loaded models",

@@ -90,6 +90,8 @@ class Settings(BaseSettings):
     # HTTP beside gRPC (service/http/: OpenAI-compatible, bertserve JSON and KServe v2 REST routes).
     http_port: int = Field(8080, ge=-1, le=65535)  # 0 = pick a free port, -1 = no HTTP
     http_max_connections: int = Field(1024, ge=1, le=1_000_000)  # beyond: 503 and closed
+    # bytes of HTTP request bodies being read or answered, all connections together; beyond: 503
+    http_max_body_bytes_in_flight: int = Field(64 * 1024 * 1024, ge=1024, le=1 << 40)
     http_read_timeout_s: float = Field(30.0, gt=0, le=3600)  # request headers, then its body, each within
     http_keep_alive_s: float = Field(30.0, gt=0, le=3600)  # an idle keep-alive connection is closed after
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

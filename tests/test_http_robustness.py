@@ -17,7 +17,7 @@ import pytest
 from bertserve.service.errors import StartupError
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc
-from tests.helpers.server import ServerThread
+from tests.helpers.server import ServerThread, wait_for
 
 MAX_BYTES = 65536
 READ_TIMEOUT_S = 0.5
@@ -156,18 +156,37 @@ def test_expect_100_continue(server):
     assert status_of(reply) == 200 and b'"embedding"' in reply
 
 
-def test_idle_connections_past_the_cap_are_evicted_and_busy_ones_refuse_new(server):
-    idle = [connect(server) for _ in range(2000)]  # each new one evicts an older idle one
+def test_kept_alive_connections_past_the_cap_are_evicted_fresh_ones_are_not(server):
+    """Beyond the cap a new connection closes one idle after an answer (keep-alive); one that has sent
+    nothing yet may have its request in flight: never evicted, so the newcomer gets 503 instead."""
+    kept = [connect(server) for _ in range(MAX_CONNECTIONS)]
     try:
-        started = time.monotonic()
-        assert_healthy(server)  # HTTP and gRPC answer at once
-        assert time.monotonic() - started < 2
-        assert len(server.server.http.server.connections) <= MAX_CONNECTIONS
-        closed = sum(read_all(sock) == b"" for sock in idle[:-MAX_CONNECTIONS])
-        assert closed == len(idle) - MAX_CONNECTIONS
+        for sock in kept:
+            sock.sendall(HEALTH)
+            assert status_of(sock.recv(65536)) == 200
+        for _ in range(MAX_CONNECTIONS):  # each closes one kept-alive connection
+            assert (
+                status_of(exchange(server, HEALTH.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")))
+                == 200
+            )
+        assert all(read_all(sock) == b"" for sock in kept)  # closed by the server, no answer
     finally:
-        for sock in idle:
+        for sock in kept:
             sock.close()
+    wait_for(lambda: server.server.http.server.open == 0)
+    fresh = [connect(server) for _ in range(MAX_CONNECTIONS)]
+    try:
+        wait_for(lambda: server.server.http.server.open == MAX_CONNECTIONS)
+        refused = exchange(server, HEALTH)
+        assert status_of(refused) == 503 and b"too many connections" in refused
+        assert all(read_all(sock) == b"" for sock in fresh)  # closed after the read timeout, not evicted
+    finally:
+        for sock in fresh:
+            sock.close()
+    assert_healthy(server)
+
+
+def test_busy_connections_refuse_new_ones(server):
     core, release, all_held = server.server.core, threading.Event(), threading.Event()
     real_embed, held = core.embed, []
 

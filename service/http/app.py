@@ -8,7 +8,11 @@ calls share batches, limits and error messages. Route tables live in `openai_rou
 Metrics: `bertserve_requests_total{rpc="http:<path template>", code=<gRPC status name>}` and
 `bertserve_request_duration_seconds{rpc="http:<path template>"}`, e.g. rpc="http:/v1/embeddings"; requests
 refused before routing count as rpc="http:(unread)" (413, 431, 408, 400 malformed) or
-rpc="http:(unrouted)" (404, 405).
+rpc="http:(unrouted)" (404, 405). The transport's own counts (connections by outcome, open connections,
+refusals by status) are bertserve_http_connections_total, bertserve_http_connections_open and
+bertserve_http_rejected_total (`_TransportMetrics`).
+
+HEAD is answered on every GET route, as GET without the body.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from urllib.parse import unquote
 
 from bertserve.service import errors
 from bertserve.service.core import InferenceCore, deadline_after
+from bertserve.service.http.accept import raise_fd_limit
+from bertserve.service.http.connections import HttpEvents, HttpServer
 from bertserve.service.http.status import Failure, HttpError, failure_of, failure_of_status, openai_error
-from bertserve.service.http.transport import HttpLimits, HttpServer, Request, Response
+from bertserve.service.http.transport import HttpLimits, Request, Response
 from bertserve.service.metrics import Metrics
 from bertserve.service.rpc_status import Lifecycle
 from bertserve.service.settings import Settings
@@ -36,6 +42,25 @@ log = logging.getLogger("bertserve.http")
 TIMEOUT_HEADER = "x-request-timeout"  # seconds, decimal (e.g. "2.5"): the call's deadline
 MAX_TIMEOUT_S = 24 * 3600.0
 UNREAD, UNROUTED = "http:(unread)", "http:(unrouted)"
+FD_RESERVE = 1024  # open files kept for gRPC, models, logs and metrics beside HTTP connections
+
+
+class _TransportMetrics(HttpEvents):
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+        self._outcomes: dict[str, object] = {}
+
+    def connection(self, outcome: str) -> None:
+        series = self._outcomes.get(outcome)
+        if series is None:
+            series = self._outcomes[outcome] = self.metrics.http_connections.labels(outcome)
+        series.inc()
+
+    def open_connections(self, count: int) -> None:
+        self.metrics.http_connections_open.set(count)
+
+    def rejected(self, status: int) -> None:
+        self.metrics.http_rejected.labels(str(status)).inc()
 
 
 @dataclass
@@ -131,11 +156,12 @@ class HttpFront:
         self.limits = HttpLimits(
             max_body_bytes=settings.max_message_bytes,
             max_connections=settings.http_max_connections,
+            max_body_bytes_in_flight=settings.http_max_body_bytes_in_flight,
             header_timeout_s=settings.http_read_timeout_s,
             body_timeout_s=settings.http_read_timeout_s,
             keep_alive_s=settings.http_keep_alive_s,
         )
-        self.server = HttpServer(self.handle, self.limits, self._refused)
+        self.server = HttpServer(self.handle, self.limits, self._refused, _TransportMetrics(metrics))
 
     def _refused(self, status: int, message: str) -> Response:
         failure = failure_of_status(status, message)
@@ -143,7 +169,8 @@ class HttpFront:
         return openai_error(failure)
 
     def match(self, request: Request) -> tuple[Route, dict[str, str]]:
-        route = self._static.get((request.method, request.path))
+        method = "GET" if request.method == "HEAD" else request.method  # the transport drops the body
+        route = self._static.get((method, request.path))
         if route is not None:
             return route, {}
         allowed = []
@@ -151,9 +178,9 @@ class HttpFront:
             found = candidate.pattern.match(request.path)
             if found is None:
                 continue
-            if candidate.method == request.method:
+            if candidate.method == method:
                 return candidate, {k: unquote(v) for k, v in found.groupdict().items()}
-            allowed.append(candidate.method)
+            allowed.extend(("GET", "HEAD") if candidate.method == "GET" else (candidate.method,))
         if allowed:
             raise HttpError(
                 405,
@@ -215,6 +242,14 @@ class HttpFront:
         return "https" if self.settings.tls_cert is not None else "http"
 
     async def start(self, host: str, port: int) -> int:
+        files = raise_fd_limit()
+        needed = 2 * self.limits.max_connections + FD_RESERVE  # connections, and refusals being closed
+        if files < needed:
+            raise errors.StartupError(
+                f"setting http_max_connections: {self.limits.max_connections} connections need {needed} "
+                f"open files (twice, for refusals being closed, and {FD_RESERVE} more); this process may open "
+                f"{files} (ulimit -n)"
+            )
         return await self.server.start(host, port, tls_context(self.settings))
 
     def drain(self) -> None:

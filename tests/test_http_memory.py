@@ -1,0 +1,173 @@
+"""The HTTP transport's memory under hostile clients (issue 30), measured as the RSS of a `bertserve serve`
+process (psutil), which runs no garbage collection on our behalf:
+- endless header values: each connection holds at most max_header_bytes (431 beyond);
+- bodies one byte short of their Content-Length, then closed: freed with their connection;
+- many large bodies at once: at most http_max_body_bytes_in_flight held (503 beyond).
+After the clients leave, RSS comes back near where it was."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+from tests.helpers.server import ServerProcess
+
+MiB = 1024 * 1024
+BODY = 8 * MiB  # max_message_bytes' default
+BUDGET = 64 * MiB  # http_max_body_bytes_in_flight's default
+HEAD = (
+    b"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repo):
+    process = ServerProcess("--model-repo", str(tiny_repo), "--model", "tiny-embed").start()
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+class PeakRss:
+    """The process's largest RSS while the block runs, sampled every 10 ms."""
+
+    def __init__(self, pid: int):
+        self.process, self.peak, self._stop = psutil.Process(pid), 0, threading.Event()
+
+    def rss(self) -> int:
+        return self.process.memory_info().rss
+
+    def __enter__(self) -> PeakRss:
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            time.sleep(0.01)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def connect(server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.http_port), timeout=20)
+
+
+def health(server) -> float:
+    started = time.monotonic()
+    with connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    return time.monotonic() - started
+
+
+def settled(server, rss: PeakRss) -> int:
+    """RSS once the server is quiet (a health call answered and a moment passed)."""
+    health(server)
+    time.sleep(1.5)
+    return rss.rss()
+
+
+def returns_to(rss: PeakRss, bound: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while rss.rss() > bound:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def send_quietly(sock: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # the server may refuse and close before reading it all
+        sock.sendall(data)
+
+
+def reply_status(sock: socket.socket) -> int | None:
+    with contextlib.suppress(OSError):
+        data = sock.recv(65536)
+        if data.startswith(b"HTTP/1.1 "):
+            return int(data.split(b" ", 2)[1])
+    return None
+
+
+def test_endless_header_values_hold_at_most_the_header_limit(server):
+    rss = PeakRss(server.process.pid)
+    baseline = settled(server, rss)
+    statuses = []
+
+    def attacker():
+        with connect(server) as sock:
+            send_quietly(sock, b"GET /health HTTP/1.1\r\nHost: t\r\nX-Endless: ")
+            for _ in range(256):  # up to 4 MiB of one header value, while the server reads
+                try:
+                    sock.sendall(b"a" * 16384)
+                except OSError:
+                    break
+            statuses.append(reply_status(sock))
+
+    with rss:
+        threads = [threading.Thread(target=attacker) for _ in range(32)]
+        for thread in threads:
+            thread.start()
+        latency = health(server)
+        for thread in threads:
+            thread.join(60)
+    assert statuses == [431] * 32
+    assert latency < 2
+    assert rss.peak - baseline < 48 * MiB, (rss.peak - baseline) / MiB
+    assert returns_to(rss, baseline + 16 * MiB)
+
+
+def test_bodies_cut_short_are_freed_with_their_connection(server):
+    rss = PeakRss(server.process.pid)
+    baseline = settled(server, rss)
+    with rss:
+        for _ in range(5):  # rounds of 7 bodies (within the budget) one byte short, then closed
+            socks = [connect(server) for _ in range(7)]
+            for sock in socks:
+                send_quietly(sock, HEAD % BODY + b"a" * (BODY - 1))
+            time.sleep(0.5)  # the server reads the last bytes
+            for sock in socks:
+                sock.close()
+    health(server)
+    assert rss.peak - baseline < BUDGET + 48 * MiB, (rss.peak - baseline) / MiB
+    assert returns_to(rss, baseline + 24 * MiB), (rss.rss() - baseline) / MiB
+
+
+def test_bodies_in_flight_are_bounded_by_their_budget(server):
+    rss = PeakRss(server.process.pid)
+    baseline = settled(server, rss)
+    socks = [connect(server) for _ in range(40)]  # 320 MiB of bodies, all held open at once
+    try:
+        with rss:
+            for sock in socks:
+                send_quietly(sock, HEAD % BODY + b"a" * (BODY - 1))
+            time.sleep(0.5)
+        refused = sum(reply_status(sock) == 503 for sock in socks if _readable(sock))
+    finally:
+        for sock in socks:
+            sock.close()
+    # the budget, one body copied while a request is made of it, and the interpreter's own overhead
+    assert rss.peak - baseline < BUDGET + 48 * MiB, (rss.peak - baseline) / MiB
+    assert refused >= 40 - BUDGET // BODY - 1
+    assert returns_to(rss, baseline + 24 * MiB), (rss.rss() - baseline) / MiB
+    assert health(server) < 2
+
+
+def _readable(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK))
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)
