@@ -4,6 +4,7 @@ values equal to unary Embed, per-request errors with their ids, cancellation, dr
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -185,21 +186,38 @@ def test_draining_answers_what_was_read_then_ends_the_stream_unavailable(tiny_re
                 list(client.stub.EmbedStream(iter([request(9, ["x"])]), timeout=5))
 
 
-def test_requests_refused_by_a_full_queue_are_retried_by_the_client(tiny_repo):
-    texts = corpus(2_000, seed=4, max_words=10)
-    # a queue of 8 inputs: the stream's own 64-input window overflows it all the time
+def test_a_full_queue_slows_streams_down_and_no_input_is_tokenized_twice(tiny_repo):
+    """Admission before work: a stream's request takes room in the queue before it is tokenized and waits
+    for it, so with a queue far smaller than the streams' windows nothing is refused, and every input
+    is tokenized exactly once (before, requests were tokenized, refused, retried and tokenized again)."""
+    streams, per_stream = 3, 400
+    texts = [corpus(per_stream, seed=4 + k, max_words=10) for k in range(streams)]
+    # a queue of 8 inputs: each stream's 128-input window overflows it all the time
     with (
         ServerThread(model_repo=tiny_repo, models=[MODEL], max_queue_inputs=8) as server,
         Client(server.address, timeout=120) as client,
     ):
-        streamed = np.concatenate(list(client.embed_stream_batches(texts, model=MODEL, batch_size=8)))
-        expected = unary(client, texts, size=8, model=MODEL)
+        before = scrape(server.metrics_url)
+        with ThreadPoolExecutor(streams) as pool:
+            runs = [
+                pool.submit(
+                    lambda t: np.concatenate(list(client.embed_stream_batches(t, model=MODEL, batch_size=8))),
+                    t,
+                )
+                for t in texts
+            ]
+            streamed = [run.result(300) for run in runs]
         samples = scrape(server.metrics_url)
-    assert np.abs(streamed - expected).max() <= 1e-6
-    refused = metric(samples, "bertserve_stream_requests_total", code="RESOURCE_EXHAUSTED")
-    assert refused > 0, "the queue never filled: nothing was retried"
-    assert metric(samples, "bertserve_stream_requests_total", code="OK") == len(texts) / 8
-    assert metric(samples, "bertserve_requests_total", rpc="EmbedStream", code="OK") == 1
+        expected = [unary(client, t, size=8, model=MODEL) for t in texts]
+
+    def moved(name: str, **labels) -> float:
+        return metric(samples, name, **labels) - metric(before, name, **labels)
+
+    for got, want in zip(streamed, expected, strict=True):
+        assert np.abs(got - want).max() <= 1e-6
+    assert moved("bertserve_stream_requests_total", code="RESOURCE_EXHAUSTED") == 0
+    assert moved("bertserve_tokenized_inputs_total", model=MODEL) == streams * per_stream
+    assert moved("bertserve_requests_total", rpc="EmbedStream", code="OK") == streams
 
 
 def test_a_stream_past_its_deadline_ends_deadline_exceeded(tiny_server):
