@@ -16,7 +16,7 @@ from bertserve.repository import MODEL_SPEC, parse_model_spec
 ENV_PREFIX = "BERTSERVE_"
 STREAM_INPUTS_IN_FLIGHT = 128  # max_stream_inputs_in_flight's default
 STREAM_BATCH_TOKENS = 128  # max_stream_batch_tokens' default
-CONCURRENT_STREAMS = 16  # max_concurrent_streams' default
+CONCURRENT_STREAMS = 8  # max_concurrent_streams' default
 
 
 class SettingsError(ValueError):
@@ -72,8 +72,9 @@ class Settings(BaseSettings):
     # Client-streaming gRPC calls (EmbedStream, reflection) open at once, also counted in
     # max_concurrent_rpcs; beyond it a stream is refused at once with RESOURCE_EXHAUSTED. Each holds up
     # to a window of inputs and their answers (max_stream_inputs_in_flight) and one request read ahead,
-    # so this bounds streams' memory. The default is twice the streams whose windows fill the stream
-    # queue (max_queue_inputs / max_stream_inputs_in_flight): more streams add waiting, not throughput.
+    # so this bounds streams' memory (service/stream_memory.py). The default is the number of streams
+    # whose windows fill the stream queue (max_queue_inputs / max_stream_inputs_in_flight): more streams
+    # would add waiting, not throughput.
     max_concurrent_streams: int = Field(CONCURRENT_STREAMS, ge=1, le=100_000)
     # Attention calls waiting per encoder (each runs alone, alternating with batches; beyond: RESOURCE_EXHAUSTED).
     max_queue_attention: int = Field(256, ge=1, le=100_000)
