@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import psutil
@@ -133,3 +134,35 @@ def test_open_streams_count_against_max_concurrent_rpcs(tiny_repo):
         for call in calls:
             list(call)
         assert client.embed(["served once they ended"], model=MODEL).vectors.shape[0] == 1
+
+
+def test_a_call_refused_by_a_full_queue_costs_no_tokenization(tiny_repo):
+    """Admission before work (issue 30, row 4): room in the queue is taken before a call is tokenized, so
+    a refused call, over gRPC or HTTP (through the same core), tokenizes nothing."""
+    import httpx
+
+    queue = 4
+    # the first call's inputs wait up to 10 s for company: the queue stays full while the others come
+    with (
+        ServerThread(
+            model_repo=tiny_repo, models=[MODEL], max_queue_inputs=queue, max_queue_delay_ms=10_000
+        ) as server,
+        Client(server.address, timeout=60) as client,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        before = scrape(server.metrics_url)
+        holding = pool.submit(client.embed, ["held in the queue"] * queue, model=MODEL)
+        wait_for(lambda: metric(scrape(server.metrics_url), "bertserve_queue_depth", model=MODEL) == queue)
+        with pytest.raises(grpc.RpcError) as raised:
+            client.embed(["refused: the queue is full"], model=MODEL)
+        assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_queue_inputs" in raised.value.details()
+        body = {"model": MODEL, "input": ["refused over HTTP too"]}
+        answer = httpx.post(f"{server.http_url}/v1/embeddings", json=body, timeout=30)
+        assert answer.status_code == 429
+        after = scrape(server.metrics_url)
+        tokenized = metric(after, "bertserve_tokenized_inputs_total", model=MODEL) - metric(
+            before, "bertserve_tokenized_inputs_total", model=MODEL
+        )
+        assert tokenized == queue  # the held call's inputs, none of the refused calls'
+        assert holding.result(60).vectors.shape[0] == queue
