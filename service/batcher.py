@@ -186,8 +186,8 @@ class Batcher:
             raise ShuttingDown(f"model {self.name}: the server is shutting down")
         if n > self.limits.max_queue_inputs:
             raise Overloaded(
-                f"model {self.name}: {n} inputs is more than max_queue_inputs {self.limits.max_queue_inputs}; "
-                "send fewer inputs per request"
+                f"model {self.name}: {n} inputs is more than max_queue_inputs "
+                f"{self.limits.max_queue_inputs}; send fewer inputs per request"
             )
         return await self._room[bulk].wait(n)
 
@@ -252,7 +252,7 @@ class Batcher:
         self, run: Callable[[], Any], tokens: int, deadline: float | None, permit: Permit | None = None
     ) -> ItemResult:
         """Admits `run` (blocking, run on the worker thread alone) and awaits its result. Full: Overloaded
-        (unless `permit`, from `reserve_exclusive`, holds its place); cancelled while queued: it never runs."""
+        (unless `permit`, from `reserve_exclusive`, holds its place); cancelled while queued: never run."""
         if permit is None:
             permit = self.reserve_exclusive()
         elif self._closing:

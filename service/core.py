@@ -7,18 +7,19 @@ Errors are the domain errors of `service/errors.py`; each protocol maps them to 
 Data path of a batched call (embed, fill_mask, classify)::
 
     front ──> core.embed(model, texts, ...) on the event loop
-                ├─ validate texts (check_texts) and options
-                ├─ admission BEFORE any work: room in the encoder's queue (Batcher.reserve: full ->
-                │  Overloaded, deadline the queue ahead cannot meet -> DeadlineTooShort; a stream's
-                │  request waits for room instead, Batcher.wait_room)
-                ├─ tokenize: ONE hop to the CPU pool (ModelTokenizer.encode)
+                ├─ validate the options and the number of texts (check_count)
+                ├─ admission BEFORE any work on the texts: room in the encoder's queue (Batcher.reserve:
+                │  full -> Overloaded, deadline the queue ahead cannot meet -> DeadlineTooShort; a
+                │  stream's request waits for room instead, Batcher.wait_room)
+                ├─ validate the texts (check_texts); tokenize: ONE hop to the CPU pool
                 ├─ queued with its permit (Batcher.submit)
                 ├─ the owner cuts batches across every model and task on that encoder; its worker
                 │  thread runs the encoder once per batch, then each model's head on its own rows
                 └─ typed result with CallMeta (queue = waiting, inference = compute)
 
-Attention calls are admitted by the same owner (a separate `max_queue_attention` limit, its place taken
-before tokenizing) and run on the same worker thread, alternating with batches: a batch waits behind at most one attention run.
+Attention calls are admitted by the same owner (a separate `max_queue_attention` limit, their place taken
+before tokenizing) and run on the same worker thread, alternating with batches: a batch waits behind at
+most one attention run.
 
 `deadline` arguments are absolute `time.monotonic()` seconds (None: no deadline); `deadline_after`
 converts a timeout.
