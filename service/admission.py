@@ -1,5 +1,6 @@
-"""Admission of gRPC calls: at most `max_concurrent_rpcs` in flight; the excess is refused at once with
-RESOURCE_EXHAUSTED and counted in `bertserve_requests_total{rpc, code="RESOURCE_EXHAUSTED"}`.
+"""Admission of gRPC calls: at most `max_concurrent_rpcs` in flight, of which at most
+`max_concurrent_streams` with streamed requests (EmbedStream, reflection); the excess is refused at once
+with RESOURCE_EXHAUSTED naming the limit and counted in `bertserve_requests_total{rpc, code}`.
 
 A server interceptor rather than gRPC's own `maximum_concurrent_rpcs` option: gRPC refuses those calls
 before any Python code sees them, so no metric could count them. grpc.health.v1 Check is never refused
@@ -7,9 +8,14 @@ before any Python code sees them, so no metric could count them. grpc.health.v1 
 bounded by `PENDING_CALLS` (gRPC's default, 1,000 soft and 3,000 hard, cancelled about half of a burst
 of 3,000 calls with CANCELLED before any handler saw them, uncounted).
 
-When the last unary call in flight finishes and none starts for IDLE_RELEASE_S, the heap's free pages are
-handed back to the kernel (`memory.release_free_memory`): glibc keeps what a large request freed, so RSS
-would stay at its peak at idle.
+A stream's memory is bounded by its window (service/streaming.py) and by what gRPC's core reads ahead of
+it: `server_options` turns off the bandwidth-delay probing that grows each stream's receive window to
+megabytes, so a stream that is not read from buffers at most HTTP/2's initial window (64 KiB) plus the
+message the server is reading.
+
+When the last call in flight (unary or streamed requests; health Watch streams aside) finishes and none
+starts for IDLE_RELEASE_S, the heap's free pages are handed back to the kernel
+(`memory.release_free_memory`): glibc keeps what large requests freed, so RSS would stay at its peak.
 """
 
 from __future__ import annotations
@@ -37,75 +43,93 @@ def server_options(max_concurrent_rpcs: int) -> list[tuple[str, int]]:
     return [
         ("grpc.server.max_pending_requests", pending),
         ("grpc.server.max_pending_requests_hard_limit", pending),
+        # windows stay at their initial size: a stream nobody reads holds its window, not megabytes
+        ("grpc.http2.bdp_probe", 0),
     ]
 
 
 class Admission(grpc.aio.ServerInterceptor):
-    def __init__(self, limit: int, metrics: Metrics):
+    def __init__(self, limit: int, metrics: Metrics, stream_limit: int | None = None):
         self.limit = limit
+        self.stream_limit = limit if stream_limit is None else stream_limit
         self.metrics = metrics
         self.in_flight = 0  # every admitted call, streams included
-        self._unary_in_flight = 0
-        self._started = 0  # unary calls admitted so far: the idle release runs once per quiet spell
+        self.streams = 0  # admitted calls whose requests are streamed (client-streaming, bidirectional)
+        self._releasing_in_flight = 0
+        self._started = 0  # such calls admitted so far: the idle release runs once per quiet spell
         self._released_at = 0
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
         if handler is None or details.method in NEVER_REFUSED:
             return handler
+        stream = handler.request_streaming
         if self.in_flight >= self.limit:
-            rpc = details.method.rsplit("/", 1)[-1]
-            self.metrics.requests.labels(rpc, grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
-            return _refusal(handler, self.limit)
-        return self._tracked(handler)
+            message = f"the server has max_concurrent_rpcs {self.limit} calls in flight; retry later"
+        elif stream and self.streams >= self.stream_limit:
+            message = f"the server has max_concurrent_streams {self.stream_limit} streams open; retry later"
+        else:
+            return self._tracked(handler)
+        rpc = details.method.rsplit("/", 1)[-1]
+        self.metrics.requests.labels(rpc, grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
+        return _refusal(handler, message)
 
     def _tracked(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        if handler.unary_unary is not None:
-            behaviour = handler.unary_unary
+        """The handler, counted in flight while its behaviour runs (every shape: coroutine functions and
+        async generators). There is no await between the check in `intercept_service` and `_enter` for
+        streamed requests, so concurrent streams cannot overshoot the limits."""
+        releasing = handler.request_streaming or not handler.response_streaming  # Watch streams: not
+        stream = handler.request_streaming
+        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            behaviour = getattr(handler, kind)
+            if behaviour is not None:
+                return handler._replace(**{kind: self._counted(behaviour, releasing, stream)})
+        return handler
 
-            async def unary_unary(request, context):
-                self._enter(unary=True)
+    def _counted(self, behaviour, releasing: bool, stream: bool):
+        if inspect.isasyncgenfunction(behaviour):
+
+            async def generator(request, context):
+                self._enter(releasing, stream)
                 try:
-                    return await behaviour(request, context)
+                    async for response in behaviour(request, context):
+                        yield response
                 finally:
-                    self._leave(unary=True)
+                    self._leave(releasing, stream)
 
-            return handler._replace(unary_unary=unary_unary)
-        if handler.unary_stream is not None and not inspect.isasyncgenfunction(handler.unary_stream):
-            behaviour = handler.unary_stream
+            return generator
 
-            async def unary_stream(request, context):
-                self._enter(unary=False)
-                try:
-                    return await behaviour(request, context)
-                finally:
-                    self._leave(unary=False)
+        async def coroutine(request, context):
+            self._enter(releasing, stream)
+            try:
+                return await behaviour(request, context)
+            finally:
+                self._leave(releasing, stream)
 
-            return handler._replace(unary_stream=unary_stream)
-        return handler  # streams of other shapes are not served here
+        return coroutine
 
-    def _enter(self, unary: bool) -> None:
+    def _enter(self, releasing: bool, stream: bool) -> None:
         self.in_flight += 1
-        if unary:
-            self._unary_in_flight += 1
+        self.streams += stream
+        if releasing:
+            self._releasing_in_flight += 1
             self._started += 1
 
-    def _leave(self, unary: bool) -> None:
+    def _leave(self, releasing: bool, stream: bool) -> None:
         self.in_flight -= 1
-        if unary:
-            self._unary_in_flight -= 1
-            if self._unary_in_flight == 0:
+        self.streams -= stream
+        if releasing:
+            self._releasing_in_flight -= 1
+            if self._releasing_in_flight == 0:
                 asyncio.get_running_loop().call_later(IDLE_RELEASE_S, self._release_if_idle, self._started)
 
     def _release_if_idle(self, started: int) -> None:
-        if self._unary_in_flight == 0 and self._started == started and self._released_at != started:
+        if self._releasing_in_flight == 0 and self._started == started and self._released_at != started:
             self._released_at = started
             asyncio.get_running_loop().run_in_executor(None, release_free_memory)
 
 
-def _refusal(handler: grpc.RpcMethodHandler, limit: int) -> grpc.RpcMethodHandler:
-    message = f"the server has max_concurrent_rpcs {limit} calls in flight; retry later"
-
+def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
     async def refuse(request, context):
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 

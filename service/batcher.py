@@ -53,10 +53,20 @@ from bertserve.service.batch_items import (
 )
 from bertserve.service.batch_policy import CostEstimate, cut_batch
 from bertserve.service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
+from bertserve.service.queue_room import LaneRoom, Permit
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Batcher", "BatchLimits", "BatchObserver", "BatchStats", "ItemResult", "WorkItem", "cut_batch"]
+__all__ = [
+    "Batcher",
+    "BatchLimits",
+    "BatchObserver",
+    "BatchStats",
+    "ItemResult",
+    "Permit",
+    "WorkItem",
+    "cut_batch",
+]
 
 # gRPC may end a call a few milliseconds before its deadline as the server computes it; a call ended
 # this close to its deadline is counted as expired rather than cancelled.
@@ -112,6 +122,9 @@ class Batcher:
         self._observer = observer or BatchObserver()
         self._incoming: deque[WorkItem] = deque()  # appended by submit, taken by the owner
         self._lanes = {False: Lane(bulk=False), True: Lane(bulk=True)}  # owned by the owner task
+        # per lane: queued inputs plus those admitted and still being tokenized (service/queue_room.py)
+        self._room = {bulk: LaneRoom(limits.max_queue_inputs) for bulk in (False, True)}
+        self._exclusive_held = 0  # attention calls admitted, not yet queued (being tokenized)
         self._interactive_streak = 0  # interactive batches run in a row while bulk inputs waited
         self._interactive_seen = -float("inf")  # time.monotonic() an interactive call last arrived or ended
         self._exclusive: deque[ExclusiveJob] = deque()
@@ -145,18 +158,57 @@ class Batcher:
     def _queued_tokens(self) -> int:
         return self._lanes[False].tokens + self._lanes[True].tokens
 
-    def _check_admission(self, n: int, tokens: int, deadline: float | None, bulk: bool) -> None:
+    def _check_room(self, n: int, bulk: bool) -> None:
         if self._closing:
             raise ShuttingDown(f"model {self.name}: the server is shutting down")
         # Each lane has its own bound, so streams filling theirs never refuse unary calls (memory: at most
-        # twice max_queue_inputs inputs queued).
-        queued = self._lanes[bulk].inputs
-        if queued + n > self.limits.max_queue_inputs:
+        # twice max_queue_inputs inputs queued or being tokenized).
+        room = self._room[bulk]
+        if not room.fits(n):
             kind = "stream" if bulk else "unary"
             raise Overloaded(
-                f"model {self.name}: the {kind} queue holds {queued} of max_queue_inputs "
-                f"{self.limits.max_queue_inputs} inputs; this call adds {n}; retry later"
+                f"model {self.name}: the {kind} queue holds {room.used} of max_queue_inputs "
+                f"{self.limits.max_queue_inputs} inputs (queued or being tokenized); this call adds {n}; "
+                "retry later"
             )
+
+    def reserve(self, n: int, bulk: bool = False, deadline: float | None = None) -> Permit:
+        """Room for a call's `n` inputs, taken before its work (tokenization) or refused at once:
+        Overloaded when the lane is full, DeadlineTooShort when the queue ahead cannot be computed in time."""
+        self._check_room(n, bulk)
+        self._check_deadline(0, deadline, bulk)
+        return self._room[bulk].take(n)
+
+    async def wait_room(self, n: int, bulk: bool = True) -> Permit:
+        """Room for a stream request's `n` inputs, waited for in arrival order (Overloaded at once when
+        `n` can never fit; ShuttingDown when the server stops)."""
+        if self._closing:
+            raise ShuttingDown(f"model {self.name}: the server is shutting down")
+        if n > self.limits.max_queue_inputs:
+            raise Overloaded(
+                f"model {self.name}: {n} inputs is more than max_queue_inputs "
+                f"{self.limits.max_queue_inputs}; send fewer inputs per request"
+            )
+        return await self._room[bulk].wait(n)
+
+    def reserve_exclusive(self) -> Permit:
+        """A place for one attention call, taken before its tokenization (Overloaded when full)."""
+        if self._closing:
+            raise ShuttingDown(f"model {self.name}: the server is shutting down")
+        waiting = len(self._exclusive) + self._exclusive_held
+        if waiting >= self.limits.max_queue_exclusive:
+            raise Overloaded(
+                f"model {self.name}: {waiting} attention calls are queued, "
+                f"max_queue_attention {self.limits.max_queue_exclusive}; retry later"
+            )
+        self._exclusive_held += 1
+        return Permit(_ExclusiveRoom(self), 1)
+
+    def _check_admission(self, n: int, tokens: int, deadline: float | None, bulk: bool) -> None:
+        self._check_room(n, bulk)
+        self._check_deadline(tokens, deadline, bulk)
+
+    def _check_deadline(self, tokens: int, deadline: float | None, bulk: bool) -> None:
         if deadline is None or self._queued_tokens == 0:  # nothing ahead: never refused for its deadline
             return
         wait = self.estimated_wait_s(tokens, bulk)
@@ -167,15 +219,24 @@ class Batcher:
                 f"the queue ahead needs about {wait:.3f}s"
             )
 
-    def submit(self, items: list[WorkItem]) -> None:
+    def submit(self, items: list[WorkItem], permit: Permit | None = None) -> None:
         """Admits all of a call's inputs or none (all interactive or all bulk); results arrive on each
-        item's future."""
+        item's future. With `permit` (from `reserve` or `wait_room`) their room is already taken: only the
+        deadline is checked here; without one, room is taken now or the call refused."""
         if not items:
             return
         bulk = items[0].bulk
         tokens = sum(item.length for item in items)
         deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
-        self._check_admission(len(items), tokens, deadline, bulk)
+        if permit is None:
+            self._check_admission(len(items), tokens, deadline, bulk)
+            self._room[bulk].take(len(items)).hand_over()
+        else:
+            if self._closing:
+                raise ShuttingDown(f"model {self.name}: the server is shutting down")
+            self._check_deadline(tokens, deadline, bulk)
+            self._room[bulk].used += len(items) - permit.inputs
+            permit.hand_over()
         if not bulk:
             self._interactive_seen = time.monotonic()
         self._incoming.extend(items)
@@ -188,17 +249,15 @@ class Batcher:
         # under load would cost the event loop about 30 us and change nothing
 
     async def submit_exclusive(
-        self, run: Callable[[], Any], tokens: int, deadline: float | None
+        self, run: Callable[[], Any], tokens: int, deadline: float | None, permit: Permit | None = None
     ) -> ItemResult:
-        """Admits `run` (blocking, run on the worker thread alone) and awaits its result. Full: Overloaded;
-        cancelled while queued: it never runs."""
-        if self._closing:
+        """Admits `run` (blocking, run on the worker thread alone) and awaits its result. Full: Overloaded
+        (unless `permit`, from `reserve_exclusive`, holds its place); cancelled while queued: never run."""
+        if permit is None:
+            permit = self.reserve_exclusive()
+        elif self._closing:
             raise ShuttingDown(f"model {self.name}: the server is shutting down")
-        if len(self._exclusive) >= self.limits.max_queue_exclusive:
-            raise Overloaded(
-                f"model {self.name}: {len(self._exclusive)} attention calls are queued, "
-                f"max_queue_attention {self.limits.max_queue_exclusive}; retry later"
-            )
+        permit.release()  # its place becomes the queued job's
         job = ExclusiveJob(run, tokens, asyncio.get_running_loop().create_future(), deadline)
         self._exclusive.append(job)
         self._observer.queue_depth(self.depth)
@@ -211,6 +270,7 @@ class Batcher:
     async def close(self) -> None:
         """Refuses new inputs, finishes the queued ones, then stops the owner."""
         self._closing = True
+        self._fail_waiting_room()
         self._wakeup.set()
         if self._owner is not None:
             await self._owner
@@ -222,12 +282,17 @@ class Batcher:
     async def abort(self) -> None:
         """Stops at once: queued inputs fail with ShuttingDown (used when the grace period is over)."""
         self._closing = True
+        self._fail_waiting_room()
         for task in (self._owner, *self._running):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._fail_queued(ShuttingDown(f"model {self.name}: the server stopped"))
+
+    def _fail_waiting_room(self) -> None:
+        for room in self._room.values():
+            room.fail_waiting(ShuttingDown(f"model {self.name}: the server is shutting down"))
 
     def _fail_queued(self, error: Exception) -> None:
         self._take_incoming()
@@ -347,6 +412,7 @@ class Batcher:
         lane.inputs -= len(items)
         lane.tokens -= sum(item.length for item in items)
         self._observer.queue_depth(self.depth)
+        self._room[lane.bulk].free(len(items))  # streams waiting for room may take it now
 
     def _classify_dead(self, waiting: list, now: float) -> tuple[list, list, list]:
         live, cancelled, expired = [], [], []
@@ -456,3 +522,13 @@ class Batcher:
         self._observer.batch_done(
             BatchStats(1, job.tokens, job.tokens, [waited], inference_s, exclusive=True)
         )
+
+
+class _ExclusiveRoom:
+    """What a permit from `reserve_exclusive` frees: a place among the attention calls admitted."""
+
+    def __init__(self, batcher: Batcher):
+        self.batcher = batcher
+
+    def free(self, inputs: int) -> None:
+        self.batcher._exclusive_held -= inputs

@@ -7,16 +7,19 @@ Errors are the domain errors of `service/errors.py`; each protocol maps them to 
 Data path of a batched call (embed, fill_mask, classify)::
 
     front ──> core.embed(model, texts, ...) on the event loop
-                ├─ validate texts (check_texts) and options
-                ├─ tokenize: ONE hop to the CPU pool (ModelTokenizer.encode)
-                ├─ admission: the encoder's queue owner (Batcher.submit; full -> Overloaded,
-                │  deadline the queue ahead cannot meet -> DeadlineTooShort)
+                ├─ validate the options and the number of texts (check_count)
+                ├─ admission BEFORE any work on the texts: room in the encoder's queue (Batcher.reserve:
+                │  full -> Overloaded, deadline the queue ahead cannot meet -> DeadlineTooShort; a
+                │  stream's request waits for room instead, Batcher.wait_room)
+                ├─ validate the texts (check_texts); tokenize: ONE hop to the CPU pool
+                ├─ queued with its permit (Batcher.submit)
                 ├─ the owner cuts batches across every model and task on that encoder; its worker
                 │  thread runs the encoder once per batch, then each model's head on its own rows
                 └─ typed result with CallMeta (queue = waiting, inference = compute)
 
-Attention calls are admitted by the same owner (a separate `max_queue_attention` limit) and run on the
-same worker thread, alternating with batches: a batch waits behind at most one attention run.
+Attention calls are admitted by the same owner (a separate `max_queue_attention` limit, their place taken
+before tokenizing) and run on the same worker thread, alternating with batches: a batch waits behind at
+most one attention run.
 
 `deadline` arguments are absolute `time.monotonic()` seconds (None: no deadline); `deadline_after`
 converts a timeout.
@@ -34,7 +37,7 @@ import numpy as np
 
 from bertserve import __version__
 from bertserve.service.attention import check_response_size, select_indices
-from bertserve.service.batcher import Batcher, BatchLimits, ItemResult, WorkItem
+from bertserve.service.batcher import Batcher, BatchLimits, ItemResult, Permit, WorkItem
 from bertserve.service.encoders import EncoderGroup
 from bertserve.service.errors import InvalidInput
 from bertserve.service.loop_lag import LoopLagMonitor
@@ -59,7 +62,12 @@ from bertserve.service.tasks import Task, TaskOptions
 from bertserve.service.tasks.classify import ranked
 from bertserve.service.tasks.fill_mask import mask_positions
 from bertserve.service.tokenization import EncodedInput
-from bertserve.service.validation import check_fill_mask_response_size, check_texts, check_top_k
+from bertserve.service.validation import (
+    check_count,
+    check_fill_mask_response_size,
+    check_texts,
+    check_top_k,
+)
 
 DEFAULT_FILL_MASK_TOP_K = 5
 # Calls with at most this many characters in all are tokenized on the event loop instead of the CPU pool.
@@ -226,15 +234,25 @@ class InferenceCore:
         all. One result per call, in order. `model` "" = the default model of the first call's task."""
         served = self._resolve(model, calls)
         options = [self._options(served, call) for call in calls]
-        encoded, tokenize_s = await self._tokenize(served, texts, truncate, detailed=False)
-        masks = None
-        if any(call.task is Task.FILL_MASK for call in calls):
-            masks = [self._masks(served, i, e) for i, e in enumerate(encoded)]
-            for call, option in zip(calls, options, strict=True):
-                if call.task is Task.FILL_MASK and call.sequences:
-                    sizes = [len(m) for m in masks]
-                    check_fill_mask_response_size(texts, sizes, option.top_k, self.settings.max_message_bytes)
-        results = await self._run(served, encoded, options, masks, deadline, bulk)
+        check_count(texts, self.settings.max_inputs_per_request)
+        batcher = served.encoder.batcher
+        inputs = len(texts) * len(calls)
+        # room in the queue first: a refused call costs no work on its texts (a stream's request waits)
+        permit = await batcher.wait_room(inputs, True) if bulk else batcher.reserve(inputs, False, deadline)
+        try:
+            checked = self._check_texts(texts)
+            encoded, tokenize_s = await self._tokenize(served, checked, truncate, detailed=False)
+            masks = None
+            if any(call.task is Task.FILL_MASK for call in calls):
+                masks = [self._masks(served, i, e) for i, e in enumerate(encoded)]
+                for call, option in zip(calls, options, strict=True):
+                    if call.task is Task.FILL_MASK and call.sequences:
+                        sizes = [len(m) for m in masks]
+                        limit = self.settings.max_message_bytes
+                        check_fill_mask_response_size(texts, sizes, option.top_k, limit)
+            results = await self._run(served, encoded, options, masks, deadline, bulk, permit)
+        finally:
+            permit.release()  # room not used (the call failed before it was queued)
         n = len(encoded)
         out = []
         for k, (call, option) in enumerate(zip(calls, options, strict=True)):
@@ -259,7 +277,7 @@ class InferenceCore:
     async def tokenize(self, model: str, texts: Sequence[str], *, truncate: bool = False) -> TokenizeResult:
         """The model's tokenization of each text (`model` "" = the first model); runs no graph."""
         served = self.registry.resolve(model, None)
-        encoded, tokenize_s = await self._tokenize(served, texts, truncate)
+        encoded, tokenize_s = await self._tokenize(served, self._check_texts(texts), truncate)
         return TokenizeResult(encoded, _meta(served, encoded, tokenize_s, []))
 
     async def attention(
@@ -281,16 +299,27 @@ class InferenceCore:
         dims = served.manifest.dimensions
         chosen_layers = select_indices(layers, dims.num_hidden_layers, "layers", served.name)
         chosen_heads = select_indices(heads, dims.num_attention_heads, "heads", served.name)
+        batcher = served.encoder.batcher
         try:
-            encoded, tokenize_s = await self._tokenize(served, [text], truncate)
+            checked = self._check_texts([text])
+            permit = batcher.reserve_exclusive()  # its place first: a refused call costs no tokenization
+            try:
+                encoded, tokenize_s = await self._tokenize(served, checked, truncate)
+            except BaseException:
+                permit.release()
+                raise
         except InvalidInput as exc:  # the checks speak of inputs[0]; this call has one `input`
             raise InvalidInput(str(exc).replace("inputs[0]", "input", 1)) from None
-        (e,) = encoded
-        maps_count = len(chosen_layers) * len(chosen_heads)
-        check_response_size(maps_count, e.length, self.settings.max_message_bytes, *(reply_bytes or ()))
-        self.metrics.inputs.labels(served.name, "attention").inc()
-        run = served.attention.bind(e.ids, e.type_ids, chosen_layers, chosen_heads, served.name)
-        result = await served.encoder.batcher.submit_exclusive(run, e.length, deadline)
+        try:
+            (e,) = encoded
+            maps_count = len(chosen_layers) * len(chosen_heads)
+            check_response_size(maps_count, e.length, self.settings.max_message_bytes, *(reply_bytes or ()))
+            self.metrics.inputs.labels(served.name, "attention").inc()
+            run = served.attention.bind(e.ids, e.type_ids, chosen_layers, chosen_heads, served.name)
+        except BaseException:
+            permit.release()
+            raise
+        result = await batcher.submit_exclusive(run, e.length, deadline, permit)
         return AttentionResult(
             tokens=e,
             layers=chosen_layers,
@@ -363,11 +392,16 @@ class InferenceCore:
             check_top_k(call.top_k, len(model.manifest.tasks.classify.id2label), "top_k", "number of labels")
         return TaskOptions(Task.CLASSIFY, top_k=call.top_k or 0, raw_scores=call.raw_scores)
 
+    def _check_texts(self, texts: Sequence[str]) -> list[str]:
+        """The texts as a list, refused (InvalidInput) over max_inputs_per_request or max_input_chars."""
+        return check_texts(texts, self.settings.max_inputs_per_request, self.settings.max_input_chars)
+
     async def _tokenize(
-        self, model: ServedModel, texts: Sequence[str], truncate: bool, detailed: bool = True
+        self, model: ServedModel, checked: list[str], truncate: bool, detailed: bool = True
     ) -> tuple[list[EncodedInput], float]:
-        """`detailed` False: the inputs only feed the graph (no token strings or offsets)."""
-        checked = check_texts(texts, self.settings.max_inputs_per_request, self.settings.max_input_chars)
+        """`checked` (from `_check_texts`) tokenized; `detailed` False: the inputs only feed the graph (no
+        token strings or offsets). Counted in bertserve_tokenized_inputs_total, refused or not."""
+        self.metrics.tokenized_of(model.name).inc(len(checked))
         started = time.perf_counter()
         if sum(len(text) for text in checked) <= INLINE_TOKENIZE_CHARS:
             encoded = model.tokenizer.encode(checked, truncate, detailed)  # bounded: INLINE_TOKENIZE_CHARS
@@ -396,9 +430,10 @@ class InferenceCore:
         masks: list[np.ndarray] | None,
         deadline: float | None,
         bulk: bool,
+        permit: Permit,
     ) -> list[ItemResult]:
-        """Admits the inputs of every task at once to the model's encoder queue and awaits every result:
-        task by task, input by input."""
+        """Queues the inputs of every task at once in the room `permit` holds in the model's encoder queue
+        and awaits every result: task by task, input by input."""
         loop = asyncio.get_running_loop()
         items = [
             WorkItem(
@@ -414,7 +449,7 @@ class InferenceCore:
             for option in options
             for i, e in enumerate(encoded)
         ]
-        model.encoder.batcher.submit(items)
+        model.encoder.batcher.submit(items, permit)
         for option in options:
             self.metrics.inputs_of(model.name, option.task.value).inc(len(encoded))
         futures = [item.future for item in items]

@@ -82,6 +82,10 @@ class Metrics:
             registry=r,
         )
         self.inputs = Counter("bertserve_inputs", "inputs accepted", ["model", "task"], registry=r)
+        # work done on inputs: only calls that were admitted (room in the queue taken) are tokenized
+        self.tokenized = Counter(
+            "bertserve_tokenized_inputs", "inputs tokenized (admitted calls only)", ["model"], registry=r
+        )
         # EmbedStream (service/streaming.py): requests_total{rpc="EmbedStream"} counts streams by final code
         self.streams_open = Gauge("bertserve_streams_open", "EmbedStream calls in progress", registry=r)
         self.stream_inputs_in_flight = Histogram(
@@ -133,6 +137,7 @@ class Metrics:
         # labelled series of the per-call metrics, looked up once per label set (see answered, inputs_of)
         self._answered: dict[tuple[str, str], tuple] = {}
         self._inputs: dict[tuple[str, str], Counter] = {}
+        self._tokenized: dict[str, Counter] = {}
 
     def answered(self, rpc: str, code: str, seconds: float) -> None:
         """One call of `rpc` answered with `code` after `seconds` (the labelled series looked up once)."""
@@ -150,6 +155,13 @@ class Metrics:
         series = self._inputs.get((model, task))
         if series is None:
             series = self._inputs[model, task] = self.inputs.labels(model, task)
+        return series
+
+    def tokenized_of(self, model: str) -> Counter:
+        """bertserve_tokenized_inputs_total{model}, looked up once per model."""
+        series = self._tokenized.get(model)
+        if series is None:
+            series = self._tokenized[model] = self.tokenized.labels(model)
         return series
 
     def export_limits(self, settings) -> None:

@@ -41,7 +41,8 @@ class Lifecycle:
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._draining = asyncio.Event()  # set once new calls are refused (streams stop reading then)
+        self._draining = asyncio.Event()  # set once new calls are refused (streams stop admitting then)
+        self._closing = asyncio.Event()  # set when the grace period is over: open streams end at once
 
     @property
     def accepting(self) -> bool:
@@ -57,6 +58,13 @@ class Lifecycle:
     async def wait_draining(self) -> None:
         """Returns once new calls are refused (`accepting` set to False)."""
         await self._draining.wait()
+
+    def close(self) -> None:
+        """The grace period is over: streams still open end now (with UNAVAILABLE)."""
+        self._closing.set()
+
+    async def wait_closing(self) -> None:
+        await self._closing.wait()
 
     def enter(self) -> None:
         self.in_flight += 1

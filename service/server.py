@@ -32,6 +32,8 @@ from bertserve.v1 import inference_pb2
 
 log = logging.getLogger("bertserve.server")
 
+# After the grace period: how long the streams still open get to send their UNAVAILABLE status.
+STREAMS_END_S = 1.0
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name  # bertserve.v1.Inference
 
 
@@ -123,7 +125,7 @@ class InferenceServer:
             # gRPC sets SO_REUSEPORT by default: a second server on a taken port would silently share it
             ("grpc.so_reuseport", 0),
         ]
-        self.admission = Admission(s.concurrent_rpcs_limit(), self.metrics)
+        self.admission = Admission(s.concurrent_rpcs_limit(), self.metrics, s.max_concurrent_streams)
         self._server = grpc.aio.server(
             options=size_options + admission_options(self.admission.limit), interceptors=[self.admission]
         )
@@ -192,6 +194,8 @@ class InferenceServer:
         finished = await self.lifecycle.wait_idle(grace)
         if not finished:
             log.warning("grace period over with %d calls still in flight", self.lifecycle.in_flight)
+            self.lifecycle.close()  # open streams end with UNAVAILABLE before the server stops
+            await self.lifecycle.wait_idle(STREAMS_END_S)
         await self.stop(finish_queued=finished)
         return finished
 

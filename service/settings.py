@@ -16,6 +16,7 @@ from bertserve.repository import MODEL_SPEC, parse_model_spec
 ENV_PREFIX = "BERTSERVE_"
 STREAM_INPUTS_IN_FLIGHT = 128  # max_stream_inputs_in_flight's default
 STREAM_BATCH_TOKENS = 128  # max_stream_batch_tokens' default
+CONCURRENT_STREAMS = 8  # max_concurrent_streams' default
 
 
 class SettingsError(ValueError):
@@ -64,10 +65,17 @@ class Settings(BaseSettings):
     # Per encoder and per lane: unary calls' inputs and streams' inputs each (service/batcher.py), so streams
     # that fill theirs never refuse unary calls.
     max_queue_inputs: int = Field(1024, ge=1, le=1_000_000)
-    # gRPC calls in flight at once (grpc.health.v1 Check excepted); beyond it a call is refused at once with
-    # RESOURCE_EXHAUSTED and counted (service/admission.py). 0 = twice max_queue_inputs: a full queue of
-    # one-input calls and as many again being tokenized or answered.
+    # gRPC calls in flight at once, streams included (grpc.health.v1 Check excepted); beyond it a call is
+    # refused at once with RESOURCE_EXHAUSTED and counted (service/admission.py). 0 = twice
+    # max_queue_inputs: a full queue of one-input calls and as many again being tokenized or answered.
     max_concurrent_rpcs: int = Field(0, ge=0, le=1_000_000)
+    # Client-streaming gRPC calls (EmbedStream, reflection) open at once, also counted in
+    # max_concurrent_rpcs; beyond it a stream is refused at once with RESOURCE_EXHAUSTED. Each holds up
+    # to a window of inputs and their answers (max_stream_inputs_in_flight) and one request read ahead,
+    # so this bounds streams' memory (service/stream_memory.py). The default is the number of streams
+    # whose windows fill the stream queue (max_queue_inputs / max_stream_inputs_in_flight): more streams
+    # would add waiting, not throughput.
+    max_concurrent_streams: int = Field(CONCURRENT_STREAMS, ge=1, le=100_000)
     # Attention calls waiting per encoder (each runs alone, alternating with batches; beyond: RESOURCE_EXHAUSTED).
     max_queue_attention: int = Field(256, ge=1, le=100_000)
     max_inputs_per_request: int = Field(256, ge=1, le=100_000)

@@ -15,9 +15,22 @@ A failed request is answered with its id and a StreamError (code + message, as t
 the stream goes on, unless its first request set `stop_on_error`: then no more requests are read, those
 read are answered (so every request before the failed one gets its answer), and the stream ends with
 the failed request's code.
-An undecodable request ends the stream with INVALID_ARGUMENT once what was read is answered. While the
-server drains, the reader stops, what was read is answered, and the stream ends with UNAVAILABLE. A
-cancelled stream (client cancel, deadline) cancels its requests' queued work.
+An undecodable request ends the stream with INVALID_ARGUMENT once what was read is answered.
+
+Admission before work: a request's inputs take room in the encoder's stream queue before they are
+tokenized (`core.embed(bulk=True)` waits for it in arrival order), so a full queue slows streams down
+instead of refusing requests after tokenizing them.
+
+While the server drains, requests read before the drain are answered; a request read after it is
+answered at once with a StreamError UNAVAILABLE (no work done); the stream ends with UNAVAILABLE when
+every request read is answered and sent and the client either half-closed or sent nothing since the
+drain began; at the end of the grace period in any case. The server never ends a stream while a client
+that keeps writing still sends: gRPC's asyncio client reports a stream ended under its writes as INTERNAL
+"Internal error from Core" and drops the answers it has not read.
+
+The stream's deadline is its gRPC deadline, or sooner the `x-request-timeout` metadata (seconds, as the
+HTTP header): at the deadline the server ends the stream with DEADLINE_EXCEEDED itself. A cancelled stream
+(client cancel, gRPC deadline) cancels its requests' queued work.
 """
 
 from __future__ import annotations
@@ -39,6 +52,8 @@ from bertserve.v1 import inference_pb2 as pb
 log = logging.getLogger(__name__)
 
 RPC_NAME = "EmbedStream"
+TIMEOUT_METADATA = "x-request-timeout"  # seconds, decimal: the stream's deadline if sooner than gRPC's
+DRAIN_REFUSAL = "the server is draining: this request was not served; resend it elsewhere"
 RESULT_FIELD = pb.EmbedStreamResponse.DESCRIPTOR.fields_by_name["result"].number
 OFF_LOOP_BYTES = 64 * 1024  # answers estimated above this are serialized on the CPU pool
 
@@ -77,16 +92,31 @@ class _Answer:
 
 @dataclass(frozen=True)
 class _ReadingEnded:
-    """The reader is done: the client half-closed (code OK), the server drains, or a request was bad."""
+    """The reader is done: the client half-closed (code OK), or a request was bad."""
 
     code: grpc.StatusCode = grpc.StatusCode.OK
     message: str = ""
 
 
-class _StreamEnded(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
+_WAKE = object()  # in the answers queue: the drain began, or the reader waits for a request
+
+
+def stream_deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The gRPC deadline, or the `x-request-timeout` metadata's if sooner (time.monotonic() seconds)."""
+    deadline = deadline_of(context)
+    for key, value in context.invocation_metadata() or ():
+        if key == TIMEOUT_METADATA:
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = -1.0
+            if not 0 < seconds < float("inf"):
+                raise errors.InvalidInput(
+                    f"{TIMEOUT_METADATA}: {value[:40]!r} is not a positive number of seconds"
+                )
+            mine = time.monotonic() + seconds
+            deadline = mine if deadline is None else min(deadline, mine)
+    return deadline
 
 
 def error_payload(request_id: int, code: grpc.StatusCode, message: str) -> bytes:
@@ -106,35 +136,45 @@ class _Stream:
         self.core, self.lifecycle, self.context = core, lifecycle, context
         self.settings, self.metrics = core.settings, core.metrics
         self.window = InputWindow(self.settings.max_stream_inputs_in_flight)
-        self.deadline = deadline_of(context)
-        self.answers: asyncio.Queue[_Answer | _ReadingEnded] = asyncio.Queue()
+        self.deadline = stream_deadline(context)
+        self.answers: asyncio.Queue[_Answer | _ReadingEnded | object] = asyncio.Queue()
         self.working: set[asyncio.Task] = set()  # requests admitted, not yet answered
         self.stop_on_error = False
         self.answered = 0
         self.reader: asyncio.Task | None = None
+        self.draining = False
+        self.idle = False  # the reader waits for a request the client has not sent
+        self.refused = 0  # requests read after the drain began (answered UNAVAILABLE)
 
     async def run(self) -> tuple[grpc.StatusCode, str]:
         self.reader = reader = asyncio.ensure_future(self._read())
-        draining = asyncio.ensure_future(self._watch_drain(reader))
+        draining = asyncio.ensure_future(self._watch_drain())
+        writer = asyncio.ensure_future(self._write())
+        closing = asyncio.ensure_future(self.lifecycle.wait_closing())
+        timeout = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
         try:
-            return await self._write()
+            done, _ = await asyncio.wait(
+                {writer, closing}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if writer in done:
+                return writer.result()
+            if closing in done:
+                return grpc.StatusCode.UNAVAILABLE, (
+                    "the server stopped at the end of its grace period: requests without an answer were "
+                    "not served; resend them elsewhere"
+                )
+            return grpc.StatusCode.DEADLINE_EXCEEDED, "the stream's deadline passed"
         finally:
-            for task in (reader, draining, *self.working):
+            tasks = (reader, draining, writer, closing, *self.working)
+            for task in tasks:
                 task.cancel()
             # let cancelled reads and requests unwind (the core cancels their queued inputs)
-            await asyncio.gather(reader, draining, *self.working, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _watch_drain(self, reader: asyncio.Task) -> None:
+    async def _watch_drain(self) -> None:
         await self.lifecycle.wait_draining()
-        if not reader.done():
-            reader.cancel()
-            self.answers.put_nowait(
-                _ReadingEnded(
-                    grpc.StatusCode.UNAVAILABLE,
-                    "the server is draining: requests read so far were answered; resend those without "
-                    "an answer elsewhere",
-                )
-            )
+        self.draining = True
+        self.answers.put_nowait(_WAKE)
 
     async def _read(self) -> None:
         try:
@@ -149,7 +189,11 @@ class _Stream:
         first = True
         while True:
             await self.window.wait_room()
+            self.idle = True
+            if self.draining:
+                self.answers.put_nowait(_WAKE)  # the writer may end a stream whose client sends nothing
             data = await self.context.read()
+            self.idle = False
             if data is grpc.aio.EOF:
                 self.answers.put_nowait(_ReadingEnded())
                 return
@@ -158,10 +202,17 @@ class _Stream:
             except errors.InvalidInput as exc:
                 self.answers.put_nowait(_ReadingEnded(grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
                 return
+            del data
             if first:
                 self.stop_on_error, first = request.stop_on_error, False
             inputs = max(1, len(request.inputs))
             await self.window.acquire(inputs)
+            if self.draining:  # answered without work, in the window like any answer
+                self.refused += 1
+                code = grpc.StatusCode.UNAVAILABLE
+                payload = error_payload(request.id, code, DRAIN_REFUSAL)
+                self.answers.put_nowait(_Answer(request.id, inputs, payload, code, DRAIN_REFUSAL))
+                continue
             self.metrics.stream_inputs_in_flight.observe(self.window.in_flight)
             task = asyncio.ensure_future(self._answer(request, inputs))
             self.working.add(task)
@@ -197,10 +248,21 @@ class _Stream:
             payload = error_payload(request.id, code, message)
         self.answers.put_nowait(_Answer(request.id, inputs, payload, code, message))
 
+    def _quiet_at_drain(self) -> bool:
+        """Draining, every request read is answered and sent, and the client sent nothing since."""
+        idle = self.idle and not self.refused and not self.working and self.answers.empty()
+        return self.draining and idle
+
     async def _write(self) -> tuple[grpc.StatusCode, str]:
         ended: _ReadingEnded | None = None
         while ended is None or self.working or not self.answers.empty():
+            if ended is None and self._quiet_at_drain():
+                self.reader.cancel()
+                ended = _ReadingEnded(grpc.StatusCode.UNAVAILABLE, "")
+                continue
             item = await self.answers.get()
+            if item is _WAKE:
+                continue
             if isinstance(item, _ReadingEnded):
                 ended = ended or item  # the first reason counts (drain after a half-close changes nothing)
                 continue
@@ -213,6 +275,12 @@ class _Stream:
                 self.reader.cancel()
                 message = f"request id {item.request_id}: {item.message} (stop_on_error)"
                 ended = _ReadingEnded(item.code, message)
+        cut = ended.code == grpc.StatusCode.UNAVAILABLE or (ended.code == grpc.StatusCode.OK and self.refused)
+        if self.draining and cut:  # a client that half-closed with every request served ends OK
+            return grpc.StatusCode.UNAVAILABLE, (
+                f"the server is draining: every request read before the drain was answered; "
+                f"{self.refused} sent after it were answered UNAVAILABLE; resend those elsewhere"
+            )
         return ended.code, ended.message
 
 
@@ -233,6 +301,8 @@ class EmbedStreamHandler:
         self.metrics.streams_open.inc()
         try:
             code, message = await _Stream(self.core, self.lifecycle, context).run()
+        except errors.InvalidInput as exc:  # the x-request-timeout metadata
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         except asyncio.CancelledError:  # the client cancelled, or the stream's deadline passed
             remaining = context.time_remaining()
             expired = remaining is not None and remaining <= DEADLINE_SLACK_S

@@ -11,11 +11,16 @@ from bertserve.service.errors import InvalidInput
 CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
-def check_texts(inputs: Sequence[str], max_inputs: int, max_chars: int) -> list[str]:
+def check_count(inputs: Sequence[str], max_inputs: int) -> None:
+    """At least one input and at most `max_inputs`: checked before a call takes room in a queue."""
     if not inputs:
         raise InvalidInput("inputs: at least one input is required")
     if len(inputs) > max_inputs:
         raise InvalidInput(f"inputs: {len(inputs)} inputs is more than max_inputs_per_request {max_inputs}")
+
+
+def check_texts(inputs: Sequence[str], max_inputs: int, max_chars: int) -> list[str]:
+    check_count(inputs, max_inputs)
     texts = list(inputs)
     for i, text in enumerate(texts):
         if len(text) > max_chars:

@@ -303,3 +303,38 @@ def test_streams_filling_their_queue_never_refuse_unary_calls():
     refused, values = run_batcher(model, limits(max_queue_inputs=4), scenario)
     assert refused is not None and "stream queue holds 4 of max_queue_inputs 4" in refused
     assert values == [0, 1, 2, 3, 7]
+
+
+def test_room_is_taken_before_work_and_streams_wait_for_it_in_arrival_order():
+    """Permits (service/queue_room.py): a unary call's room is taken at once or refused, counting inputs
+    still being tokenized; a stream's request waits for room, in arrival order; a cancelled waiter gives
+    its turn away, and room comes back when inputs leave the queue or a permit is released unused."""
+    recorder = Recorder()
+
+    async def scenario(batcher: Batcher):
+        loop = asyncio.get_running_loop()
+        held = batcher.reserve(3)  # a unary call being tokenized
+        with pytest.raises(Overloaded, match="being tokenized"):
+            batcher.reserve(2)  # 3 + 2 > 4, though nothing is queued yet
+        held.release()
+        held.release()  # once only
+        batcher.reserve(4).release()
+
+        first = await batcher.wait_room(4, bulk=True)
+        waiters = [asyncio.ensure_future(batcher.wait_room(n, bulk=True)) for n in (3, 1, 2)]
+        await asyncio.sleep(0)
+        assert not any(w.done() for w in waiters)
+        waiters[0].cancel()  # the 3 at the head leaves: the 1 and the 2 go next, in order
+        futures = [loop.create_future() for _ in range(4)]
+        batcher.submit([item(5, k, f, bulk=True) for k, f in enumerate(futures)], first)
+        recorder.release.set()
+        await asyncio.gather(*futures)  # computed: their room came back
+        second, third = await asyncio.gather(waiters[1], waiters[2])
+        assert (second.inputs, third.inputs) == (1, 2)
+        with pytest.raises(Overloaded, match="more than max_queue_inputs"):
+            await batcher.wait_room(5, bulk=True)  # can never fit: refused at once
+        second.release()
+        third.release()
+        assert (await batcher.wait_room(4, bulk=True)).inputs == 4
+
+    run_batcher(recorder, limits(max_queue_inputs=4), scenario)

@@ -3,7 +3,10 @@ values equal to unary Embed, per-request errors with their ids, cancellation, dr
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -12,6 +15,7 @@ import pytest
 from bertserve.client import Client
 from bertserve.client_stream import DEFAULT_BATCH_SIZE, StreamRequestError
 from bertserve.v1 import inference_pb2 as pb
+from bertserve.v1 import inference_pb2_grpc
 from tests.helpers.server import ServerThread, metric, scrape, wait_for
 from tests.helpers.texts import random_texts
 
@@ -185,41 +189,121 @@ def test_draining_answers_what_was_read_then_ends_the_stream_unavailable(tiny_re
                 list(client.stub.EmbedStream(iter([request(9, ["x"])]), timeout=5))
 
 
-def test_requests_refused_by_a_full_queue_are_retried_by_the_client(tiny_repo):
-    texts = corpus(2_000, seed=4, max_words=10)
-    # a queue of 8 inputs: the stream's own 64-input window overflows it all the time
+def test_a_full_queue_slows_streams_down_and_no_input_is_tokenized_twice(tiny_repo):
+    """Admission before work: a stream's request takes room in the queue before it is tokenized and waits
+    for it, so with a queue far smaller than the streams' windows nothing is refused, and every input
+    is tokenized exactly once (before, requests were tokenized, refused, retried and tokenized again)."""
+    streams, per_stream = 3, 400
+    texts = [corpus(per_stream, seed=4 + k, max_words=10) for k in range(streams)]
+    # a queue of 8 inputs: each stream's 128-input window overflows it all the time
     with (
         ServerThread(model_repo=tiny_repo, models=[MODEL], max_queue_inputs=8) as server,
         Client(server.address, timeout=120) as client,
     ):
-        streamed = np.concatenate(list(client.embed_stream_batches(texts, model=MODEL, batch_size=8)))
-        expected = unary(client, texts, size=8, model=MODEL)
+        before = scrape(server.metrics_url)
+        with ThreadPoolExecutor(streams) as pool:
+            runs = [
+                pool.submit(
+                    lambda t: np.concatenate(list(client.embed_stream_batches(t, model=MODEL, batch_size=8))),
+                    t,
+                )
+                for t in texts
+            ]
+            streamed = [run.result(300) for run in runs]
         samples = scrape(server.metrics_url)
-    assert np.abs(streamed - expected).max() <= 1e-6
-    refused = metric(samples, "bertserve_stream_requests_total", code="RESOURCE_EXHAUSTED")
-    assert refused > 0, "the queue never filled: nothing was retried"
-    assert metric(samples, "bertserve_stream_requests_total", code="OK") == len(texts) / 8
-    assert metric(samples, "bertserve_requests_total", rpc="EmbedStream", code="OK") == 1
+        expected = [unary(client, t, size=8, model=MODEL) for t in texts]
+
+    def moved(name: str, **labels) -> float:
+        return metric(samples, name, **labels) - metric(before, name, **labels)
+
+    for got, want in zip(streamed, expected, strict=True):
+        assert np.abs(got - want).max() <= 1e-6
+    assert moved("bertserve_stream_requests_total", code="RESOURCE_EXHAUSTED") == 0
+    assert moved("bertserve_tokenized_inputs_total", model=MODEL) == streams * per_stream
+    assert moved("bertserve_requests_total", rpc="EmbedStream", code="OK") == streams
 
 
 def test_a_stream_past_its_deadline_ends_deadline_exceeded(tiny_server):
+    """The server's deadline (x-request-timeout, 1 s) is strictly before the client's (60 s): the server
+    ends the stream itself with DEADLINE_EXCEEDED and counts it before the status is sent, so nothing
+    races however loaded the machine is (with the client's own deadline, its cancel and the server's
+    clock raced)."""
     never = threading.Event()
 
     def one_then_wait():
         yield request(1, ["a cat"])
-        never.wait(5)  # the client keeps the stream open past its deadline
+        never.wait(60)  # the client keeps the stream open past the server's deadline
 
+    labels = {"rpc": "EmbedStream", "code": "DEADLINE_EXCEEDED"}
     before = scrape(tiny_server.metrics_url)
     with Client(tiny_server.address) as client:
-        call = client.stub.EmbedStream(one_then_wait(), timeout=1.0)
+        call = client.stub.EmbedStream(one_then_wait(), timeout=60, metadata=[("x-request-timeout", "1")])
+        answers = []
+        with pytest.raises(grpc.RpcError) as raised:
+            answers.extend(call)
+        never.set()
+    assert [a.id for a in answers] == [1]
+    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "deadline" in raised.value.details()
+    after = scrape(tiny_server.metrics_url)
+    assert (
+        metric(after, "bertserve_requests_total", **labels)
+        == metric(before, "bertserve_requests_total", **labels) + 1
+    )
+    wait_for(lambda: metric(scrape(tiny_server.metrics_url), "bertserve_streams_open") == 0)
+
+
+def test_a_bad_request_timeout_is_invalid_argument(tiny_server):
+    with Client(tiny_server.address, timeout=30) as client:
+        call = client.stub.EmbedStream(
+            iter([request(1, ["a cat"])]), metadata=[("x-request-timeout", "soon")]
+        )
         with pytest.raises(grpc.RpcError) as raised:
             list(call)
-        never.set()
-    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    labels = {"rpc": "EmbedStream", "code": "DEADLINE_EXCEEDED"}
-    expired = metric(before, "bertserve_requests_total", **labels) + 1
-    # the client's deadline can fire a moment before the server's: the handler counts it just after
-    wait_for(lambda: metric(scrape(tiny_server.metrics_url), "bertserve_requests_total", **labels) == expired)
-    after = scrape(tiny_server.metrics_url)
-    assert metric(after, "bertserve_requests_total", **labels) == expired
-    assert metric(after, "bertserve_streams_open") == 0
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "x-request-timeout" in raised.value.details()
+
+
+def test_a_slow_reader_that_keeps_writing_gets_every_answer_and_unavailable_at_a_drain(tiny_repo):
+    """gRPC's asyncio client turns a stream the server ends under its writes into INTERNAL "Internal
+    error from Core" and drops the answers not yet read. At a drain the server goes on reading: requests
+    sent after it began are answered UNAVAILABLE, and the stream ends once the client stops writing."""
+    code_unavailable = grpc.StatusCode.UNAVAILABLE.value[0]
+
+    async def slow_reader(server: ServerThread) -> tuple[list, grpc.StatusCode, str, bool]:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stop_writing = asyncio.Event()
+
+            async def requests():
+                for i in range(3_000):  # bounded: the client stops at its first UNAVAILABLE answer
+                    if stop_writing.is_set():
+                        return
+                    yield request(i, ["a text that is read slowly"] * 8)
+
+            call = inference_pb2_grpc.InferenceStub(channel).EmbedStream(requests(), timeout=120)
+            answers = [await call.read()]
+            drained = asyncio.get_running_loop().run_in_executor(None, server.call, server.server.drain)
+            with contextlib.suppress(grpc.aio.AioRpcError):  # the stream's status, read below
+                while (answer := await call.read()) is not grpc.aio.EOF:
+                    answers.append(answer)
+                    if answer.WhichOneof("outcome") == "error" and answer.error.code == code_unavailable:
+                        stop_writing.set()
+                    await asyncio.sleep(0.01)  # a slow reader
+            return answers, await call.code(), await call.details(), await drained
+
+    server = ServerThread(model_repo=tiny_repo, models=[MODEL], grace_period_s=60).start()
+    try:
+        answers, code, details, finished = asyncio.run(slow_reader(server))
+    finally:
+        server.stop()
+    assert code == grpc.StatusCode.UNAVAILABLE, (code, details)
+    assert "draining" in details
+    assert finished, "the drain ran out of its grace period"
+    served = [a.id for a in answers if a.WhichOneof("outcome") == "result"]
+    refused = [a.id for a in answers if a.WhichOneof("outcome") == "error"]
+    assert served and refused
+    # every request the server read got exactly one answer: those before the drain a result, the rest
+    # UNAVAILABLE
+    assert sorted(served + refused) == list(range(len(answers)))
+    assert max(served) < min(refused)
+    assert {a.error.code for a in answers if a.WhichOneof("outcome") == "error"} == {code_unavailable}
