@@ -99,14 +99,18 @@ def run(args: argparse.Namespace) -> int:
     import grpc
 
     from bertserve.client import Client
-    from bertserve.commands.common import rpc_failure
+    from bertserve.commands.common import interrupt_closes, rpc_failure
 
-    with Client(args.address, timeout=args.timeout) as client:
+    with Client(args.address, timeout=args.timeout) as client, interrupt_closes(client) as interrupted:
         try:
             response = client.attention(
                 args.text, model=args.model, layers=[args.layer], heads=[args.head], truncate=args.truncate
             )
-        except grpc.RpcError as exc:
+        except (grpc.RpcError, ValueError) as exc:  # ValueError: the channel was closed by Ctrl-C
+            if interrupted.is_set():
+                raise KeyboardInterrupt from None  # bertserve/cli.py says so in one line
+            if not isinstance(exc, grpc.RpcError):
+                raise
             print(f"bertserve attention: {rpc_failure(exc, client.address)}", file=sys.stderr)
             return 1
     matrix = response.matrix(args.layer, args.head)  # (T, T)

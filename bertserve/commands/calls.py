@@ -12,7 +12,7 @@ import sys
 import typing
 
 from bertserve.cli import describe
-from bertserve.commands.common import add_connection_flags, print_json, rpc_failure
+from bertserve.commands.common import add_connection_flags, interrupt_closes, print_json, rpc_failure
 
 STDIN = "-"
 
@@ -138,10 +138,14 @@ def _run_client(args: argparse.Namespace) -> int:
         print(f"bertserve {args.command}: no inputs (standard input had no non-blank line)", file=sys.stderr)
         return 2
     call, describe_result = CLIENT_COMMANDS[args.command]
-    with Client(args.address, timeout=args.timeout) as client:
+    with Client(args.address, timeout=args.timeout) as client, interrupt_closes(client) as interrupted:
         try:
             result = call(client, args, inputs)
-        except grpc.RpcError as exc:
+        except (grpc.RpcError, ValueError) as exc:  # ValueError: the channel was closed by Ctrl-C
+            if interrupted.is_set():
+                raise KeyboardInterrupt from None  # bertserve/cli.py says so in one line
+            if not isinstance(exc, grpc.RpcError):
+                raise
             print(f"bertserve {args.command}: {rpc_failure(exc, client.address)}", file=sys.stderr)
             return 1
     if args.json:

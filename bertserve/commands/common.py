@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
+import threading
+from collections.abc import Iterator
 
 from bertserve.address import DEFAULT_ADDRESS, DEFAULT_PORT
 
@@ -53,3 +57,25 @@ def print_json(value, pretty: bool) -> None:
         print(json.dumps(value, indent=2))
     else:
         print(json.dumps(value, separators=(",", ":")))
+
+
+@contextlib.contextmanager
+def interrupt_closes(client) -> Iterator[threading.Event]:
+    """Within: Ctrl-C closes the client's channel from another thread, which ends its calls (CANCELLED),
+    and sets the event the caller checks; a KeyboardInterrupt raised inside gRPC's own code could leave
+    one of its locks held and the command hung. Outside the main thread, nothing changes."""
+    interrupted = threading.Event()
+
+    def close_on_interrupt(_signum, _frame) -> None:
+        if not interrupted.is_set():
+            interrupted.set()
+            threading.Thread(target=client.close, name="interrupt", daemon=True).start()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+    previous = signal.signal(signal.SIGINT, close_on_interrupt)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import BinaryIO
 
@@ -57,11 +58,46 @@ def _served_model(info, name: str):
     raise JobError("the server has no default embedding model; pass --model")
 
 
-def run(args: argparse.Namespace) -> int:
+def _run_job(args: argparse.Namespace, client, job: Job) -> None:
+    source = None
+    try:
+        info = client.info(timeout=args.timeout or 30.0)
+        model = _served_model(info, args.model)
+        job.open(args.restart)
+        job.set_dimension(model.dimension)
+        if job.rows:
+            print(f"embed-file: resuming after {job.rows} rows already in {job.data_path}", file=sys.stderr)
+        source = _open_input(args.input)
+        embed(args, client, source, job, info.limits.max_input_chars)
+        job.finish()
+    finally:
+        job.close()
+        if source is not None and source is not sys.stdin.buffer:
+            source.close()
+
+
+def _failure(exc: Exception, args: argparse.Namespace, address: str) -> str:
+    """One line for a job that could not go on (the exception again when it is not one of ours)."""
     import grpc
 
-    from bertserve.client import Client
     from bertserve.commands.common import one_line, rpc_failure
+
+    if isinstance(exc, BadLine):
+        name = "standard input" if args.input == "-" else args.input
+        return (
+            f"{name} line {exc.line.number}: {one_line(exc.line.problem)}; fix or remove it, or pass "
+            "--on-bad-line skip"
+        )
+    if isinstance(exc, (JobError, OSError, json.JSONDecodeError)):
+        return str(exc)
+    if isinstance(exc, grpc.RpcError):
+        return rpc_failure(exc, address)
+    raise exc
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertserve.client import Client
+    from bertserve.commands.common import interrupt_closes
 
     out = Path(args.out)
     if out.suffix not in FORMATS:
@@ -75,39 +111,23 @@ def run(args: argparse.Namespace) -> int:
         "format": FORMATS[out.suffix],
     }
     job = Job(out, options)
-    client = Client(args.address, timeout=args.timeout)
-    name = "standard input" if args.input == "-" else args.input
-    source = None
-    code = 1
-    try:
-        info = client.info(timeout=args.timeout or 30.0)
-        model = _served_model(info, args.model)
-        job.open(args.restart)
-        job.set_dimension(model.dimension)
-        if job.rows:
-            print(f"embed-file: resuming after {job.rows} rows already in {job.data_path}", file=sys.stderr)
-        source = _open_input(args.input)
-        embed(args, client, source, job, info.limits.max_input_chars)
-        job.finish()
-        skipped = f"; {job.skipped} lines skipped, listed in {job.skipped_path}" if job.skipped else ""
-        print(f"embed-file: wrote {job.rows} x {job.dimension} float32 to {out}{skipped}", file=sys.stderr)
-        return 0
-    except BadLine as exc:
-        message = (
-            f"{name} line {exc.line.number}: {one_line(exc.line.problem)}; fix or remove it, or pass "
-            "--on-bad-line skip"
-        )
-    except (JobError, OSError, json.JSONDecodeError) as exc:
-        message = str(exc)
-    except grpc.RpcError as exc:
-        message = rpc_failure(exc, client.address)
-    except KeyboardInterrupt:
-        message, code = "interrupted", 130
-    finally:
-        job.close()
-        client.close()
-        if source is not None and source is not sys.stdin.buffer:
-            source.close()
+    code, interrupted = 1, threading.Event()
+    with Client(args.address, timeout=args.timeout) as client:
+        try:
+            with interrupt_closes(client) as interrupted:
+                _run_job(args, client, job)
+            skipped = f"; {job.skipped} lines skipped, listed in {job.skipped_path}" if job.skipped else ""
+            print(
+                f"embed-file: wrote {job.rows} x {job.dimension} float32 to {out}{skipped}", file=sys.stderr
+            )
+            return 0
+        except KeyboardInterrupt:
+            message, code = "interrupted", 130
+        except Exception as exc:
+            if interrupted.is_set():  # the calls ended because Ctrl-C closed the channel
+                message, code = "interrupted", 130
+            else:
+                message = _failure(exc, args, client.address)
     kept = ""
     if job.state_path.exists():
         kept = f"; {job.rows} rows kept in {job.data_path}, run the same command to resume"
