@@ -140,6 +140,29 @@ def test_ctrl_c_ends_a_command_with_one_line_and_130(tiny_server):
     assert err == "bertserve embed: interrupted\n" and out == ""
 
 
+def test_ctrl_c_during_a_call_ends_it_with_one_line_and_130():
+    """The call waits on a server that accepts the connection and never answers."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        command = [*bertserve_command(), "info", "--address", address, "--timeout", "120"]
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            silent.settimeout(60)
+            connection, _ = silent.accept()  # the call is under way
+            _wait_until_blocked(process.pid, "cygrpc")
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=60)
+            connection.close()
+        finally:
+            process.kill()
+    assert process.returncode == 130
+    assert err == "bertserve info: interrupted\n" and out == ""
+
+
 def test_json_is_one_line_unless_pretty(tiny_server, capsys):
     argv = ["embed", "--address", tiny_server.address, "--model", "tiny-embed", "--json", "a cat", "a dog"]
     assert main(argv) == 0

@@ -333,3 +333,16 @@ def test_an_unknown_output_format_is_refused(tiny_server, tmp_path, suffix):
         stderr=subprocess.PIPE,
     )
     assert ".npy or .jsonl" in job.communicate(timeout=60)[1] and job.returncode == 2
+
+
+def test_an_unknown_model_is_one_line_before_any_file_is_written(tiny_server, tmp_path):
+    source = tmp_path / "texts.txt"
+    source.write_text("the cat\n")
+    out = tmp_path / "v.npy"
+    command = [*bertserve_command(), "embed-file", str(source), "--out", str(out), "--model", "nope"]
+    done = subprocess.run(
+        [*command, "--address", tiny_server.address], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "no model named 'nope' is served" in done.stderr and "tiny-embed" in done.stderr
+    assert not list(tmp_path.glob("v.npy*"))

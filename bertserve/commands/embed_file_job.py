@@ -84,7 +84,11 @@ class Job:
             raise JobError(f"{self.out} exists (a finished job); remove it first")
         if self.state_path.exists() and not restart:
             state = json.loads(self.state_path.read_text())
-            if state.get("version") != STATE_VERSION or state.get("options") != self.options:
+            if state.get("version") != STATE_VERSION:
+                raise JobError(
+                    f"{self.state_path}: written by another version of embed-file; pass --restart to start over"
+                )
+            if state.get("options") != self.options:
                 raise JobError(
                     f"{self.state_path}: the cut-short job ran with {state.get('options')}; run it with the "
                     "same options, or pass --restart to start over"

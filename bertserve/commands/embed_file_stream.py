@@ -153,8 +153,10 @@ def embed(args: argparse.Namespace, client, source: BinaryIO, job: Job, max_char
             except StreamRequestError as exc:
                 pending = feed.close()
                 refused = _refused_line(exc, pending)
-                if refused is None:
-                    raise
+                if refused is None:  # the request as a whole: name where it started
+                    first = next((p.number for p in pending if p.problem is None), None)
+                    where = f" (the request from line {first})" if first else ""
+                    raise JobError(f"{exc.code().name}: {' '.join(exc.details().split())}{where}") from None
                 line, reason = refused
                 if args.on_bad_line == "fail":
                     raise BadLine(
