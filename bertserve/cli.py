@@ -32,20 +32,27 @@ COMMAND_MODULES: dict[str, dict[str, str]] = {
     },
     "bertserve.service.commands": {
         "serve": "serve a model repository over gRPC, with Prometheus metrics",
+    },
+    "bertserve.commands.calls": {
         "embed": "client: sentence embeddings of texts",
         "fill-mask": "client: the likeliest tokens for each mask in texts",
         "classify": "client: labels with scores for texts",
         "tokenize": "client: the model's tokens of texts, with ids and offsets",
         "info": "client: the server's models, tasks, limits and versions",
-        "attention": "client: draw one attention head's map of a text (PNG)",
     },
-    "bertserve.service.embed_file": {
+    "bertserve.commands.attention": {
+        "attention": "client: one attention head's map of a text, as a table (and a PNG with --out)",
+    },
+    "bertserve.commands.embed_file": {
         "embed-file": "client: embed a file of texts into .npy or .jsonl over EmbedStream (resumable)",
     },
     "bertserve.bench.commands": {
         "bench": "benchmark the server against same-run baselines",
     },
 }
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
 
 
 def describe(command: str) -> str:
@@ -93,6 +100,14 @@ def build_parser(only_module: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
+    try:
+        return _main(argv, command)
+    except KeyboardInterrupt:  # Ctrl-C: one line, and the shell's code for SIGINT
+        print(f"bertserve {command}: interrupted" if command else "bertserve: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str], command: str | None) -> int:
     module = _module_for(command) if command else None
     parser = build_parser(only_module=module or "")
     args = parser.parse_args(argv)

@@ -13,6 +13,7 @@ Failures raise `grpc.RpcError` with the server's status code and message. `clien
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Sequence
 
 import grpc
@@ -21,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bertserve import client_results as results
 from bertserve import client_stream
+from bertserve.address import with_port
 from bertserve.client_results import (
     AttentionMap,
     AttentionMaps,
@@ -44,6 +46,9 @@ from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc
 
 SERVICE_NAME = "bertserve.v1.Inference"
+# gRPC's reconnect backoff grows to 120 s by default: capped so that a client waiting for a server to
+# come up sees it within a couple of seconds of its start.
+MAX_RECONNECT_BACKOFF_MS = 2000
 
 __all__ = [
     "SERVICE_NAME",
@@ -77,9 +82,12 @@ class Client:
         credentials: grpc.ChannelCredentials | None = None,
         max_message_bytes: int = 8 * 1024 * 1024,
     ):
+        self.address = with_port(address)  # a host without a port means 50051, not gRPC's 443
+        address = self.address
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
         ]
         if credentials is None:
             self.channel = grpc.insecure_channel(address, options=options)
@@ -211,13 +219,25 @@ class Client:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
     def wait_until_serving(self, timeout: float = 60.0, service: str = "") -> None:
-        """Blocks until health says SERVING; raises TimeoutError otherwise. Uses health's Watch stream."""
-        try:
-            stream = self.health_stub.Watch(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
-            for response in stream:
-                if response.status == health_pb2.HealthCheckResponse.SERVING:
-                    stream.cancel()
-                    return
-        except grpc.RpcError as exc:
-            raise TimeoutError(f"not SERVING within {timeout}s: {exc.code().name}") from None
-        raise TimeoutError(f"not SERVING within {timeout}s")
+        """Blocks until health says SERVING, waiting for a server that is not up yet (gRPC wait-for-ready)
+        or not ready yet; raises TimeoutError after `timeout` seconds. Uses health's Watch stream."""
+        deadline = time.monotonic() + timeout
+        request = health_pb2.HealthCheckRequest(service=service)
+        last = "no answer"
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                stream = self.health_stub.Watch(request, timeout=left, wait_for_ready=True)
+                for response in stream:
+                    last = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+                    if response.status == health_pb2.HealthCheckResponse.SERVING:
+                        stream.cancel()
+                        return
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    break
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                    raise
+                last = f"{code.name}: {exc.details()}"  # the server went away: wait for it again
+            time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+        raise TimeoutError(f"{self.address} not SERVING within {timeout:g}s (last: {last})")

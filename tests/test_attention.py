@@ -191,6 +191,14 @@ def test_cli_reports_server_errors(server, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_cli_prints_the_table_without_matplotlib_or_out(server, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    args = ["attention", TEXT, "--address", server.address, "--layer", "1", "--head", "2"]
+    assert main(args) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "tiny-embed v1: layer 1, head 2" in printed and "[CLS] ->" in printed and "wrote" not in printed
+
+
 def test_cli_without_matplotlib_says_so(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
     out = tmp_path / "map.png"
@@ -207,7 +215,8 @@ def test_cli_without_matplotlib_says_so(tmp_path, capsys, monkeypatch):
         str(out),
     ]
     assert main(args) == 1
-    assert "needs matplotlib" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--out needs matplotlib" in err and len(err.splitlines()) == 1
     assert not out.exists()
 
 

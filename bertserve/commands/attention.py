@@ -1,7 +1,8 @@
-"""`bertserve attention TEXT --layer L --head H --out map.png`: one attention map from a running server,
-drawn as a heatmap with the tokens as labels (query tokens down the side, key tokens along the bottom).
+"""`bertserve attention TEXT --layer L --head H [--out map.png]`: one attention map from a running server,
+printed as a table (each query token's strongest key token) and, with `--out`, drawn as a heatmap with
+the tokens as labels (query tokens down the side, key tokens along the bottom).
 
-Client side only: matplotlib is imported when drawing (Agg, no display), never by the server.
+Client side only: matplotlib is imported only to draw (Agg, no display), never by the server.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 MATPLOTLIB_MISSING = (
-    "drawing the map needs matplotlib, which is not installed here (pip install matplotlib); "
-    "the server does not need it"
+    "--out needs matplotlib to draw the map, which is not installed here (pip install matplotlib); "
+    "without --out the table is printed without it"
 )
 
 
@@ -26,12 +27,13 @@ def _index(text: str) -> int:
 
 def register(subparsers) -> None:
     from bertserve.cli import describe
-    from bertserve.service.commands import add_connection_flags
+    from bertserve.commands.common import add_connection_flags
 
     parser = subparsers.add_parser(
         "attention",
         help=describe("attention"),
-        description="Ask the server's Attention RPC for one layer and head, and draw it as a heatmap.",
+        description="Ask the server's Attention RPC for one layer and head; print each query token's "
+        "strongest key token and, with --out, draw the map as a heatmap (needs matplotlib).",
     )
     parser.add_argument("text", metavar="TEXT", help="the text whose attention map to draw")
     add_connection_flags(parser)
@@ -43,7 +45,9 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--layer", type=_index, required=True, metavar="L", help="layer, from 0")
     parser.add_argument("--head", type=_index, required=True, metavar="H", help="head, from 0")
-    parser.add_argument("--out", type=Path, required=True, metavar="PNG", help="image file to write")
+    parser.add_argument(
+        "--out", type=Path, metavar="PNG", help="also draw the map into this image file (needs matplotlib)"
+    )
     parser.add_argument(
         "--truncate",
         action="store_true",
@@ -86,32 +90,41 @@ def describe(matrix, labels: Sequence[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        import matplotlib  # noqa: F401  (checked before calling the server)
-    except ImportError:
-        print(f"bertserve attention: {MATPLOTLIB_MISSING}", file=sys.stderr)
-        return 1
+    if args.out is not None:
+        try:
+            import matplotlib  # noqa: F401  (checked before calling the server)
+        except ImportError:
+            print(f"bertserve attention: {MATPLOTLIB_MISSING}", file=sys.stderr)
+            return 1
     import grpc
 
     from bertserve.client import Client
+    from bertserve.commands.common import interrupt_closes, rpc_failure
 
-    try:
-        with Client(args.address, timeout=args.timeout) as client:
+    with Client(args.address, timeout=args.timeout) as client, interrupt_closes(client) as interrupted:
+        try:
             response = client.attention(
                 args.text, model=args.model, layers=[args.layer], heads=[args.head], truncate=args.truncate
             )
-    except grpc.RpcError as exc:
-        print(f"bertserve attention: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 1
+        except (grpc.RpcError, ValueError) as exc:  # ValueError: the channel was closed by Ctrl-C
+            if interrupted.is_set():
+                raise KeyboardInterrupt from None  # bertserve/cli.py says so in one line
+            if not isinstance(exc, grpc.RpcError):
+                raise
+            print(f"bertserve attention: {rpc_failure(exc, client.address)}", file=sys.stderr)
+            return 1
     matrix = response.matrix(args.layer, args.head)  # (T, T)
     labels = [token.text for token in response.tokens]
     meta = response.metadata
     title = f"{meta.model} v{meta.model_version}: layer {args.layer}, head {args.head}"
-    try:
-        draw_heatmap(matrix, labels, title, args.out)
-    except OSError as exc:
-        print(f"bertserve attention: cannot write {args.out}: {exc}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.out}: {title} ({len(labels)} tokens); each query token's strongest key:")
+    if args.out is not None:
+        try:
+            draw_heatmap(matrix, labels, title, args.out)
+        except OSError as exc:
+            print(f"bertserve attention: cannot write {args.out}: {exc}", file=sys.stderr)
+            return 1
+        print(f"wrote {args.out}: {title} ({len(labels)} tokens); each query token's strongest key:")
+    else:
+        print(f"{title} ({len(labels)} tokens); each query token's strongest key:")
     print(describe(matrix, labels))
     return 0
