@@ -1,6 +1,9 @@
 """Admission of gRPC calls: at most `max_concurrent_rpcs` in flight, of which at most
 `max_concurrent_streams` with streamed requests (EmbedStream, reflection); the excess is refused at once
-with RESOURCE_EXHAUSTED naming the limit and counted in `bertserve_requests_total{rpc, code}`.
+with RESOURCE_EXHAUSTED naming the limit and counted in `bertserve_requests_total{rpc, code}`. Calls
+with one request message hold it until they end: a call whose message would take the bytes held past
+`max_request_bytes_in_flight` is refused the same way (a lone call is always admitted, as gRPC already
+bounds one message by `max_message_bytes`).
 
 A server interceptor rather than gRPC's own `maximum_concurrent_rpcs` option: gRPC refuses those calls
 before any Python code sees them, so no metric could count them. grpc.health.v1 Check is never refused
@@ -49,10 +52,14 @@ def server_options(max_concurrent_rpcs: int) -> list[tuple[str, int]]:
 
 
 class Admission(grpc.aio.ServerInterceptor):
-    def __init__(self, limit: int, metrics: Metrics, stream_limit: int | None = None):
+    def __init__(
+        self, limit: int, metrics: Metrics, stream_limit: int | None = None, bytes_limit: int | None = None
+    ):
         self.limit = limit
         self.stream_limit = limit if stream_limit is None else stream_limit
+        self.bytes_limit = bytes_limit
         self.metrics = metrics
+        self.request_bytes = 0  # serialized size of the request messages held by admitted calls
         self.in_flight = 0  # every admitted call, streams included
         self.streams = 0  # admitted calls whose requests are streamed (client-streaming, bidirectional)
         self._releasing_in_flight = 0
@@ -69,12 +76,28 @@ class Admission(grpc.aio.ServerInterceptor):
         elif stream and self.streams >= self.stream_limit:
             message = f"the server has max_concurrent_streams {self.stream_limit} streams open; retry later"
         else:
-            return self._tracked(handler)
-        rpc = details.method.rsplit("/", 1)[-1]
-        self.metrics.requests.labels(rpc, grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
+            return self._tracked(handler, details.method)
+        self._count_refusal(details.method)
         return _refusal(handler, message)
 
-    def _tracked(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def _count_refusal(self, method: str) -> None:
+        rpc = method.rsplit("/", 1)[-1]
+        self.metrics.requests.labels(rpc, grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
+
+    async def _take_request_bytes(self, request, context, method: str) -> int:
+        """Counts a unary request's size against `bytes_limit`, or refuses the call."""
+        size = _message_size(request) if self.bytes_limit is not None else 0
+        if size and self.request_bytes and self.request_bytes + size > self.bytes_limit:
+            self._count_refusal(method)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"requests in flight hold {self.request_bytes} bytes; this one ({size} bytes) would pass "
+                f"max_request_bytes_in_flight {self.bytes_limit}; retry later",
+            )
+        self.request_bytes += size
+        return size
+
+    def _tracked(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         """The handler, counted in flight while its behaviour runs (every shape: coroutine functions and
         async generators). There is no await between the check in `intercept_service` and `_enter` for
         streamed requests, so concurrent streams cannot overshoot the limits."""
@@ -83,28 +106,32 @@ class Admission(grpc.aio.ServerInterceptor):
         for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
             behaviour = getattr(handler, kind)
             if behaviour is not None:
-                return handler._replace(**{kind: self._counted(behaviour, releasing, stream)})
+                return handler._replace(**{kind: self._counted(behaviour, releasing, stream, method)})
         return handler
 
-    def _counted(self, behaviour, releasing: bool, stream: bool):
+    def _counted(self, behaviour, releasing: bool, stream: bool, method: str):
         if inspect.isasyncgenfunction(behaviour):
 
             async def generator(request, context):
+                size = 0 if stream else await self._take_request_bytes(request, context, method)
                 self._enter(releasing, stream)
                 try:
                     async for response in behaviour(request, context):
                         yield response
                 finally:
                     self._leave(releasing, stream)
+                    self.request_bytes -= size
 
             return generator
 
         async def coroutine(request, context):
+            size = 0 if stream else await self._take_request_bytes(request, context, method)
             self._enter(releasing, stream)
             try:
                 return await behaviour(request, context)
             finally:
                 self._leave(releasing, stream)
+                self.request_bytes -= size
 
         return coroutine
 
@@ -127,6 +154,13 @@ class Admission(grpc.aio.ServerInterceptor):
         if self._releasing_in_flight == 0 and self._started == started and self._released_at != started:
             self._released_at = started
             asyncio.get_running_loop().run_in_executor(None, release_free_memory)
+
+
+def _message_size(request) -> int:
+    """A request's serialized size: bertserve's handlers take the raw bytes and parse them themselves."""
+    if isinstance(request, bytes | bytearray | memoryview):
+        return len(request)
+    return request.ByteSize() if hasattr(request, "ByteSize") else 0
 
 
 def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:

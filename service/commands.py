@@ -38,6 +38,7 @@ SETTING_HELP = {
     "max_input_chars": "most characters in one input (INVALID_ARGUMENT beyond)",
     "max_masks_per_input": "most mask tokens in one FillMask input (INVALID_ARGUMENT beyond)",
     "max_message_bytes": "largest gRPC request or reply, in bytes",
+    "max_request_bytes_in_flight": "bytes of gRPC request messages held by unary calls in flight; beyond, RESOURCE_EXHAUSTED at once",
     "grace_period_s": "seconds to finish accepted calls after SIGTERM or SIGINT",
     "tls_cert": "PEM certificate chain: serve TLS (with --tls-key)",
     "tls_key": "PEM private key of --tls-cert",

@@ -125,7 +125,9 @@ class InferenceServer:
             # gRPC sets SO_REUSEPORT by default: a second server on a taken port would silently share it
             ("grpc.so_reuseport", 0),
         ]
-        self.admission = Admission(s.concurrent_rpcs_limit(), self.metrics, s.max_concurrent_streams)
+        self.admission = Admission(
+            s.concurrent_rpcs_limit(), self.metrics, s.max_concurrent_streams, s.max_request_bytes_in_flight
+        )
         self._server = grpc.aio.server(
             options=size_options + admission_options(self.admission.limit), interceptors=[self.admission]
         )

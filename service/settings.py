@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     max_input_chars: int = Field(20_000, ge=1, le=10_000_000)
     max_masks_per_input: int = Field(32, ge=1, le=1024)
     max_message_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=1 << 30)
+    # Bytes of gRPC request messages held by unary calls in flight (streams: max_concurrent_streams and their
+    # window; HTTP bodies: http_max_body_bytes_in_flight). A call past it gets RESOURCE_EXHAUSTED at once;
+    # a lone call is always admitted. Bounds what max_concurrent_rpcs x max_message_bytes would allow.
+    max_request_bytes_in_flight: int = Field(64 * 1024 * 1024, ge=1024, le=1 << 40)
     grace_period_s: float = Field(30.0, ge=0, le=3600)
     tls_cert: Path | None = None
     tls_key: Path | None = None
