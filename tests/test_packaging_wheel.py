@@ -4,7 +4,7 @@ The wheel is built as the Dockerfile's wheel stage builds it (tests/helpers/whee
 into a fresh venv that cannot see the source tree; its dependencies come from this environment. Then:
 - the exporter stage's `bertserve` commands run from it by `sh -e`, /models moved into a temporary folder
   (`export --default` on a tiny checkpoint with the stage's flags, `export-default-heads` as written onto
-  the session's MiniLM export; all as written in the slow test): they write the three default models;
+  the session's MiniLM export; all as written in the slow test, run by `make soak`): they write the three default models;
 - the cpu stage's ENTRYPOINT + CMD (`bertserve serve`), configured by the stage's ENV, serves that
   repository, and each default model answers a gRPC call;
 - SIGTERM ends it with exit code 0.
@@ -13,6 +13,7 @@ into a fresh venv that cannot see the source tree; its dependencies come from th
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -116,6 +117,9 @@ def models(request, venv, stages, default_repo, make_tiny_checkpoint, tmp_path_f
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("BERTSERVE_SOAK_SECONDS"), reason="long variant: make soak (BERTSERVE_SOAK_SECONDS)"
+)
 def test_the_exporter_stage_as_written_writes_every_default_model(venv, stages, tmp_path, cwd):
     from bertserve.export.default_model import DEFAULT_MODEL_NAME
     from bertserve.export.heads.assemble import CLASSIFIER_NAME, FILL_MASK_NAME
