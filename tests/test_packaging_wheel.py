@@ -66,6 +66,19 @@ def test_bertserve_is_imported_from_the_wheel_alone(venv, cwd):
         assert path.startswith(str(venv) + "/"), path
 
 
+def test_without_the_bench_distribution_bertserve_bench_says_which_extra_to_install(venv, cwd):
+    result = subprocess.run(
+        [str(venv / "bin" / "bertserve"), "bench", "--help"],
+        env=clean_env(venv),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and result.stdout == "", result.stdout + result.stderr
+    assert result.stderr.count("\n") == 1 and "pip install 'bertserve[bench]'" in result.stderr, result.stderr
+
+
 def _bertserve_commands(stage) -> list[str]:
     """The `bertserve ...` commands of a stage's RUN lines, in order (RUN lines split at `&&`)."""
     commands = [part.strip() for run in stage.all("RUN") for part in run.split("&&")]

@@ -1,7 +1,8 @@
 """The bertserve wheel as the Dockerfile's `wheel` stage builds it, and a clean venv that installs it.
 
 `build_wheel(work)` copies exactly what the wheel stage COPYs into WORK/src and runs `pip wheel --no-deps`
-there (no build isolation: setuptools comes from this environment, so no index is needed).
+there (no build isolation: setuptools comes from this environment, so no index is needed);
+`build_project_wheel(folder, work)` does the same for a distribution of its own (bench/).
 `wheel_venv(wheel, work)` makes a venv without the source tree and installs the wheel alone into it; the
 dependencies (onnxruntime, tokenizers, torch, ...) come from this environment's site-packages through a
 .pth file added after the install, so bertserve itself is imported only from the wheel.
@@ -29,21 +30,35 @@ def wheel_stage_sources() -> list[str]:
     return [name for copy in stage.all("COPY") for name in copy.split()[:-1]]
 
 
+_IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+
+
+def _pip_wheel(source: Path, work: Path) -> Path:
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    command = [*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(work / "wheels"), "."]
+    result = subprocess.run(command, cwd=source, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (wheel,) = (work / "wheels").glob("*.whl")
+    return wheel
+
+
 def build_wheel(work: Path) -> Path:
+    """The serving wheel, from a copy of what the Dockerfile's wheel stage copies."""
     source = work / "src"
     source.mkdir(parents=True)
     for name in wheel_stage_sources():
         origin = ROOT / name
         if origin.is_dir():
-            shutil.copytree(origin, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(origin, source / name, ignore=_IGNORED)
         else:
             shutil.copy2(origin, source / name)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    command = [*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(work / "wheels"), "."]
-    result = subprocess.run(command, cwd=source, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    (wheel,) = (work / "wheels").glob("bertserve-*.whl")
-    return wheel
+    return _pip_wheel(source, work)
+
+
+def build_project_wheel(project: Path, work: Path) -> Path:
+    """The wheel of the project in a folder of the repository (e.g. bench/), from a copy of the folder."""
+    shutil.copytree(project, work / "src", ignore=_IGNORED)
+    return _pip_wheel(work / "src", work)
 
 
 def dependency_site_dirs() -> list[str]:
