@@ -21,11 +21,11 @@ COMMAND_MODULES: dict[str, dict[str, str]] = {
         "export": "export a BERT checkpoint to a verified ONNX model repository",
         "export-default-heads": "export the default classifier and fill-mask models beside the default encoder",
     },
-    "bertserve.export.heads.commands": {
+    "bertserve.train.heads.commands": {
         "train-heads": "train the WordNet fill-mask and classification heads on the frozen default encoder",
         "assemble-heads": "build the two WordNet head checkpoints from the committed weights",
     },
-    "bertserve.export.pretrain.commands": {
+    "bertserve.train.pretrain.commands": {
         "pretrain": "masked-language-model training of a BERT (all or some layers), resumable, evaluated on held-out text",
         "pack-pretrained": "pack the tensors a chain of pretraining stages changed (float16) for the repository",
         "assemble-pretrained": "rebuild the pretrained fill-mask checkpoint from a base model and the trained tensors",
@@ -69,7 +69,7 @@ EXTRA_OF_MODULE = {
 
 
 # bertserve.* packages that ship in distributions of their own -> the extra that installs them.
-EXTRA_OF_PACKAGE = {"bertserve.bench": "bench"}
+EXTRA_OF_PACKAGE = {"bertserve.bench": "bench", "bertserve.train": "train"}
 
 
 def _import_commands(module: str, command: str | None):

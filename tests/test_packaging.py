@@ -18,7 +18,7 @@ import tomllib
 from tests.deploy_support import ROOT
 from tests.helpers.wheel import build_project_wheel, build_wheel
 
-PROJECTS = {"bertserve": ROOT, "bertserve-bench": ROOT / "bench"}
+PROJECTS = {"bertserve": ROOT, "bertserve-bench": ROOT / "bench", "bertserve-train": ROOT / "train"}
 
 
 def _setuptools(project: Path) -> dict:
