@@ -38,7 +38,7 @@ build_args=(--build-arg "PYTHON_IMAGE=$BASE")
 index_pid=
 cleanup() {
     if [ -n "$index_pid" ]; then kill "$index_pid" 2>/dev/null || true; fi
-    if [ -n "${server_pid:-}" ]; then kill "$server_pid" 2>/dev/null || true; fi
+    if [ -n "${server_pid:-}" ]; then kill "$server_pid" 2>/dev/null && wait "$server_pid" || true; fi
     if [ -n "${mounted:-}" ]; then podman image unmount "$TAG" >/dev/null || true; fi
 }
 trap cleanup EXIT
@@ -84,11 +84,15 @@ root=$(podman image mount "$TAG")
 mounted=1
 PORT=${PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 mapfile -t image_env < <(podman image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "$TAG" | sed '/^$/d')
+# As Docker does for an image that sets no PATH.
+printf '%s\n' "${image_env[@]}" | grep -q '^PATH=' ||
+    image_env+=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 user=$(podman image inspect --format '{{.Config.User}}' "$TAG")
 command=$(podman image inspect --format '{{join .Config.Entrypoint " "}} {{join .Config.Cmd " "}}' "$TAG")
 # /proc and /dev from the host, in a mount namespace of the chroot's own (the image stays untouched).
+# It execs (unshare, sh, chroot, env, the command: one process), so it is called in a subshell.
 in_image() {
-    unshare --mount --fork sh -c '
+    exec unshare --mount sh -c '
         mount -t proc proc "$1/proc" && mount --rbind /dev "$1/dev" && mount -t tmpfs tmpfs "$1/tmp" &&
         shift && exec "$@"' sh "$root" chroot --userspec="$user" "$root" \
         /usr/bin/env -i "${image_env[@]}" BERTSERVE_HOST=127.0.0.1 BERTSERVE_PORT="$PORT" \
@@ -96,20 +100,25 @@ in_image() {
 }
 log "serving from the image on 127.0.0.1:$PORT: $command"
 # shellcheck disable=SC2086  # the image's ENTRYPOINT + CMD, split into words as Docker does
-in_image $command &
+(in_image $command) &
 server_pid=$!
 for _ in $(seq 300); do
-    if in_image python -c "
+    if (in_image python -c "
 import grpc, sys
 from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as hg
 r = hg.HealthStub(grpc.insecure_channel('127.0.0.1:$PORT')).Check(h.HealthCheckRequest(), timeout=2)
-sys.exit(0 if r.status == h.HealthCheckResponse.SERVING else 1)" 2>/dev/null; then
+sys.exit(0 if r.status == h.HealthCheckResponse.SERVING else 1)") 2>/dev/null; then
         break
     fi
     kill -0 "$server_pid" || { log "the server exited"; exit 1; }
     sleep 1
 done
 log "one call: bertserve embed (the image's client) against the image's server"
-in_image bertserve embed --address "127.0.0.1:$PORT" "the image answers" | head -c 300
+(in_image bertserve embed --address "127.0.0.1:$PORT" "the image answers") | head -c 300
 echo
-log "ok"
+kill -TERM "$server_pid"
+status=0
+wait "$server_pid" || status=$?
+server_pid=
+[ "$status" -eq 0 ] || { log "the server exited with $status after SIGTERM"; exit 1; }
+log "ok: the server answered, drained on SIGTERM and exited with 0"
