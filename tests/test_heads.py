@@ -1,6 +1,7 @@
-"""Heads trained on WordNet (export/heads): data parsing, a deterministic retrain of a small subset, the
-committed head files (checksums, held-out quality on our encoder), and the assembled checkpoints
-(load with transformers, match the scratch BERT, export to ONNX and classify through ONNX Runtime)."""
+"""Heads trained on WordNet (train/heads; their weights: export/heads): data parsing, a deterministic
+retrain of a small subset, the committed head files (checksums, held-out quality on our encoder), and the
+assembled checkpoints (load with transformers, match the scratch BERT, export to ONNX and classify through
+ONNX Runtime)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertserve.export.heads.wordnet import parse_data_line, split_gloss, split_of, wordnet_dir
+from bertserve.train.heads.wordnet import parse_data_line, split_gloss, split_of, wordnet_dir
 
 needs_wordnet = pytest.mark.skipif(
     not (wordnet_dir() / "data.noun").is_file(),
@@ -53,9 +54,9 @@ def test_split_is_deterministic_and_about_ten_percent():
 
 
 def test_classifier_training_is_deterministic():
-    from bertserve.export.heads.classifier import ClassifierTraining, head_state, train_classifier_head
-    from bertserve.export.heads.training import state_digest
     from bertserve.export.model import BertConfig
+    from bertserve.train.heads.classifier import ClassifierTraining, head_state, train_classifier_head
+    from bertserve.train.heads.training import state_digest
 
     config = BertConfig(hidden_size=16, num_attention_heads=2)
     x = np.random.default_rng(0).normal(size=(200, 16)).astype(np.float32)
@@ -87,9 +88,9 @@ def test_committed_heads_match_checksums_and_recorded_figures(committed_record):
 def test_retraining_a_subset_beats_chance(tmp_path):
     from bertserve.export.default_model import default_checkpoint_dir
     from bertserve.export.heads.assemble import verify_heads
-    from bertserve.export.heads.classifier import ClassifierTraining
-    from bertserve.export.heads.mlm import MlmTraining
-    from bertserve.export.heads.training import HeadsPlan, train_heads
+    from bertserve.train.heads.classifier import ClassifierTraining
+    from bertserve.train.heads.mlm import MlmTraining
+    from bertserve.train.heads.training import HeadsPlan, train_heads
 
     plan = HeadsPlan(
         synset_stride=100, classifier=ClassifierTraining(epochs=30), mlm=MlmTraining(epochs=3), threads=2
@@ -175,10 +176,10 @@ def test_assembled_classifier_exports_and_classifies_through_onnx_runtime(assemb
 def test_assembled_checkpoints_score_on_held_out_synsets(assembled):
     """The committed heads, on our scratch encoder, on every 20th held-out synset (about 400)."""
     from bertserve.export.checkpoint import load_checkpoint
-    from bertserve.export.heads.features import cls_features, masked_features, tokenize
-    from bertserve.export.heads.mlm import mask_tokens
-    from bertserve.export.heads.wordnet import load_noun_synsets
     from bertserve.export.tokenizer_files import load_tokenizer
+    from bertserve.train.heads.features import cls_features, masked_features, tokenize
+    from bertserve.train.heads.mlm import mask_tokens
+    from bertserve.train.heads.wordnet import load_noun_synsets
 
     held_out = [s for s in load_noun_synsets() if split_of(s.offset) == "test"][::20]
     classifier = load_checkpoint(assembled / "wordnet-noun-category")

@@ -1,4 +1,4 @@
-"""`bertserve pretrain` (export/pretrain): BERT's masking, measured on large seeded samples; a tiny random
+"""`bertserve pretrain` (train/pretrain): BERT's masking, measured on large seeded samples; a tiny random
 checkpoint pretrained for a few steps through the CLI: the loss goes down, the run is deterministic, a
 resumed run ends bit-identical to an uninterrupted one, the frozen layers are untouched, and `bertserve
 export` takes the result, whose FillMask answers through a real server match the checkpoint's own top-5."""
@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertserve.export.heads.wordnet import wordnet_dir
-from bertserve.export.pretrain.masking import IGNORE, KEPT, MASKED, RANDOM, MaskingScheme, mask_one
+from bertserve.train.heads.wordnet import wordnet_dir
+from bertserve.train.pretrain.masking import IGNORE, KEPT, MASKED, RANDOM, MaskingScheme, mask_one
 
 needs_wordnet = pytest.mark.skipif(
     not (wordnet_dir() / "data.noun").is_file(),
@@ -220,9 +220,9 @@ def test_wordnet_held_out_masks_are_those_of_train_heads():
     """The held-out figures are comparable with heads.json's: same texts, same masks, none trained on."""
     from bertserve.export.default_model import default_checkpoint_dir
     from bertserve.export.heads.assemble import read_heads_record
-    from bertserve.export.pretrain.corpus import read_wordnet
-    from bertserve.export.pretrain.evaluate import wordnet_held_out
     from bertserve.export.tokenizer_files import load_tokenizer
+    from bertserve.train.pretrain.corpus import read_wordnet
+    from bertserve.train.pretrain.evaluate import wordnet_held_out
 
     masked, targets = wordnet_held_out(load_tokenizer(default_checkpoint_dir()), 103)
     recorded = read_heads_record()["fill_mask"]["held_out"]

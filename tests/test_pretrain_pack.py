@@ -223,14 +223,14 @@ def test_make_pretrain_fill_mask_is_the_committed_recipe():
 
     from bertserve.cli import build_parser
     from bertserve.export.heads.assemble import COMMITTED_HEADS_DIR, HEADS_JSON
-    from bertserve.export.pretrain.model_setup import LayerRange
     from bertserve.export.pretrain.output import COMMITTED_DIR, RECORD_FILE
+    from bertserve.train.pretrain.model_setup import LayerRange
 
     root = Path(__file__).resolve().parent.parent
     dry = subprocess.run(
         ["make", "-n", "-C", str(root), "pretrain-fill-mask"], capture_output=True, text=True, check=True
     ).stdout.replace("\\\n", " ")
-    parser = build_parser("bertserve.export.pretrain.commands")
+    parser = build_parser("bertserve.train.pretrain.commands")
     commands: dict[str, list] = {"pretrain": [], "pack-pretrained": [], "assemble-pretrained": []}
     for line in dry.splitlines():
         words = shlex.split(line)

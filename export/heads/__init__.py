@@ -1,2 +1,3 @@
-"""Heads for the default encoder trained offline on WordNet: a masked-LM head (fill-mask) and a noun
-category classifier. See training.py (the run), assemble.py (committed weights -> checkpoints)."""
+"""The WordNet heads of the default encoder, as committed: weights/ (a masked-LM head and a noun category
+classifier) and assemble.py (committed weights -> checkpoints). Their training is bertserve.train.heads
+(the distribution bertserve-train)."""

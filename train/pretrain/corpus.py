@@ -4,7 +4,7 @@ split into training and held-out texts, and cut into length-bucketed batches.
 Held-out split of a text file: a hash of the text (`sha256('pretrain-<text>')`), so a line repeated in the
 file is on one side only. WordNet (`--wordnet`): the held-out texts are exactly those `bertserve
 train-heads` measures its fill-mask head on (the definitions and examples of the held-out noun synsets,
-export/heads/wordnet.py's split); training uses the other noun synsets and every verb, adjective and adverb
+train/heads/wordnet.py's split); training uses the other noun synsets and every verb, adjective and adverb
 gloss, less any text equal to a held-out one.
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from bertserve.export.heads.wordnet import load_noun_synsets, split_gloss, split_of, wordnet_dir
+from bertserve.train.heads.wordnet import load_noun_synsets, split_gloss, split_of, wordnet_dir
 
-MAX_TOKENS = 64  # as export/heads/features.py: glosses are short; longer texts are truncated
+MAX_TOKENS = 64  # as train/heads/features.py: glosses are short; longer texts are truncated
 OTHER_WORDNET_FILES = ("data.verb", "data.adj", "data.adv")
 CHUNK_BATCHES = 64  # batches drawn from one length-sorted chunk of the shuffled texts
 

@@ -20,12 +20,12 @@ import torch
 
 from bertserve import __version__
 from bertserve.export.checkpoint import load_checkpoint
-from bertserve.export.heads import classifier, mlm
 from bertserve.export.heads.assemble import assemble_checkpoints, save_heads
-from bertserve.export.heads.features import cls_features, masked_features, tokenize
-from bertserve.export.heads.wordnet import Synset, load_noun_synsets, split_of, wordnet_dir
 from bertserve.export.tokenizer_files import load_tokenizer, special_tokens
 from bertserve.repository import sha256_file
+from bertserve.train.heads import classifier, mlm
+from bertserve.train.heads.features import cls_features, masked_features, tokenize
+from bertserve.train.heads.wordnet import Synset, load_noun_synsets, split_of, wordnet_dir
 
 HEADS_SUBDIR = "heads"
 CHECKPOINTS_SUBDIR = "checkpoints"

@@ -1,8 +1,8 @@
 """Held-out masked-token accuracy, measured as `bertserve train-heads` measures its fill-mask head.
 
-The held-out texts are masked by export/heads/mlm.py's `mask_tokens` (15 % of the wordpieces of each text,
+The held-out texts are masked by train/heads/mlm.py's `mask_tokens` (15 % of the wordpieces of each text,
 at least one, every one replaced by [MASK]: what the server's fill-mask sees), the last hidden state at each
-[MASK] is computed by export/heads/features.py's `masked_features`, and the MLM head's top-k is compared with
+[MASK] is computed by train/heads/features.py's `masked_features`, and the MLM head's top-k is compared with
 the original token (`mlm.topk_accuracy`). For WordNet the masks are the very masks of heads.json's figures:
 the same generator (seed 0) first masks the training noun texts, then the held-out ones.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 from tokenizers import Tokenizer
 
-from bertserve.export.heads import features, mlm
 from bertserve.export.model import BertForMaskedLM
-from bertserve.export.pretrain.corpus import wordnet_noun_split
+from bertserve.train.heads import features, mlm
+from bertserve.train.pretrain.corpus import wordnet_noun_split
 
-HEADS_MASK_SEED = 0  # export/heads/training.py's HeadsPlan.mask_seed
+HEADS_MASK_SEED = 0  # train/heads/training.py's HeadsPlan.mask_seed
 
 
 def masked_held_out(
@@ -26,7 +26,7 @@ def masked_held_out(
 
 
 def wordnet_held_out(tokenizer: Tokenizer, mask_token_id: int) -> tuple[list[list[int]], np.ndarray]:
-    """The held-out masks of export/heads (20,016 masks on 9,309 texts for MiniLM's tokenizer)."""
+    """The held-out masks of train/heads (20,016 masks on 9,309 texts for MiniLM's tokenizer)."""
     train, test = wordnet_noun_split()
     rng = np.random.default_rng(HEADS_MASK_SEED)
     mlm.mask_tokens(features.tokenize(tokenizer, train), mask_token_id, rng)  # advances rng as heads does

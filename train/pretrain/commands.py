@@ -125,11 +125,11 @@ def run_pretrain(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from bertserve.export.errors import ExportError
-    from bertserve.export.heads.wordnet import WordNetMissing
-    from bertserve.export.pretrain.masking import MaskingScheme
-    from bertserve.export.pretrain.model_setup import LayerRange
-    from bertserve.export.pretrain.pipeline import Source, pretrain
-    from bertserve.export.pretrain.train import Recipe
+    from bertserve.train.heads.wordnet import WordNetMissing
+    from bertserve.train.pretrain.masking import MaskingScheme
+    from bertserve.train.pretrain.model_setup import LayerRange
+    from bertserve.train.pretrain.pipeline import Source, pretrain
+    from bertserve.train.pretrain.train import Recipe
 
     try:
         if args.default:
@@ -210,9 +210,9 @@ def run_pack(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from bertserve.export.errors import ExportError
-    from bertserve.export.heads.wordnet import WordNetMissing
-    from bertserve.export.pretrain.pack import pack, summarize_in_heads_record
-    from bertserve.export.pretrain.pipeline import Source
+    from bertserve.train.heads.wordnet import WordNetMissing
+    from bertserve.train.pretrain.pack import pack, summarize_in_heads_record
+    from bertserve.train.pretrain.pipeline import Source
 
     try:
         base, name = _base(args)

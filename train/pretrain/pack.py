@@ -25,11 +25,12 @@ from safetensors.torch import save_file
 from bertserve import __version__
 from bertserve.export.checkpoint import find_weights_file, read_weights
 from bertserve.export.heads.assemble import SAFETENSORS_METADATA
-from bertserve.export.pretrain import evaluate, output
-from bertserve.export.pretrain.model_setup import load_start_model
-from bertserve.export.pretrain.pipeline import Source, data_record, held_out_masks, texts
+from bertserve.export.pretrain import output
 from bertserve.export.tokenizer_files import load_tokenizer, special_tokens
 from bertserve.manifest import sha256_file
+from bertserve.train.pretrain import evaluate
+from bertserve.train.pretrain.model_setup import load_start_model
+from bertserve.train.pretrain.pipeline import Source, data_record, held_out_masks, texts
 
 STAGE_KEYS = ("base", "data", "recipe", "held_out", "progress", "trained_parameters", "environment")
 PACKED_DTYPES = {"float16": torch.float16, "float32": torch.float32}

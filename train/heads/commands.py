@@ -45,8 +45,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     from bertserve.export.default_model import DEFAULT_SOURCE, default_checkpoint_dir
     from bertserve.export.errors import ExportError
-    from bertserve.export.heads.training import FULL_PLAN, QUICK_PLAN, train_heads
-    from bertserve.export.heads.wordnet import WordNetMissing
+    from bertserve.train.heads.training import FULL_PLAN, QUICK_PLAN, train_heads
+    from bertserve.train.heads.wordnet import WordNetMissing
 
     plan = replace(QUICK_PLAN if args.quick else FULL_PLAN, threads=args.threads)
     try:

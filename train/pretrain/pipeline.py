@@ -14,11 +14,12 @@ import torch
 from bertserve import __version__
 from bertserve.export.checkpoint import find_weights_file
 from bertserve.export.errors import ExportError
-from bertserve.export.pretrain import corpus, evaluate, output
-from bertserve.export.pretrain.model_setup import LayerRange, load_start_model, trainable_names
-from bertserve.export.pretrain.train import Recipe, deterministic_torch, train
+from bertserve.export.pretrain import output
 from bertserve.export.tokenizer_files import load_tokenizer, special_tokens
 from bertserve.manifest import sha256_file
+from bertserve.train.pretrain import corpus, evaluate
+from bertserve.train.pretrain.model_setup import LayerRange, load_start_model, trainable_names
+from bertserve.train.pretrain.train import Recipe, deterministic_torch, train
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from tqdm import tqdm
 
 from bertserve.export.errors import ExportError
 from bertserve.export.model import BertForMaskedLM
-from bertserve.export.pretrain.corpus import Tokenized, batches_of_epoch, batches_per_epoch
-from bertserve.export.pretrain.masking import IGNORE, MaskingScheme, mask_texts
-from bertserve.export.pretrain.model_setup import LayerRange, set_modes, trainable_names
+from bertserve.train.pretrain.corpus import Tokenized, batches_of_epoch, batches_per_epoch
+from bertserve.train.pretrain.masking import IGNORE, MaskingScheme, mask_texts
+from bertserve.train.pretrain.model_setup import LayerRange, set_modes, trainable_names
 
 STATE_FILE = "resume.pt"
 

@@ -1,0 +1,1 @@
+"""Masked-language-model pretraining of the scratch BERT (`bertserve pretrain`)."""
