@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from bertserve.service import model_registry
+from bertserve.service import memory_bounds, model_registry
 from bertserve.service.admission import Admission
 from bertserve.service.admission import server_options as admission_options
 from bertserve.service.core import InferenceCore
@@ -59,6 +59,12 @@ def add_health_servicer(health: HealthServicer, server: grpc.aio.Server, watches
         behaviour = parsing(getattr(health_pb2, method.input_type.name), method_of)
         handlers[method.name] = register(behaviour, response_serializer=reply)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+def _answer_dimension(model: ServedModel) -> int:
+    """Floats per input in an embedding answer (streams answer embeddings)."""
+    embed = model.manifest.tasks.embed
+    return embed.dimension if embed else model.manifest.dimensions.hidden_size
 
 
 class InferenceServer:
@@ -179,6 +185,11 @@ class InferenceServer:
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self.serving = True
         log.info("ready in %.1fs", time.perf_counter() - started)
+        dimension = max((_answer_dimension(m) for m in self.models), default=0)
+        worst = memory_bounds.bounds(s, dimension, tls=s.tls_cert is not None)
+        log.info(
+            "clients can make the server hold at most %s beyond its models", memory_bounds.describe(worst)
+        )
 
     def _ready(self) -> bool:
         return self.serving and self.lifecycle.accepting

@@ -27,12 +27,14 @@ def stream_bytes(window_inputs: int, input_bytes: int, answer_bytes: int, reques
 
 
 def streams_bound(settings: Settings, dimension: int) -> int:
-    """All streams' worst case at `settings`, for answers of `dimension` float32 values per input."""
+    """All streams' worst case at `settings`, for answers of `dimension` float32 values per input. The window's
+    texts are at most max_stream_inputs_in_flight inputs of max_input_chars, or one request larger than the
+    window, which runs alone and whose texts fit in one message."""
     window_inputs = max(settings.max_stream_inputs_in_flight, settings.max_inputs_per_request)
-    per_stream = stream_bytes(
-        window_inputs,
-        UTF8_MAX_BYTES * settings.max_input_chars,
-        4 * dimension + ANSWER_OVERHEAD,
+    window_text = max(
+        settings.max_stream_inputs_in_flight * UTF8_MAX_BYTES * settings.max_input_chars,
         settings.max_message_bytes,
     )
+    answers = window_inputs * (4 * dimension + ANSWER_OVERHEAD)
+    per_stream = 2 * window_text + answers + 2 * settings.max_message_bytes + GRPC_STREAM_WINDOW
     return settings.max_concurrent_streams * per_stream

@@ -1,0 +1,44 @@
+"""The most memory clients can make the server hold beyond its models, term by term, at given settings:
+whatever they send, read or leave unread, each term is bounded before the work it limits is done. The
+README's Reliability section lists these terms; `bertserve serve` logs their sum at start, and
+tests/test_deploy_memory.py holds the Deployment's memory limit to the models plus this sum.
+
+Not counted: replies that gRPC has taken and a client does not read (HTTP/2 flow control holds them in
+gRPC's send buffer, at most one reply of `max_message_bytes` per call that has ended).
+"""
+
+from __future__ import annotations
+
+from bertserve.service.http.messages import HttpLimits
+from bertserve.service.http.transport import READ_BYTES
+from bertserve.service.settings import Settings
+from bertserve.service.stream_memory import streams_bound
+
+MIB = 1024 * 1024
+CONNECTION_OBJECTS = 8 * 1024  # a connection's protocol, parser and buffers' own objects
+TLS_READ_BUFFER = 256 * 1024  # asyncio's read buffer of each TLS connection
+JSON_PARSERS = 2  # large JSON bodies are parsed on the CPU pool's two threads (service/server.py)
+JSON_PARSE_COPIES = 4  # the body, its decoded text, the pre-count's copy and the parsed values
+
+
+def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
+    """Bytes per term: HTTP connections (request heads and pipelined bytes), HTTP bodies held, JSON bodies
+    being parsed, gRPC request messages held by unary calls, and EmbedStreams."""
+    header_bytes = HttpLimits(max_body_bytes=settings.max_message_bytes).max_header_bytes
+    per_connection = 2 * header_bytes + 2 * READ_BYTES + CONNECTION_OBJECTS + (TLS_READ_BUFFER if tls else 0)
+    message = settings.max_message_bytes
+    terms = {
+        "http_connections": settings.http_max_connections * per_connection,
+        "http_bodies": settings.http_max_body_bytes_in_flight + message,
+        "http_json_parsing": JSON_PARSERS * JSON_PARSE_COPIES * message,
+        "grpc_requests": 2 * (settings.max_request_bytes_in_flight + message),  # as received, and parsed
+        "streams": streams_bound(settings, dimension),
+    }
+    if settings.http_port < 0:
+        terms = {name: size for name, size in terms.items() if not name.startswith("http_")}
+    return terms
+
+
+def describe(terms: dict[str, int]) -> str:
+    parts = ", ".join(f"{name} {size / MIB:.0f}" for name, size in terms.items())
+    return f"{sum(terms.values()) / MIB:.0f} MiB ({parts})"
