@@ -188,3 +188,9 @@ def free_port() -> int:
 def http_get(url: str, timeout: float = 10) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return response.read().decode()
+
+
+def memory_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity in binary units (`1536Mi`, `4Gi`) as bytes."""
+    number, unit = re.fullmatch(r"(\d+)(Ki|Mi|Gi)", quantity).groups()
+    return int(number) * 1024 ** ("KMG".index(unit[0]) + 1)

@@ -5,25 +5,18 @@ counted), so no hostile client can get a pod OOM-killed."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from unittest import mock
 
 from bertserve.service import memory_bounds
 from bertserve.service.settings import load_settings
-from tests.deploy_support import one, render_kustomize
+from tests.deploy_support import memory_bytes, one, render_kustomize
 
 ROOT = Path(__file__).resolve().parents[1]
 # RSS of `bertserve serve` on the three default models with the ConfigMap's settings, after batches of every
 # task at max_batch_tokens (docs/reliability.md, "Worst-case memory").
 DEFAULT_MODELS_RSS = 534 * 1024 * 1024
 MINILM_DIMENSION = 384
-UNITS = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
-
-
-def _bytes(quantity: str) -> int:
-    number, unit = re.fullmatch(r"(\d+)(Ki|Mi|Gi)", quantity).groups()
-    return int(number) * UNITS[unit]
 
 
 def _configmap_settings():
@@ -36,7 +29,7 @@ def _configmap_settings():
 def test_the_memory_limit_holds_the_models_and_the_worst_case_of_the_settings():
     deployment = one(render_kustomize(ROOT / "deploy/kubernetes/base"), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    limit = _bytes(container["resources"]["limits"]["memory"])
+    limit = memory_bytes(container["resources"]["limits"]["memory"])
     terms = memory_bounds.bounds(_configmap_settings(), MINILM_DIMENSION, tls=True)
     needed = DEFAULT_MODELS_RSS + sum(terms.values())
     assert needed <= limit, (

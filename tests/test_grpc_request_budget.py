@@ -4,14 +4,12 @@ the bytes come back when the calls holding them end."""
 
 from __future__ import annotations
 
-import threading
-
 import grpc
 import pytest
 
 from bertserve.client import Client
 from bertserve.v1 import inference_pb2 as pb
-from tests.helpers.server import ServerThread, metric, scrape, wait_for
+from tests.helpers.server import GatedBatches, ServerThread, metric, scrape, wait_for
 
 BUDGET = 200_000
 LARGE = pb.EmbedRequest(inputs=["word " * 400] * 60, truncate=True)  # about 120 KB: one fits, two do not
@@ -27,34 +25,20 @@ def server(tiny_repo):
 
 def test_a_request_past_the_bytes_in_flight_is_refused_and_the_bytes_come_back(server):
     assert BUDGET // 2 < LARGE.ByteSize() < BUDGET
-    model = server.server.models[0]
-    computing, release = threading.Event(), threading.Event()
-    real_compute = model.batcher._compute
-
-    def gated(batch):
-        computing.set()
-        assert release.wait(30)
-        return real_compute(batch)
-
-    model.batcher._compute = gated
     before = scrape(server.metrics_url)
-    try:
-        with Client(server.address) as client:
-            busy = client.stub.Embed.future(pb.EmbedRequest(inputs=["a"]), timeout=60)
-            assert computing.wait(30)
-            held = client.stub.Embed.future(LARGE, timeout=60)  # admitted, then queued behind the gate
-            wait_for(lambda: server.server.admission.request_bytes > LARGE.ByteSize())
-            with pytest.raises(grpc.RpcError) as refused:
-                client.stub.Embed(LARGE, timeout=60)
-            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert f"max_request_bytes_in_flight {BUDGET}" in refused.value.details()
-            release.set()
-            assert len(busy.result().embeddings) == 1 and len(held.result().embeddings) == 60
-            wait_for(lambda: server.server.admission.request_bytes == 0)
-            assert len(client.stub.Embed(LARGE, timeout=60).embeddings) == 60  # the bytes came back
-    finally:
-        release.set()
-        model.batcher._compute = real_compute
+    with GatedBatches(server.server.models[0]) as gate, Client(server.address) as client:
+        busy = client.stub.Embed.future(pb.EmbedRequest(inputs=["a"]), timeout=60)
+        assert gate.computing.wait(30)
+        held = client.stub.Embed.future(LARGE, timeout=60)  # admitted, then queued behind the gate
+        wait_for(lambda: server.server.admission.request_bytes > LARGE.ByteSize())
+        with pytest.raises(grpc.RpcError) as refused:
+            client.stub.Embed(LARGE, timeout=60)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"max_request_bytes_in_flight {BUDGET}" in refused.value.details()
+        gate.release()
+        assert len(busy.result().embeddings) == 1 and len(held.result().embeddings) == 60
+        wait_for(lambda: server.server.admission.request_bytes == 0)
+        assert len(client.stub.Embed(LARGE, timeout=60).embeddings) == 60  # the bytes came back
     after = scrape(server.metrics_url)
     exhausted = metric(after, "bertserve_requests_total", rpc="Embed", code="RESOURCE_EXHAUSTED") - metric(
         before, "bertserve_requests_total", rpc="Embed", code="RESOURCE_EXHAUSTED"

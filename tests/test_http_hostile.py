@@ -9,7 +9,6 @@ import contextlib
 import json
 import logging
 import resource
-import threading
 import time
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from bertserve.client import Client
 from bertserve.service.errors import StartupError
 from bertserve.v1 import inference_pb2 as pb
-from tests.helpers.server import ServerThread, metric, scrape, wait_for
+from tests.helpers.server import GatedBatches, ServerThread, metric, scrape, wait_for
 from tests.test_http_robustness import HEALTH, connect, exchange, post_head, read_all, status_of
 
 MAX_CONNECTIONS = 16
@@ -68,45 +67,25 @@ def test_a_client_that_disconnects_has_its_queued_inputs_dropped(server):
     """256 inputs queued behind a gated batch; the client closes its socket after 0.3 s: the handler is
     cancelled, the inputs are dropped before compute (dropped_total{reason="cancelled"}) and the request
     is counted CANCELLED, never OK."""
-    model = server.server.models[0]
-    computing, release = threading.Event(), threading.Event()
-    real_compute = model.batcher._compute
-
-    def gated(batch):
-        computing.set()
-        assert release.wait(30)
-        return real_compute(batch)
-
-    model.batcher._compute = gated
     before = scrape(server.metrics_url)
-    try:
-        with Client(server.address) as client:
-            busy = client.stub.Embed.future(pb.EmbedRequest(inputs=["a"]), timeout=30)
-            assert computing.wait(30)
-            body = json.dumps({"input": [f"input {i}" for i in range(256)]}).encode()
-            with connect(server) as sock:
-                sock.sendall(post_head(len(body)) + body)
-                wait_for(
-                    lambda: (
-                        metric(scrape(server.metrics_url), "bertserve_queue_depth", model="tiny-embed") > 0
-                    )
-                )
-                time.sleep(0.3)
-            rpc = "http:/v1/embeddings"
+    rpc = "http:/v1/embeddings"
+    with GatedBatches(server.server.models[0]) as gate, Client(server.address) as client:
+        busy = client.stub.Embed.future(pb.EmbedRequest(inputs=["a"]), timeout=30)
+        assert gate.computing.wait(30)
+        body = json.dumps({"input": [f"input {i}" for i in range(256)]}).encode()
+        with connect(server) as sock:
+            sock.sendall(post_head(len(body)) + body)
             wait_for(
-                lambda: delta(before, scrape(server.metrics_url), "bertserve_requests_total", rpc=rpc) == 1
+                lambda: metric(scrape(server.metrics_url), "bertserve_queue_depth", model="tiny-embed") > 0
             )
-            release.set()
-            assert len(busy.result().embeddings) == 1
-        wait_for(
-            lambda: (
-                delta(before, scrape(server.metrics_url), "bertserve_dropped_total", reason="cancelled") > 0
-            )
-        )
-        after = scrape(server.metrics_url)
-    finally:
-        release.set()
-        model.batcher._compute = real_compute
+            time.sleep(0.3)
+        wait_for(lambda: delta(before, scrape(server.metrics_url), "bertserve_requests_total", rpc=rpc) == 1)
+        gate.release()
+        assert len(busy.result().embeddings) == 1
+    wait_for(
+        lambda: delta(before, scrape(server.metrics_url), "bertserve_dropped_total", reason="cancelled") > 0
+    )
+    after = scrape(server.metrics_url)
     assert delta(before, after, "bertserve_requests_total", rpc=rpc, code="CANCELLED") == 1
     assert delta(before, after, "bertserve_requests_total", rpc=rpc, code="OK") == 0
     # every input of the request that had not reached a running batch is dropped

@@ -81,6 +81,32 @@ class ServerThread:
         self.stop()
 
 
+class GatedBatches:
+    """Holds `model`'s batches at a gate until `release()`: `computing` is set once a batch waits there. On
+    exit the gate opens and the model computes as before."""
+
+    def __init__(self, model):
+        self.model = model
+        self.computing, self._open = threading.Event(), threading.Event()
+        self._compute = model.batcher._compute
+
+    def _gated(self, batch):
+        self.computing.set()
+        assert self._open.wait(30)
+        return self._compute(batch)
+
+    def release(self) -> None:
+        self._open.set()
+
+    def __enter__(self) -> GatedBatches:
+        self.model.batcher._compute = self._gated
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._open.set()
+        self.model.batcher._compute = self._compute
+
+
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
     """Every sample of /metrics, parsed with prometheus_client's parser: {(name, sorted labels): value}."""
     with urllib.request.urlopen(url, timeout=10) as response:
