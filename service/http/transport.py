@@ -10,7 +10,7 @@ What one connection may hold (`HttpLimits`; tests/test_http_robustness.py, test_
 - bytes sent ahead while a request is answered (pipelining): at most 2 x READ_BYTES, then reading pauses;
 - headers not complete `header_timeout_s` after a request's first byte, or a body `body_timeout_s` after
   its headers: 408; no new request `keep_alive_s` after an answer: closed; an answer the client does not
-  read within `body_timeout_s`: aborted; a malformed request or target: 400; `Expect` other than
+  read within `body_timeout_s` (also one still unsent when its connection closes): aborted; a malformed request or target: 400; `Expect` other than
   100-continue: 417.
 A refusal is followed by a lingering close (writing shut, what the client still sends read and discarded
 for LINGER_S) so the kernel does not reset the connection before the client reads its answer.
@@ -313,18 +313,22 @@ class Connection(asyncio.BufferedProtocol):
         self.closing = True
         self._disarm()
         if not self.transport.can_write_eof():  # TLS: no half-close
-            self.transport.close()
+            self.close()
             return
         self.transport.write_eof()
         self.lingering = True
         self.transport.resume_reading()
-        self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+        self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.close)
 
     def close(self) -> None:
         self.closing = True
         self._disarm()
-        self.transport.close()
+        self.transport.close()  # sends what it holds first: a client that does not read it is aborted
+        if self.transport.get_write_buffer_size():
+            self.timer = asyncio.get_running_loop().call_later(
+                self.limits.body_timeout_s, self.transport.abort
+            )
 
     def close_if_idle(self) -> None:
-        if not self.busy and not self.in_message:
+        if not (self.busy or self.in_message or self.closing):
             self.close()
