@@ -8,10 +8,11 @@ What one connection may hold (`HttpLimits`; tests/test_http_robustness.py, test_
 - a body: at most `max_body_bytes` (413 as soon as Content-Length or the counted bytes say so), and its
   bytes count against the server's budget of bodies in flight (503 beyond it);
 - bytes sent ahead while a request is answered (pipelining): at most 2 x READ_BYTES, then reading pauses;
+  requests parsed ahead: those one HEAD_SLICE holds (the parser is fed request heads in slices);
 - headers not complete `header_timeout_s` after a request's first byte, or a body `body_timeout_s` after
   its headers: 408; no new request `keep_alive_s` after an answer: closed; an answer the client does not
-  read within `body_timeout_s` (also one still unsent when its connection closes): aborted; a malformed request or target: 400; `Expect` other than
-  100-continue: 417.
+  read within `body_timeout_s` (also one still unsent when its connection closes): aborted; a malformed
+  request or target: 400; `Expect` other than 100-continue: 417.
 A refusal is followed by a lingering close (writing shut, what the client still sends read and discarded
 for LINGER_S) so the kernel does not reset the connection before the client reads its answer.
 Requests on one connection are answered in order. The socket is read while a request is answered, so a
@@ -73,6 +74,7 @@ class Connection(asyncio.BufferedProtocol):
         self.url = b""
         self.headers: dict[str, str] = {}
         self.body = bytearray()  # grows in place (large ones are mapped, and go back to the kernel freed)
+        self.body_left = 0  # bytes of the body its Content-Length still announces
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------
 
@@ -130,7 +132,7 @@ class Connection(asyncio.BufferedProtocol):
                 if self.busy:
                     self._keep(data)
                     return
-                size = HEAD_SLICE if self.reading_head else len(data)
+                size = HEAD_SLICE if self.reading_head else max(HEAD_SLICE, self.body_left)
                 chunk, data = data[:size], data[size:]
                 self.parser.feed_data(chunk)
                 if self.reading_head:
@@ -176,10 +178,13 @@ class Connection(asyncio.BufferedProtocol):
         if expect is not None and expect.lower() != "100-continue":
             raise Reject(417, f"expect: only 100-continue is supported (got {expect[:64]!r})")
         length = self.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.limits.max_body_bytes:
+        # a body is fed whole, but not what follows it: one feed completes at most one HEAD_SLICE of
+        # pipelined requests (each held as a Request until answered)
+        self.body_left = int(length) if length is not None and length.isascii() and length.isdigit() else 0
+        if self.body_left > self.limits.max_body_bytes:
             raise Reject(
                 413,
-                f"request body: {int(length)} bytes is more than max_message_bytes {self.limits.max_body_bytes}",
+                f"request body: {self.body_left} bytes is more than max_message_bytes {self.limits.max_body_bytes}",
             )
         if expect is not None and not self.server.draining:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -199,6 +204,7 @@ class Connection(asyncio.BufferedProtocol):
             )
         self.reserved += len(body)
         self.body += body
+        self.body_left -= len(body)
 
     def on_message_complete(self) -> None:
         self.in_message, self.reading_head, self.head_bytes = False, True, 0
