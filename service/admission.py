@@ -63,34 +63,42 @@ class Admission(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method in NEVER_REFUSED:
             return handler
-        stream = handler.request_streaming
-        if self.in_flight >= self.limit:
-            message = f"the server has max_concurrent_rpcs {self.limit} calls in flight; retry later"
-        elif stream and self.streams >= self.stream_limit:
-            message = f"the server has max_concurrent_streams {self.stream_limit} streams open; retry later"
-        else:
-            return self._tracked(handler)
         rpc = details.method.rsplit("/", 1)[-1]
-        self.metrics.requests.labels(rpc, grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
+        message = self._full(handler.request_streaming)
+        if message is None:
+            return self._tracked(handler, rpc)
+        self._count_refusal(rpc)
         return _refusal(handler, message)
 
-    def _tracked(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def _full(self, stream: bool) -> str | None:
+        """Why a call (`stream`: with streamed requests) is refused now; None: it may start."""
+        if self.in_flight >= self.limit:
+            return f"the server has max_concurrent_rpcs {self.limit} calls in flight; retry later"
+        if stream and self.streams >= self.stream_limit:
+            return f"the server has max_concurrent_streams {self.stream_limit} streams open; retry later"
+        return None
+
+    def _count_refusal(self, rpc: str) -> None:
+        self.metrics.requests.labels(rpc, grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
+
+    def _tracked(self, handler: grpc.RpcMethodHandler, rpc: str) -> grpc.RpcMethodHandler:
         """The handler, counted in flight while its behaviour runs (every shape: coroutine functions and
-        async generators). There is no await between the check in `intercept_service` and `_enter` for
-        streamed requests, so concurrent streams cannot overshoot the limits."""
+        async generators). gRPC reads a unary request between `intercept_service` and the behaviour, so
+        calls checked there together may all start: the limits are checked again as the behaviour
+        starts, with no await before it is counted, and the excess refused then."""
         releasing = handler.request_streaming or not handler.response_streaming  # Watch streams: not
         stream = handler.request_streaming
         for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
             behaviour = getattr(handler, kind)
             if behaviour is not None:
-                return handler._replace(**{kind: self._counted(behaviour, releasing, stream)})
+                return handler._replace(**{kind: self._counted(behaviour, releasing, stream, rpc)})
         return handler
 
-    def _counted(self, behaviour, releasing: bool, stream: bool):
+    def _counted(self, behaviour, releasing: bool, stream: bool, rpc: str):
         if inspect.isasyncgenfunction(behaviour):
 
             async def generator(request, context):
-                self._enter(releasing, stream)
+                await self._enter(context, releasing, stream, rpc)
                 try:
                     async for response in behaviour(request, context):
                         yield response
@@ -100,7 +108,7 @@ class Admission(grpc.aio.ServerInterceptor):
             return generator
 
         async def coroutine(request, context):
-            self._enter(releasing, stream)
+            await self._enter(context, releasing, stream, rpc)
             try:
                 return await behaviour(request, context)
             finally:
@@ -108,7 +116,12 @@ class Admission(grpc.aio.ServerInterceptor):
 
         return coroutine
 
-    def _enter(self, releasing: bool, stream: bool) -> None:
+    async def _enter(self, context, releasing: bool, stream: bool, rpc: str) -> None:
+        """Counts the call in flight, or refuses it (RESOURCE_EXHAUSTED) when the limits are reached."""
+        message = self._full(stream)
+        if message is not None:
+            self._count_refusal(rpc)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         self.in_flight += 1
         self.streams += stream
         if releasing:
