@@ -134,9 +134,12 @@ class Connection(asyncio.BufferedProtocol):
                     return
                 size = HEAD_SLICE if self.reading_head else max(HEAD_SLICE, self.body_left)
                 chunk, data = data[:size], data[size:]
+                in_head = self.reading_head
                 self.parser.feed_data(chunk)
                 if self.reading_head:
-                    self._count_head(len(chunk))
+                    # a chunk that began in a body is fed up to the body's end: after it, at most a slice
+                    # of the next request's head (its body bytes are not head bytes)
+                    self._count_head(len(chunk) if in_head else min(len(chunk), HEAD_SLICE))
         except httptools.HttpParserUpgrade:
             pass  # no protocol upgrades: the request is answered as a plain HTTP/1.1 request
         except Reject as reject:
