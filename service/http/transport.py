@@ -239,8 +239,11 @@ class Connection(asyncio.BufferedProtocol):
 
     @property
     def idle_kept_alive(self) -> bool:
-        """Answered at least once and waiting for its next request: what a new connection may evict."""
-        return self.answered > 0 and not (self.busy or self.in_message or self.closing or self.stash)
+        """Answered at least once and waiting for its next request: what a new connection may evict. One
+        whose answer is not all sent is not idle (closed, it would hold its socket without a slot)."""
+        if self.busy or self.in_message or self.closing or self.stash or not self.answered:
+            return False
+        return not self.transport.get_write_buffer_size()
 
     async def _answer_pending(self) -> None:
         try:
