@@ -59,9 +59,9 @@ class Admission(grpc.aio.ServerInterceptor):
         self.stream_limit = limit if stream_limit is None else stream_limit
         self.bytes_limit = bytes_limit
         self.metrics = metrics
-        self.request_bytes = 0  # serialized size of the request messages held by admitted calls
         self.in_flight = 0  # every admitted call, streams included
         self.streams = 0  # admitted calls whose requests are streamed (client-streaming, bidirectional)
+        self.request_bytes = 0  # serialized size of the request messages held by admitted unary calls
         self._releasing_in_flight = 0
         self._started = 0  # such calls admitted so far: the idle release runs once per quiet spell
         self._released_at = 0
@@ -70,79 +70,82 @@ class Admission(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method in NEVER_REFUSED:
             return handler
-        stream = handler.request_streaming
-        if self.in_flight >= self.limit:
-            message = f"the server has max_concurrent_rpcs {self.limit} calls in flight; retry later"
-        elif stream and self.streams >= self.stream_limit:
-            message = f"the server has max_concurrent_streams {self.stream_limit} streams open; retry later"
-        else:
-            return self._tracked(handler, details.method)
-        self._count_refusal(details.method)
+        rpc = details.method.rsplit("/", 1)[-1]
+        message = self._full(handler.request_streaming)
+        if message is None:
+            return self._tracked(handler, rpc)
+        self._count_refusal(rpc)
         return _refusal(handler, message)
 
-    def _count_refusal(self, method: str) -> None:
-        rpc = method.rsplit("/", 1)[-1]
+    def _full(self, stream: bool) -> str | None:
+        """Why a call (`stream`: with streamed requests) is refused now; None: it may start."""
+        if self.in_flight >= self.limit:
+            return f"the server has max_concurrent_rpcs {self.limit} calls in flight; retry later"
+        if stream and self.streams >= self.stream_limit:
+            return f"the server has max_concurrent_streams {self.stream_limit} streams open; retry later"
+        return None
+
+    def _count_refusal(self, rpc: str) -> None:
         self.metrics.requests.labels(rpc, grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
 
-    async def _take_request_bytes(self, request, context, method: str) -> int:
-        """Counts a unary request's size against `bytes_limit`, or refuses the call."""
-        size = _message_size(request) if self.bytes_limit is not None else 0
-        if size and self.request_bytes and self.request_bytes + size > self.bytes_limit:
-            self._count_refusal(method)
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"requests in flight hold {self.request_bytes} bytes; this one ({size} bytes) would pass "
-                f"max_request_bytes_in_flight {self.bytes_limit}; retry later",
-            )
-        self.request_bytes += size
-        return size
-
-    def _tracked(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    def _tracked(self, handler: grpc.RpcMethodHandler, rpc: str) -> grpc.RpcMethodHandler:
         """The handler, counted in flight while its behaviour runs (every shape: coroutine functions and
-        async generators). There is no await between the check in `intercept_service` and `_enter` for
-        streamed requests, so concurrent streams cannot overshoot the limits."""
+        async generators). gRPC reads a unary request between `intercept_service` and the behaviour, so
+        calls checked there together may all start: the limits are checked again as the behaviour
+        starts, with no await before it is counted, and the excess refused then."""
         releasing = handler.request_streaming or not handler.response_streaming  # Watch streams: not
         stream = handler.request_streaming
         for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
             behaviour = getattr(handler, kind)
             if behaviour is not None:
-                return handler._replace(**{kind: self._counted(behaviour, releasing, stream, method)})
+                return handler._replace(**{kind: self._counted(behaviour, releasing, stream, rpc)})
         return handler
 
-    def _counted(self, behaviour, releasing: bool, stream: bool, method: str):
+    def _counted(self, behaviour, releasing: bool, stream: bool, rpc: str):
         if inspect.isasyncgenfunction(behaviour):
 
             async def generator(request, context):
-                size = 0 if stream else await self._take_request_bytes(request, context, method)
-                self._enter(releasing, stream)
+                size = await self._enter(context, releasing, stream, rpc, request)
                 try:
                     async for response in behaviour(request, context):
                         yield response
                 finally:
-                    self._leave(releasing, stream)
-                    self.request_bytes -= size
+                    self._leave(releasing, stream, size)
 
             return generator
 
         async def coroutine(request, context):
-            size = 0 if stream else await self._take_request_bytes(request, context, method)
-            self._enter(releasing, stream)
+            size = await self._enter(context, releasing, stream, rpc, request)
             try:
                 return await behaviour(request, context)
             finally:
-                self._leave(releasing, stream)
-                self.request_bytes -= size
+                self._leave(releasing, stream, size)
 
         return coroutine
 
-    def _enter(self, releasing: bool, stream: bool) -> None:
+    async def _enter(self, context, releasing: bool, stream: bool, rpc: str, request) -> int:
+        """Counts the call in flight and its request's bytes (returned), or refuses it (RESOURCE_EXHAUSTED)
+        when the limits are reached."""
+        size = 0 if stream or self.bytes_limit is None else _message_size(request)
+        message = self._full(stream)
+        if message is None and size and self.request_bytes and self.request_bytes + size > self.bytes_limit:
+            message = (
+                f"requests in flight hold {self.request_bytes} bytes; this one ({size} bytes) would pass "
+                f"max_request_bytes_in_flight {self.bytes_limit}; retry later"
+            )
+        if message is not None:
+            self._count_refusal(rpc)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+        self.request_bytes += size
         self.in_flight += 1
         self.streams += stream
         if releasing:
             self._releasing_in_flight += 1
             self._started += 1
+        return size
 
-    def _leave(self, releasing: bool, stream: bool) -> None:
+    def _leave(self, releasing: bool, stream: bool, size: int) -> None:
+        self.request_bytes -= size
         self.in_flight -= 1
         self.streams -= stream
         if releasing:

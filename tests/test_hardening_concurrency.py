@@ -85,3 +85,47 @@ def test_burst_is_answered_ok_or_refused_and_counted(server):
     assert counted("RESOURCE_EXHAUSTED") == codes["RESOURCE_EXHAUSTED"]
     assert counted("OK") == codes["OK"] + 1  # and the warm-up call
     assert health == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_calls_whose_requests_arrive_together_do_not_overshoot_the_limit(tiny_repo, monkeypatch):
+    """gRPC reads a unary request after the interceptor admits it: large requests sent together all passed
+    the interceptor's check before any started (up to 13 in flight against a limit of 4). The limit holds
+    as the calls start: at most 4 reach the core at once, the others are refused and counted. (Without the
+    check at the start, a round overshoots about three times in four: two rounds are run.)"""
+    from bertserve.service.core import InferenceCore
+    from tests.helpers.server import ServerThread
+
+    limit, calls = 4, 40
+    running, peak = [0], [0]
+    infer = InferenceCore.infer
+
+    async def counted(self, *args, **kwargs):
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        try:
+            return await infer(self, *args, **kwargs)
+        finally:
+            running[0] -= 1
+
+    monkeypatch.setattr(InferenceCore, "infer", counted)
+    request = pb.EmbedRequest(inputs=["wo " * 2600] * 256, truncate=True)  # 2 MB: read over many frames
+    codes = Counter()
+    settings = {"max_concurrent_rpcs": limit, "max_queue_inputs": 100_000}
+    with ServerThread(model_repo=tiny_repo, models=["tiny-embed"], **settings) as server:
+        for _ in range(2):
+            channels = [grpc.insecure_channel(server.address) for _ in range(8)]  # requests read in parallel
+            stubs = [inference_pb2_grpc.InferenceStub(channel) for channel in channels]
+            futures = [stubs[i % len(stubs)].Embed.future(request, timeout=120) for i in range(calls)]
+            for future in futures:
+                try:
+                    future.result()
+                    codes["OK"] += 1
+                except grpc.RpcError as error:
+                    codes[error.code().name] += 1
+            for channel in channels:
+                channel.close()
+            assert peak[0] <= limit, f"{peak[0]} calls in the core at once; max_concurrent_rpcs {limit}"
+        samples = scrape(server.metrics_url)
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"} and codes["OK"] >= 2, codes
+    counted_refusals = metric(samples, "bertserve_requests_total", rpc="Embed", code="RESOURCE_EXHAUSTED")
+    assert counted_refusals == codes["RESOURCE_EXHAUSTED"]

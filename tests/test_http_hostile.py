@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import resource
 import time
 
@@ -188,3 +189,46 @@ def test_start_raises_the_open_files_limit_and_refuses_a_cap_above_it(tiny_repo)
             ServerThread(model_repo=tiny_repo, models=["tiny-embed"], http_max_connections=hard // 2).start()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_requests_pipelined_behind_a_body_are_parsed_one_slice_at_a_time(server, monkeypatch):
+    """A body's last bytes followed, in the same read, by 30 KiB of tiny pipelined requests: the parser
+    is fed the body up to its end, then request heads one HEAD_SLICE at a time, so the requests parsed
+    ahead of their answers (about 300 bytes each as Request objects) stay those of one slice, not a
+    read's worth (some 1,700 from 30 KiB)."""
+    from bertserve.service.http.transport import HEAD_SLICE, Connection
+
+    tiny = b"GET /health HTTP/1.1\r\n\r\n"
+    most = HEAD_SLICE // len(tiny) + 1
+    parsed_ahead = []
+    complete = Connection.on_message_complete
+
+    def counted(self) -> None:
+        complete(self)
+        parsed_ahead.append(len(self.pending))
+
+    monkeypatch.setattr(Connection, "on_message_complete", counted)
+    body = json.dumps({"input": "a cat"}).encode()
+    count = 30 * 1024 // len(tiny)
+    with connect(server) as sock:
+        sock.sendall(post_head(len(body)) + body[:4])
+        time.sleep(0.2)  # the head is parsed: the parser now waits for the body
+        sock.sendall(body[4:] + tiny * count + HEALTH.replace(b"\r\n\r\n", b"\r\n" + CLOSE))
+        replies = read_all(sock)
+    assert replies.count(b"HTTP/1.1 200 OK") == count + 2  # every request answered, in order
+    assert len(parsed_ahead) == count + 2
+    assert max(parsed_ahead) <= most, f"{max(parsed_ahead)} requests parsed ahead of their answers"
+
+
+def test_a_large_body_pipelined_behind_a_request_is_not_counted_as_headers(server):
+    """A request with a 45 KB body sent right behind another: it is read while the first is answered,
+    then parsed from what was kept. Its body's bytes are not counted against the next request's
+    max_header_bytes (a spurious 431 after its answer)."""
+    first = b'{"input": "a dog"}'  # answered off the event loop: the rest arrives meanwhile, and is kept
+    body = b'{"input": "a cat"' + b" " * 45_000 + b"}"
+    last = HEALTH.replace(b"\r\n\r\n", b"\r\n" + CLOSE)
+    with connect(server) as sock:
+        sock.sendall(post_head(len(first)) + first + post_head(len(body)) + body + last)
+        replies = read_all(sock)
+    statuses = [int(status) for status in re.findall(rb"HTTP/1\.1 (\d{3}) ", replies)]
+    assert statuses == [200, 200, 200], replies[-300:]

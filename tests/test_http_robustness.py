@@ -250,3 +250,73 @@ def test_client_that_does_not_read_its_answers_is_cut_off(server):
         received = read_all(sock)
     assert received.count(b"HTTP/1.1 200") < 200  # cut off, not every answer buffered for it
     assert_healthy(server)
+
+
+def _connection_of(server, sock: socket.socket):
+    """The server's Connection for our socket (None once it is gone), and the bytes its transport holds."""
+
+    async def find():
+        for connection in server.server.http.server.connections:
+            transport = connection.transport
+            if transport is not None and transport.get_extra_info("peername") == sock.getsockname():
+                return connection, connection.answered, transport.get_write_buffer_size()
+        return None, 0, 0
+
+    return server.call(find)
+
+
+def test_connection_closed_with_an_unread_answer_still_buffered_is_aborted(server):
+    """A keep-alive connection whose last answer the kernel could not take whole (the client reads
+    nothing): closing it at the keep-alive timeout would wait forever for that answer to be sent, holding
+    its connection slot. It is aborted http_read_timeout_s later, as an unread answer is."""
+    body = json.dumps({"input": ["a"] * 48, "encoding_format": "float"}).encode()  # answers < 64 KiB
+    request = post_head(len(body)) + body
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", server.server.http_port))
+    with sock:
+        held = 0
+        for sent in range(1, 400):  # until the kernel's buffers are full and the server holds the rest
+            sock.sendall(request)
+            deadline = time.monotonic() + 30
+            while (found := _connection_of(server, sock))[1] < sent:
+                assert time.monotonic() < deadline, "the request was never answered"
+                time.sleep(0.01)
+            if held := found[2]:
+                break
+        assert held > 0, "the kernel took every answer: the server never held one back"
+        wait_for(lambda: _connection_of(server, sock)[0] is None, 4 * READ_TIMEOUT_S + 5)
+        assert server.server.http.server.open <= MAX_CONNECTIONS
+    assert_healthy(server)
+
+
+def test_a_connection_still_sending_its_answer_is_not_evicted_as_idle(tiny_repo):
+    """At the connection cap a new connection evicts the oldest idle one; a connection whose last answer
+    the server still holds (its client reads nothing) is not idle: closing it would keep its socket open
+    beyond the cap until it is aborted. The idle one opened after it is evicted instead."""
+    with ServerThread(model_repo=tiny_repo, models=["tiny-embed"], http_max_connections=2) as server:
+        body = json.dumps({"input": ["a"] * 48, "encoding_format": "float"}).encode()
+        request = post_head(len(body)) + body
+        slow = socket.socket()
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.settimeout(10)
+        slow.connect(("127.0.0.1", server.server.http_port))
+        with slow, connect(server) as idle:
+            held = 0
+            for sent in range(1, 400):  # until the server holds part of an answer
+                slow.sendall(request)
+                deadline = time.monotonic() + 30
+                while (found := _connection_of(server, slow))[1] < sent:
+                    assert time.monotonic() < deadline, "the request was never answered"
+                    time.sleep(0.01)
+                if held := found[2]:
+                    break
+            assert held > 0, "the kernel took every answer: the server never held one back"
+            idle.sendall(HEALTH)
+            assert status_of(idle.recv(65536)) == 200
+            with connect(server) as fresh:
+                fresh.sendall(HEALTH.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+                assert status_of(read_all(fresh)) == 200
+            assert read_all(idle) == b""  # the idle connection was evicted
+            assert _connection_of(server, slow)[0] is not None  # the sending one was not

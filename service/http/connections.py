@@ -11,8 +11,9 @@ included), the budget of request bodies in flight, eviction, drain and stop, and
 - Bodies of requests being read or answered hold at most `max_body_bytes_in_flight` bytes in all; beyond,
   503 (transport.py).
 
-Memory: about max_connections x (max_header_bytes + 2 x READ_BYTES) + max_body_bytes_in_flight (+ one body
-copied while a request is made of it), and with TLS asyncio's read buffer (256 KiB) per connection.
+Memory: about max_connections x (max_header_bytes + 2 x READ_BYTES + the Request objects of one HEAD_SLICE of
+pipelined requests) + max_body_bytes_in_flight (+ one body copied while a request is made of it), and with
+TLS asyncio's read buffer (256 KiB) per connection.
 Counts (`HttpEvents`, exported by service/metrics.py): connections by outcome (accepted, refused,
 evicted, handshake_failed, handshake_timeout, not_tls), open connections, requests refused before routing
 by status.

@@ -8,10 +8,11 @@ What one connection may hold (`HttpLimits`; tests/test_http_robustness.py, test_
 - a body: at most `max_body_bytes` (413 as soon as Content-Length or the counted bytes say so), and its
   bytes count against the server's budget of bodies in flight (503 beyond it);
 - bytes sent ahead while a request is answered (pipelining): at most 2 x READ_BYTES, then reading pauses;
+  requests parsed ahead: those one HEAD_SLICE holds (the parser is fed request heads in slices);
 - headers not complete `header_timeout_s` after a request's first byte, or a body `body_timeout_s` after
   its headers: 408; no new request `keep_alive_s` after an answer: closed; an answer the client does not
-  read within `body_timeout_s`: aborted; a malformed request or target: 400; `Expect` other than
-  100-continue: 417.
+  read within `body_timeout_s` (also one still unsent when its connection closes): aborted; a malformed
+  request or target: 400; `Expect` other than 100-continue: 417.
 A refusal is followed by a lingering close (writing shut, what the client still sends read and discarded
 for LINGER_S) so the kernel does not reset the connection before the client reads its answer.
 Requests on one connection are answered in order. The socket is read while a request is answered, so a
@@ -73,6 +74,7 @@ class Connection(asyncio.BufferedProtocol):
         self.url = b""
         self.headers: dict[str, str] = {}
         self.body = bytearray()  # grows in place (large ones are mapped, and go back to the kernel freed)
+        self.body_left = 0  # bytes of the body its Content-Length still announces
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------
 
@@ -130,11 +132,14 @@ class Connection(asyncio.BufferedProtocol):
                 if self.busy:
                     self._keep(data)
                     return
-                size = HEAD_SLICE if self.reading_head else len(data)
+                size = HEAD_SLICE if self.reading_head else max(HEAD_SLICE, self.body_left)
                 chunk, data = data[:size], data[size:]
+                in_head = self.reading_head
                 self.parser.feed_data(chunk)
                 if self.reading_head:
-                    self._count_head(len(chunk))
+                    # a chunk that began in a body is fed up to the body's end: after it, at most a slice
+                    # of the next request's head (its body bytes are not head bytes)
+                    self._count_head(len(chunk) if in_head else min(len(chunk), HEAD_SLICE))
         except httptools.HttpParserUpgrade:
             pass  # no protocol upgrades: the request is answered as a plain HTTP/1.1 request
         except Reject as reject:
@@ -176,10 +181,13 @@ class Connection(asyncio.BufferedProtocol):
         if expect is not None and expect.lower() != "100-continue":
             raise Reject(417, f"expect: only 100-continue is supported (got {expect[:64]!r})")
         length = self.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.limits.max_body_bytes:
+        # a body is fed whole, but not what follows it: one feed completes at most one HEAD_SLICE of
+        # pipelined requests (each held as a Request until answered)
+        self.body_left = int(length) if length is not None and length.isascii() and length.isdigit() else 0
+        if self.body_left > self.limits.max_body_bytes:
             raise Reject(
                 413,
-                f"request body: {int(length)} bytes is more than max_message_bytes {self.limits.max_body_bytes}",
+                f"request body: {self.body_left} bytes is more than max_message_bytes {self.limits.max_body_bytes}",
             )
         if expect is not None and not self.server.draining:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -199,6 +207,7 @@ class Connection(asyncio.BufferedProtocol):
             )
         self.reserved += len(body)
         self.body += body
+        self.body_left -= len(body)
 
     def on_message_complete(self) -> None:
         self.in_message, self.reading_head, self.head_bytes = False, True, 0
@@ -230,8 +239,11 @@ class Connection(asyncio.BufferedProtocol):
 
     @property
     def idle_kept_alive(self) -> bool:
-        """Answered at least once and waiting for its next request: what a new connection may evict."""
-        return self.answered > 0 and not (self.busy or self.in_message or self.closing or self.stash)
+        """Answered at least once and waiting for its next request: what a new connection may evict. One
+        whose answer is not all sent is not idle (closed, it would hold its socket without a slot)."""
+        if self.busy or self.in_message or self.closing or self.stash or not self.answered:
+            return False
+        return not self.transport.get_write_buffer_size()
 
     async def _answer_pending(self) -> None:
         try:
@@ -313,18 +325,22 @@ class Connection(asyncio.BufferedProtocol):
         self.closing = True
         self._disarm()
         if not self.transport.can_write_eof():  # TLS: no half-close
-            self.transport.close()
+            self.close()
             return
         self.transport.write_eof()
         self.lingering = True
         self.transport.resume_reading()
-        self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+        self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.close)
 
     def close(self) -> None:
         self.closing = True
         self._disarm()
-        self.transport.close()
+        self.transport.close()  # sends what it holds first: a client that does not read it is aborted
+        if self.transport.get_write_buffer_size():
+            self.timer = asyncio.get_running_loop().call_later(
+                self.limits.body_timeout_s, self.transport.abort
+            )
 
     def close_if_idle(self) -> None:
-        if not self.busy and not self.in_message:
+        if not (self.busy or self.in_message or self.closing):
             self.close()
