@@ -144,6 +144,16 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_body_budget(self) -> Settings:
+        """A body budget below one message would answer bodies between the two sizes 503 forever."""
+        if self.http_max_body_bytes_in_flight < self.max_message_bytes:
+            raise ValueError(
+                f"http_max_body_bytes_in_flight {self.http_max_body_bytes_in_flight} must be at least "
+                f"max_message_bytes {self.max_message_bytes}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _resolve_concurrent_rpcs(self) -> Settings:
         """0 becomes twice max_queue_inputs, so every reader (Info, bertserve_limit) sees the bound in force."""
         if self.max_concurrent_rpcs == 0:

@@ -37,6 +37,7 @@ def test_settings_from_environment_with_flags_on_top(monkeypatch):
         ("MODELS", "../etc/passwd", "setting models"),
         ("TLS_CERT", "missing-cert.pem", "tls_cert and tls_key"),
         ("GRACE_PERIOD_S", "-1", "setting grace_period_s"),
+        ("HTTP_MAX_BODY_BYTES_IN_FLIGHT", "2048", "must be at least max_message_bytes 8388608"),
     ],
 )
 def test_bad_setting_is_named(monkeypatch, name, value, needle):
