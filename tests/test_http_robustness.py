@@ -252,6 +252,20 @@ def test_client_that_does_not_read_its_answers_is_cut_off(server):
     assert_healthy(server)
 
 
+def _send_until_an_answer_is_held(server, sock: socket.socket, request: bytes) -> None:
+    """Sends `request` one at a time, each answered, until the kernel's buffers are full and the server
+    holds part of an answer for a client that reads nothing."""
+    for sent in range(1, 400):
+        sock.sendall(request)
+        deadline = time.monotonic() + 30
+        while (found := _connection_of(server, sock))[1] < sent:
+            assert time.monotonic() < deadline, "the request was never answered"
+            time.sleep(0.01)
+        if found[2]:
+            return
+    raise AssertionError("the kernel took every answer: the server never held one back")
+
+
 def _connection_of(server, sock: socket.socket):
     """The server's Connection for our socket (None once it is gone), and the bytes its transport holds."""
 
@@ -276,16 +290,7 @@ def test_connection_closed_with_an_unread_answer_still_buffered_is_aborted(serve
     sock.settimeout(10)
     sock.connect(("127.0.0.1", server.server.http_port))
     with sock:
-        held = 0
-        for sent in range(1, 400):  # until the kernel's buffers are full and the server holds the rest
-            sock.sendall(request)
-            deadline = time.monotonic() + 30
-            while (found := _connection_of(server, sock))[1] < sent:
-                assert time.monotonic() < deadline, "the request was never answered"
-                time.sleep(0.01)
-            if held := found[2]:
-                break
-        assert held > 0, "the kernel took every answer: the server never held one back"
+        _send_until_an_answer_is_held(server, sock, request)
         wait_for(lambda: _connection_of(server, sock)[0] is None, 4 * READ_TIMEOUT_S + 5)
         assert server.server.http.server.open <= MAX_CONNECTIONS
     assert_healthy(server)
@@ -303,16 +308,7 @@ def test_a_connection_still_sending_its_answer_is_not_evicted_as_idle(tiny_repo)
         slow.settimeout(10)
         slow.connect(("127.0.0.1", server.server.http_port))
         with slow, connect(server) as idle:
-            held = 0
-            for sent in range(1, 400):  # until the server holds part of an answer
-                slow.sendall(request)
-                deadline = time.monotonic() + 30
-                while (found := _connection_of(server, slow))[1] < sent:
-                    assert time.monotonic() < deadline, "the request was never answered"
-                    time.sleep(0.01)
-                if held := found[2]:
-                    break
-            assert held > 0, "the kernel took every answer: the server never held one back"
+            _send_until_an_answer_is_held(server, slow, request)
             idle.sendall(HEALTH)
             assert status_of(idle.recv(65536)) == 200
             with connect(server) as fresh:

@@ -96,22 +96,20 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print(f"bertserve attention: {MATPLOTLIB_MISSING}", file=sys.stderr)
             return 1
-    import grpc
 
     from bertserve.client import Client
-    from bertserve.commands.common import interrupt_closes, rpc_failure
+    from bertserve.commands.common import call_or_report, interrupt_closes
 
     with Client(args.address, timeout=args.timeout) as client, interrupt_closes(client) as interrupted:
-        try:
-            response = client.attention(
+        response = call_or_report(
+            "attention",
+            client,
+            interrupted,
+            lambda: client.attention(
                 args.text, model=args.model, layers=[args.layer], heads=[args.head], truncate=args.truncate
-            )
-        except (grpc.RpcError, ValueError) as exc:  # ValueError: the channel was closed by Ctrl-C
-            if interrupted.is_set():
-                raise KeyboardInterrupt from None  # bertserve/cli.py says so in one line
-            if not isinstance(exc, grpc.RpcError):
-                raise
-            print(f"bertserve attention: {rpc_failure(exc, client.address)}", file=sys.stderr)
+            ),
+        )
+        if response is None:
             return 1
     matrix = response.matrix(args.layer, args.head)  # (T, T)
     labels = [token.text for token in response.tokens]

@@ -12,7 +12,7 @@ import sys
 import typing
 
 from bertserve.cli import describe
-from bertserve.commands.common import add_connection_flags, interrupt_closes, print_json, rpc_failure
+from bertserve.commands.common import add_connection_flags, call_or_report, interrupt_closes, print_json
 
 STDIN = "-"
 
@@ -129,7 +129,6 @@ def _json_value(value):
 
 
 def _run_client(args: argparse.Namespace) -> int:
-    import grpc
 
     from bertserve.client import Client
 
@@ -139,14 +138,8 @@ def _run_client(args: argparse.Namespace) -> int:
         return 2
     call, describe_result = CLIENT_COMMANDS[args.command]
     with Client(args.address, timeout=args.timeout) as client, interrupt_closes(client) as interrupted:
-        try:
-            result = call(client, args, inputs)
-        except (grpc.RpcError, ValueError) as exc:  # ValueError: the channel was closed by Ctrl-C
-            if interrupted.is_set():
-                raise KeyboardInterrupt from None  # bertserve/cli.py says so in one line
-            if not isinstance(exc, grpc.RpcError):
-                raise
-            print(f"bertserve {args.command}: {rpc_failure(exc, client.address)}", file=sys.stderr)
+        result = call_or_report(args.command, client, interrupted, lambda: call(client, args, inputs))
+        if result is None:
             return 1
     if args.json:
         print_json(_json_value(result.to_dict()), args.pretty)

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -79,3 +80,19 @@ def interrupt_closes(client) -> Iterator[threading.Event]:
         yield interrupted
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def call_or_report(command: str, client, interrupted, call):
+    """`call()`'s result, or None after one line on standard error naming the failure and the address.
+    Ctrl-C (the channel closed by `interrupt_closes`) raises KeyboardInterrupt: bertserve/cli.py says so."""
+    import grpc
+
+    try:
+        return call()
+    except (grpc.RpcError, ValueError) as exc:  # ValueError: the channel was closed by Ctrl-C
+        if interrupted.is_set():
+            raise KeyboardInterrupt from None
+        if not isinstance(exc, grpc.RpcError):
+            raise
+        print(f"bertserve {command}: {rpc_failure(exc, client.address)}", file=sys.stderr)
+        return None
