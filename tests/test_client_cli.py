@@ -6,7 +6,6 @@ package (bertserve/commands/), which the server package never imports, with no i
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
 import signal
 import socket
@@ -20,7 +19,7 @@ import pytest
 from bertserve import address as addresses
 from bertserve.cli import main
 from bertserve.client import Client
-from tests.helpers.server import ROOT, ServerThread, bertserve_command
+from tests.helpers.server import ROOT, ServerThread, bertserve_command, take_sigint
 
 
 def free_port() -> int:
@@ -129,21 +128,20 @@ def _wait_until_blocked(pid: int, module: str, limit_s: float = 60) -> None:
 def test_ctrl_c_ends_a_command_with_one_line_and_130(tiny_server):
     command = [*bertserve_command(), "embed", "--address", tiny_server.address, "-"]
     process = subprocess.Popen(
-        command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=take_sigint,
     )
     try:
         _wait_until_blocked(process.pid, "cygrpc")  # grpc is imported, then standard input is read
-        # standard input stays open; a SIGINT that the kernel hands to one of gRPC's threads leaves the main
-        # thread blocked in read(), so the signal is sent again until the process ends
-        for _ in range(60):
-            process.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(1)
-                break
-        out, err = process.stdout.read(), process.stderr.read()
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
     finally:
         process.kill()
-        process.stdin.close()
     assert process.returncode == 130
     assert err == "bertserve embed: interrupted\n" and out == ""
 
@@ -156,7 +154,12 @@ def test_ctrl_c_during_a_call_ends_it_with_one_line_and_130():
         address = f"127.0.0.1:{silent.getsockname()[1]}"
         command = [*bertserve_command(), "info", "--address", address, "--timeout", "120"]
         process = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            command,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=take_sigint,
         )
         try:
             silent.settimeout(60)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bertserve.client import Client
-from tests.helpers.server import ROOT, bertserve_command, metric, scrape
+from tests.helpers.server import ROOT, bertserve_command, metric, scrape, take_sigint, wait_for
 from tests.helpers.texts import random_texts
 
 MODEL = "tiny-embed"
@@ -79,6 +79,8 @@ def test_killed_job_resumes_without_recomputing_and_matches_unary_embed(tiny_ser
     done = state["rows"]
     assert KILL_AFTER_ROWS <= done <= LINES // 2 and not out.exists()
 
+    # the killed job's stream ends on the server before counting: its last request may still be computing
+    wait_for(lambda: metric(scrape(tiny_server.metrics_url), "bertserve_streams_open") == 0)
     before = inputs_embedded(tiny_server.metrics_url)
     second = embed_file(
         tiny_server.address, "-", "--out", str(out), stdin=subprocess.PIPE, stderr=subprocess.PIPE
@@ -296,7 +298,7 @@ def test_ctrl_c_ends_the_job_in_one_line_and_it_resumes(tiny_server, tmp_path):
     out = tmp_path / "vectors.npy"
     job = embed_file(
         tiny_server.address, "-", "--out", str(out), "--progress-every", "0",
-        stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=take_sigint,
     )  # fmt: skip
     job.stdin.write("".join(t + "\n" for t in texts[:1_000]))  # and no end of input yet
     job.stdin.flush()

@@ -135,6 +135,12 @@ def wait_for(condition, timeout: float = 10) -> None:
         time.sleep(0.01)
 
 
+def take_sigint() -> None:
+    """A Popen preexec_fn: the child takes Ctrl-C (SIGINT) as a terminal user's command does, even when
+    the test run itself was started with SIGINT ignored (a background job of a shell without job control)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def bertserve_command() -> list[str]:
     """The `bertserve` console script next to this interpreter (what `make serve` runs), else
     `python -m bertserve.cli` (the same entry point) when the package is not installed."""
