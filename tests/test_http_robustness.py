@@ -42,6 +42,19 @@ def connect(server) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.server.http_port), timeout=10)
 
 
+def slow_reader(server) -> socket.socket:
+    """A connection whose client reads nothing and whose receive buffer is small, so the server soon holds
+    what it sends."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", server.server.http_port))
+    return sock
+
+
+EMBED_48 = json.dumps({"input": ["a"] * 48, "encoding_format": "float"}).encode()  # ~46 KB answers
+
+
 def read_all(sock: socket.socket) -> bytes:
     """Everything the server sends until it closes the connection."""
     chunks = []
@@ -237,12 +250,8 @@ def test_http_off_and_port_taken(tiny_repo):
 def test_client_that_does_not_read_its_answers_is_cut_off(server):
     """Pipelined requests whose answers (about 9 MB) the client never reads: once the server's send buffer
     is full it waits http_read_timeout_s for the client to read, then aborts the connection."""
-    body = json.dumps({"input": ["a"] * 48, "encoding_format": "float"}).encode()  # ~46 KB answers
-    request = post_head(len(body)) + body
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(10)
-    sock.connect(("127.0.0.1", server.server.http_port))
+    request = post_head(len(EMBED_48)) + EMBED_48
+    sock = slow_reader(server)
     with sock:
         with contextlib.suppress(OSError):
             sock.sendall(request * 200)
@@ -283,12 +292,8 @@ def test_connection_closed_with_an_unread_answer_still_buffered_is_aborted(serve
     """A keep-alive connection whose last answer the kernel could not take whole (the client reads
     nothing): closing it at the keep-alive timeout would wait forever for that answer to be sent, holding
     its connection slot. It is aborted http_read_timeout_s later, as an unread answer is."""
-    body = json.dumps({"input": ["a"] * 48, "encoding_format": "float"}).encode()  # answers < 64 KiB
-    request = post_head(len(body)) + body
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(10)
-    sock.connect(("127.0.0.1", server.server.http_port))
+    request = post_head(len(EMBED_48)) + EMBED_48
+    sock = slow_reader(server)
     with sock:
         _send_until_an_answer_is_held(server, sock, request)
         wait_for(lambda: _connection_of(server, sock)[0] is None, 4 * READ_TIMEOUT_S + 5)
@@ -301,12 +306,8 @@ def test_a_connection_still_sending_its_answer_is_not_evicted_as_idle(tiny_repo)
     the server still holds (its client reads nothing) is not idle: closing it would keep its socket open
     beyond the cap until it is aborted. The idle one opened after it is evicted instead."""
     with ServerThread(model_repo=tiny_repo, models=["tiny-embed"], http_max_connections=2) as server:
-        body = json.dumps({"input": ["a"] * 48, "encoding_format": "float"}).encode()
-        request = post_head(len(body)) + body
-        slow = socket.socket()
-        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        slow.settimeout(10)
-        slow.connect(("127.0.0.1", server.server.http_port))
+        request = post_head(len(EMBED_48)) + EMBED_48
+        slow = slow_reader(server)
         with slow, connect(server) as idle:
             _send_until_an_answer_is_held(server, slow, request)
             idle.sendall(HEALTH)
