@@ -9,12 +9,13 @@ no padding and every row is a real query token.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from bertserve.service.errors import InferenceFailed, InvalidInput
-from bertserve.service.runtime import GraphSession
+from bertserve.service.runtime import EngineSession, GraphSession
 
 ATTENTIONS_OUTPUT = "attentions"
 # Protobuf bytes per token in the response besides the maps (text, id, offsets, flags, framing): a bound.
@@ -58,7 +59,7 @@ def check_response_size(
 
 
 class AttentionGraph:
-    def __init__(self, session: GraphSession, model: str):
+    def __init__(self, session: GraphSession | EngineSession, model: str):
         self.session = session
         self.model = model
 
@@ -78,15 +79,25 @@ class AttentionGraph:
 
     def bind(
         self, ids: np.ndarray, type_ids: np.ndarray, layers: list[int], heads: list[int], model: str = ""
-    ) -> Callable[[], np.ndarray]:
+    ) -> AttentionRun:
         """The run as a job for the encoder's queue owner (blocking; ORT failures become InferenceFailed)."""
+        return AttentionRun(self, ids, type_ids, layers, heads, model or self.model)
 
-        def job() -> np.ndarray:
-            try:
-                return self.run(ids, type_ids, layers, heads)
-            except Exception as exc:
-                raise InferenceFailed(
-                    f"model {model or self.model}: the attention graph failed: {exc}"
-                ) from None
 
-        return job
+@dataclass(frozen=True)
+class AttentionRun:
+    """One attention run, as its queue owner runs it (a call), or as a front sends it to the engine (its
+    fields)."""
+
+    graph: AttentionGraph
+    ids: np.ndarray  # (T,) int64
+    type_ids: np.ndarray  # (T,) int64
+    layers: list[int]
+    heads: list[int]
+    model: str
+
+    def __call__(self) -> np.ndarray:
+        try:
+            return self.graph.run(self.ids, self.type_ids, self.layers, self.heads)
+        except Exception as exc:
+            raise InferenceFailed(f"model {self.model}: the attention graph failed: {exc}") from None

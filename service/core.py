@@ -37,12 +37,13 @@ import numpy as np
 
 from bertserve import __version__
 from bertserve.service.attention import check_response_size, select_indices
-from bertserve.service.batcher import Batcher, BatchLimits, ItemResult, Permit, WorkItem
-from bertserve.service.encoders import EncoderGroup
+from bertserve.service.batcher import ItemResult, Permit, WorkItem
+from bertserve.service.encoders import EncoderGroup, attach_batchers, batch_limits
 from bertserve.service.errors import InvalidInput
 from bertserve.service.loop_lag import LoopLagMonitor
 from bertserve.service.metrics import Metrics
 from bertserve.service.model_registry import ModelRegistry
+from bertserve.service.remote_engine import EngineLink, RemoteBatcher
 from bertserve.service.results import (
     AttentionResult,
     CallMeta,
@@ -120,30 +121,26 @@ class InferenceCore:
         settings: Settings,
         metrics: Metrics,
         cpu_executor: Executor,
+        engine: EngineLink | None = None,
     ):
+        """`engine`: this process is one front of several; the engine process batches and computes."""
         self.registry = registry
         self.encoders: list[EncoderGroup] = registry.encoders
         self.settings = settings
         self.metrics = metrics
         self._cpu = cpu_executor  # tokenization, decoding and large responses, off the event loop
         self.loop_lag = LoopLagMonitor(metrics)
-        s = settings
-        limits = BatchLimits(
-            s.max_batch_size,
-            s.max_batch_tokens,
-            s.max_queue_delay_ms / 1000,
-            s.max_queue_inputs,
-            s.max_padding_ratio,
-            s.max_queue_attention,
-            s.max_stream_batch_tokens,
-        )
-        # fixed once loaded
+        self.refresh_infos()
+        if engine is None:
+            attach_batchers(registry, settings, metrics)
+        else:
+            for group in self.encoders:
+                group.batcher = RemoteBatcher(engine, group.name, batch_limits(settings))
+
+    def refresh_infos(self) -> None:
+        """The models' information, fixed once loaded (a front's again once the engine names its provider)."""
+        registry = self.registry
         self._infos = {m.name: model_info_of(m, registry.default_rpcs(m)) for m in registry.ordered}
-        for group in self.encoders:  # one queue owner per encoder, shared by its models and tasks
-            observer = metrics.observer(group.name, group.graph_key)
-            group.batcher = Batcher(
-                group.name, group.compute, limits, group.executor, observer, concurrency=group.instances
-            )
 
     # --- lifecycle ---------------------------------------------------------------------------------
 

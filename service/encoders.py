@@ -18,13 +18,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertserve.service.batcher import Batcher, WorkItem
+from bertserve.service.batcher import Batcher, BatchLimits, WorkItem
 from bertserve.service.runtime import GraphSession
 from bertserve.service.tasks import Task, TaskOptions
 from bertserve.service.tasks.fill_mask import mask_positions
 
 if TYPE_CHECKING:
+    from bertserve.service.metrics import Metrics
+    from bertserve.service.model_registry import ModelRegistry
     from bertserve.service.served_model import ServedModel
+    from bertserve.service.settings import Settings
 
 WARM_UP_TEXT = "The server warms up before it reports serving."
 
@@ -96,3 +99,26 @@ class EncoderGroup:
                 model.attention.run(encoded.ids, encoded.type_ids, [0], [0])
         for _ in self.sessions if items else ():
             self.compute(items)  # the free instances are a FIFO queue: each run takes the next instance
+
+
+def batch_limits(settings: Settings) -> BatchLimits:
+    s = settings
+    return BatchLimits(
+        s.max_batch_size,
+        s.max_batch_tokens,
+        s.max_queue_delay_ms / 1000,
+        s.max_queue_inputs,
+        s.max_padding_ratio,
+        s.max_queue_attention,
+        s.max_stream_batch_tokens,
+    )
+
+
+def attach_batchers(registry: ModelRegistry, settings: Settings, metrics: Metrics) -> None:
+    """One queue owner per encoder, shared by its models and tasks."""
+    limits = batch_limits(settings)
+    for group in registry.encoders:
+        observer = metrics.observer(group.name, group.graph_key)
+        group.batcher = Batcher(
+            group.name, group.compute, limits, group.executor, observer, concurrency=group.instances
+        )

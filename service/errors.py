@@ -32,6 +32,11 @@ class ShuttingDown(ServiceError):
     """The server is draining and accepts no new calls (UNAVAILABLE)."""
 
 
+class EngineUnavailable(ShuttingDown):
+    """The engine process is down or not ready (UNAVAILABLE): with several workers, a front's calls fail
+    with it when the engine is gone."""
+
+
 class InferenceFailed(ServiceError):
     """ONNX Runtime failed on a batch holding this call's inputs (INTERNAL)."""
 

@@ -9,16 +9,25 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from bertserve.service.errors import StartupError
 from bertserve.service.memory import limit_heap_growth
 from bertserve.service.settings import Settings
 
+if TYPE_CHECKING:
+    from bertserve.service.server import FrontRole
+
 log = logging.getLogger("bertserve.server")
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-async def run_until_signalled(settings: Settings) -> int:
+async def run_until_signalled(
+    settings: Settings, front: FrontRole | None = None, on_ready: Callable[[], None] = lambda: None
+) -> int:
+    """Serves until a drain signal; `front`: as one front process of several (service/supervisor/),
+    which calls `on_ready` once it serves."""
     from bertserve.service.server import InferenceServer
 
     loop = asyncio.get_running_loop()
@@ -31,19 +40,21 @@ async def run_until_signalled(settings: Settings) -> int:
 
     for signum in DRAIN_SIGNALS:
         loop.add_signal_handler(signum, on_signal, signum)
-    server = InferenceServer(settings)
+    server = InferenceServer(settings, front)
     try:
         await server.start()
     except StartupError as exc:
         log.error("cannot start: %s", exc)
         await server.stop(finish_queued=False)
         return 1
-    log.info(
-        "serving bertserve.v1.Inference on %s:%d, metrics on %s",
-        settings.host,
-        server.port,
-        f"http://{settings.host}:{server.metrics_port}/metrics" if server.metrics_port else "(off)",
-    )
+    if front is None:
+        metrics = f"http://{settings.host}:{server.metrics_port}/metrics" if server.metrics_port else "(off)"
+        log.info(
+            "serving bertserve.v1.Inference on %s:%d, metrics on %s", settings.host, server.port, metrics
+        )
+    else:  # the supervisor says when every front serves
+        log.info("front %d serving on %s:%d", front.index, settings.host, server.port)
+    on_ready()
     await stop.wait()
     log.info("signal received (%s): draining", received[0].name)
     finished = await server.drain()
@@ -51,11 +62,23 @@ async def run_until_signalled(settings: Settings) -> int:
     return 0
 
 
-def serve(settings: Settings) -> int:
+def configure_process(settings: Settings, several: bool = False) -> None:
+    """What every server process sets first: its log format (naming the process when `several`) and how
+    its heap gives memory back."""
     limit_heap_growth()  # freed large requests go back to the kernel (service/memory.py)
+    process = "%(processName)s " if several else ""
     logging.basicConfig(
         level=settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)s {process}%(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+def serve(settings: Settings) -> int:
+    workers = settings.worker_count()
+    configure_process(settings, workers > 1)
+    if workers > 1:
+        from bertserve.service.supervisor.processes import supervise
+
+        return supervise(settings, workers)
     return asyncio.run(run_until_signalled(settings))

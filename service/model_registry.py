@@ -15,7 +15,7 @@ from bertserve.service.attention import AttentionGraph
 from bertserve.service.encoders import EncoderGroup
 from bertserve.service.errors import ModelNotFound, StartupError, TaskUnavailable
 from bertserve.service.repository import ModelFiles, discover
-from bertserve.service.runtime import GraphSession
+from bertserve.service.runtime import EngineSession, GraphSession
 from bertserve.service.served_model import ServedModel
 from bertserve.service.settings import Settings, shares_session
 from bertserve.service.tasks import Task
@@ -64,6 +64,12 @@ def _decoder_tables(found: list[ModelFiles]) -> dict[str, np.ndarray]:
     return tables
 
 
+def _placeholder_tables(found: list[ModelFiles]) -> dict[str, np.ndarray]:
+    """What a front holds for each tied decoder table: nothing (the engine holds the tables)."""
+    tied = (files.manifest.tasks.tied_decoder for files in found)
+    return {t.sha256: np.empty((0, 0), np.float32) for t in tied if t is not None}
+
+
 def _shared_initializers(found: list[ModelFiles], tables: dict[str, np.ndarray]) -> dict[str, dict]:
     """Graph sha256 -> {initializer name: table}: the encoder graphs whose word-embedding table is a served
     tied decoder's (bit-identical, checked at export), so their sessions take that one array."""
@@ -86,14 +92,17 @@ def _instances(settings: Settings, new_session: Callable[[], GraphSession]) -> l
     )
 
 
-def load(settings: Settings) -> ModelRegistry:
+def load(settings: Settings, front: bool = False) -> ModelRegistry:
     """Blocking: checks the repository and creates every session; encoders deduplicated by sha256, and so
-    are tokenizers (by file sha256 and max_length) and tied decoder tables (held once, see TiedDecoder)."""
+    are tokenizers (by file sha256 and max_length) and tied decoder tables (held once, see TiedDecoder).
+    `front`: a front process of several (the engine process runs the graphs): no sessions, no tables."""
     found = discover(settings.model_repo, settings.model_specs(), settings.precision)
-    tables = _decoder_tables(found)
-    shared_initializers = _shared_initializers(found, tables)
+    tables = _placeholder_tables(found) if front else _decoder_tables(found)
+    shared_initializers = {} if front else _shared_initializers(found, tables)
 
-    def session(path: str, sha256: str | None = None) -> GraphSession:
+    def session(path: str, sha256: str | None = None) -> GraphSession | EngineSession:
+        if front:
+            return EngineSession(path)
         return GraphSession(
             path,
             settings.provider,

@@ -131,3 +131,21 @@ class GraphSession:
             binding.bind_output(name, self.device)
         self.session.run_with_iobinding(binding)
         return dict(zip(outputs, binding.copy_outputs_to_cpu(), strict=True))
+
+
+class EngineSession:
+    """A graph that another process runs (the engine, with `workers` > 1): a front holds its model's
+    manifest and tokenizer but no ONNX Runtime session. `provider` and `device` are the engine's, set when
+    the front connects to it."""
+
+    def __init__(self, path: Path | str):
+        self.path = str(path)
+        self.provider = "engine"
+        self.providers = [self.provider]
+        self.device = "engine"
+
+    def set_constant_inputs(self, feeds: dict[str, np.ndarray]) -> None:
+        """Nothing to hold: the engine feeds its own."""
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        raise RuntimeError(f"{self.path}: this process does not run graphs (the engine process does)")

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -23,6 +24,7 @@ from bertserve.service.health_watch import WatchStreams
 from bertserve.service.http.app import HttpFront
 from bertserve.service.kserve import servicer as kserve
 from bertserve.service.metrics import Metrics
+from bertserve.service.remote_engine import EngineLink
 from bertserve.service.rpc_status import Lifecycle, parsing
 from bertserve.service.served_model import ServedModel
 from bertserve.service.servicer import InferenceServicer
@@ -67,9 +69,20 @@ def _answer_dimension(model: ServedModel) -> int:
     return embed.dimension if embed else model.manifest.dimensions.hidden_size
 
 
+@dataclass(frozen=True)
+class FrontRole:
+    """This server is front `index` of several: it shares its ports with the others (the supervisor holds
+    them) and the engine process at `engine` batches and computes."""
+
+    engine: str
+    index: int
+
+
 class InferenceServer:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, front: FrontRole | None = None):
         self.settings = settings
+        self.front = front
+        self.engine: EngineLink | None = None
         self.metrics = Metrics()
         self.metrics.export_limits(settings)
         self.lifecycle = Lifecycle()
@@ -104,32 +117,19 @@ class InferenceServer:
         s = self.settings
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        registry = await loop.run_in_executor(self._cpu, model_registry.load, s)
+        front = self.front is not None
+        registry = await loop.run_in_executor(self._cpu, model_registry.load, s, front)
         self.models = registry.ordered
-        self.core = InferenceCore(registry, s, self.metrics, self._cpu)
-        for model in self.models:
-            self.metrics.model_info.labels(
-                model.name,
-                str(model.version),
-                model.precision,
-                model.provider,
-                ",".join(t.value for t in model.tasks),
-            ).set(1)
-            log.info(
-                "model %s v%s: tasks %s, %s on %s, encoder %s",
-                model.name,
-                model.version,
-                ",".join(t.value for t in model.tasks),
-                model.precision,
-                model.provider,
-                model.encoder.name,
-            )
+        if front:
+            self.engine = EngineLink(self.front.engine, on_lost=self._engine_lost)
+        self.core = InferenceCore(registry, s, self.metrics, self._cpu, self.engine)
 
         size_options = [
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
-            # gRPC sets SO_REUSEPORT by default: a second server on a taken port would silently share it
-            ("grpc.so_reuseport", 0),
+            # gRPC sets SO_REUSEPORT by default: a second server on a taken port would silently share it.
+            # Fronts of one server share theirs (the supervisor checked it was free, and holds it).
+            ("grpc.so_reuseport", int(front)),
         ]
         self.admission = Admission(
             s.concurrent_rpcs_limit(), self.metrics, s.max_concurrent_streams, s.max_request_bytes_in_flight
@@ -174,14 +174,18 @@ class InferenceServer:
         if s.http_port >= 0:
             self.http = HttpFront(self.core, s, self.metrics, self.lifecycle, self._ready)
             try:
-                self.http_port = await self.http.start(s.host, s.http_port)
+                self.http_port = await self.http.start(s.host, s.http_port, reuse_port=front)
             except OSError as exc:
                 raise StartupError(
                     f"setting http_port: cannot listen on {s.host}:{s.http_port}: {exc}"
                 ) from None
             log.info("serving HTTP on %s://%s:%d/", self.http.scheme, s.host, self.http_port)
-        for encoder in self.core.encoders:
-            await loop.run_in_executor(encoder.executor, _warm_up, encoder)
+        if front:
+            await self._connect_engine()
+        else:
+            for encoder in self.core.encoders:
+                await loop.run_in_executor(encoder.executor, _warm_up, encoder)
+        self._describe_models()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self.serving = True
         log.info("ready in %.1fs", time.perf_counter() - started)
@@ -190,6 +194,38 @@ class InferenceServer:
         log.info(
             "clients can make the server hold at most %s beyond its models", memory_bounds.describe(worst)
         )
+
+    async def _connect_engine(self) -> None:
+        """Waits for the engine (warm once it answers) and takes its providers as the models'."""
+        encoders = await self.engine.connect()
+        for group in self.core.encoders:
+            provider, device = encoders[group.name]
+            for session in group.sessions:
+                session.provider, session.device = provider, device
+        for model in self.models:
+            for head in (model.mlm_head, model.classifier_head):
+                if head is not None:
+                    head.provider, head.device = encoders[model.encoder.name]
+        self.core.refresh_infos()
+
+    def _engine_lost(self) -> None:
+        """The engine process is gone: its calls failed with UNAVAILABLE; health says NOT_SERVING."""
+        self.serving = False
+        asyncio.ensure_future(self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING))
+
+    def _describe_models(self) -> None:
+        for model in self.models:
+            tasks = ",".join(t.value for t in model.tasks)
+            labels = (model.name, str(model.version), model.precision, model.provider, tasks)
+            self.metrics.model_info.labels(*labels).set(1)
+            log.info(
+                "model %s v%s: tasks %s, %s on %s, encoder %s",
+                *labels[:2],
+                tasks,
+                model.precision,
+                model.provider,
+                model.encoder.name,
+            )
 
     def _ready(self) -> bool:
         return self.serving and self.lifecycle.accepting
@@ -224,4 +260,6 @@ class InferenceServer:
         self.metrics.stop_http()
         if self.core is not None:
             self.core.shutdown_threads()
+        if self.engine is not None:
+            self.engine.close()
         self._cpu.shutdown(wait=False, cancel_futures=True)

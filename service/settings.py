@@ -5,6 +5,7 @@ A bad value stops the server at start with the setting named (see `load_settings
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -17,6 +18,14 @@ ENV_PREFIX = "BERTSERVE_"
 STREAM_INPUTS_IN_FLIGHT = 128  # max_stream_inputs_in_flight's default
 STREAM_BATCH_TOKENS = 128  # max_stream_batch_tokens' default
 CONCURRENT_STREAMS = 8  # max_concurrent_streams' default
+WORKERS_MAX = 64
+AUTO_WORKERS_MAX = 8  # fronts `workers auto` starts at most
+
+
+def auto_workers() -> int:
+    """Fronts for `workers auto`: one per usable CPU but one (the engine's), none extra on 2 CPUs or fewer."""
+    cpus = len(os.sched_getaffinity(0))
+    return 1 if cpus <= 2 else min(cpus - 1, AUTO_WORKERS_MAX)
 
 
 class SettingsError(ValueError):
@@ -107,6 +116,10 @@ class Settings(BaseSettings):
     http_read_timeout_s: float = Field(30.0, gt=0, le=3600)  # request headers, then its body, each within
     http_keep_alive_s: float = Field(30.0, gt=0, le=3600)  # an idle keep-alive connection is closed after
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # Front processes (gRPC and HTTP, validation, tokenization) sharing the ports and feeding one engine
+    # process that owns the sessions and the batchers (service/supervisor/). 1: one process does it all.
+    # auto: 1 where at most 2 CPUs are usable, else one per usable CPU but one, at most AUTO_WORKERS_MAX.
+    workers: int | Literal["auto"] = Field("auto", union_mode="left_to_right")
 
     @field_validator("models", mode="before")
     @classmethod
@@ -159,6 +172,20 @@ class Settings(BaseSettings):
         if self.max_concurrent_rpcs == 0:
             self.max_concurrent_rpcs = 2 * self.max_queue_inputs
         return self
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _check_workers(cls, value: object) -> object:
+        text = str(value).strip().lower()
+        if text == "auto":
+            return "auto"
+        if not text.isdigit() or not 1 <= int(text) <= WORKERS_MAX:
+            raise ValueError(f"must be auto or a number of processes from 1 to {WORKERS_MAX}")
+        return int(text)
+
+    def worker_count(self) -> int:
+        """`workers` with auto resolved from the CPUs this process may use."""
+        return auto_workers() if self.workers == "auto" else self.workers
 
     def concurrent_rpcs_limit(self) -> int:
         """`max_concurrent_rpcs` (0 was resolved to twice max_queue_inputs)."""

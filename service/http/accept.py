@@ -49,8 +49,9 @@ class Listener:
         self._logged_at = -LOG_EVERY_S
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Binds every address `host` resolves to; returns the bound port (`port` 0 picks a free one)."""
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
+        """Binds every address `host` resolves to; returns the bound port (`port` 0 picks a free one).
+        `reuse_port`: shared with this server's other front processes (the supervisor holds the port)."""
         self._loop = loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         try:
@@ -58,6 +59,8 @@ class Listener:
                 sock = socket.socket(family, kind, proto)
                 self.sockets.append(sock)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if reuse_port:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 if family == socket.AF_INET6:
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 if port == 0 and len(self.sockets) > 1:  # every address on the port the first one got

@@ -241,7 +241,7 @@ class HttpFront:
     def scheme(self) -> str:
         return "https" if self.settings.tls_cert is not None else "http"
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
         files = raise_fd_limit()
         needed = 2 * self.limits.max_connections + FD_RESERVE  # connections, and refusals being closed
         if files < needed:
@@ -250,7 +250,7 @@ class HttpFront:
                 f"open files (twice, for refusals being closed, and {FD_RESERVE} more); this process may open "
                 f"{files} (ulimit -n)"
             )
-        return await self.server.start(host, port, tls_context(self.settings))
+        return await self.server.start(host, port, tls_context(self.settings), reuse_port)
 
     def drain(self) -> None:
         self.server.drain()

@@ -77,10 +77,12 @@ class HttpServer:
         self._freed_since_trim = 0
         self._trimming = False
 
-    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+    async def start(
+        self, host: str, port: int, tls: ssl.SSLContext | None = None, reuse_port: bool = False
+    ) -> int:
         """Starts listening (HTTPS with `tls`); returns the bound port (`port` 0 picks a free one)."""
         self.tls = tls
-        return await self._listener.start(host, port)
+        return await self._listener.start(host, port, reuse_port)
 
     # --- counts --------------------------------------------------------------------------------------
 

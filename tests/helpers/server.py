@@ -20,7 +20,9 @@ from bertserve.service.server import InferenceServer
 from bertserve.service.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-READY_LINE = re.compile(r"serving bertserve\.v1\.Inference on [\d.]+:(\d+), metrics on http://[\d.]+:(\d+)/")
+READY_LINE = re.compile(
+    r"serving bertserve\.v1\.Inference on [\d.]+:(\d+), metrics on (?:http://[\d.]+:(\d+)/|\(off\))"
+)
 HTTP_LINE = re.compile(r"serving HTTP on https?://[\d.]+:(\d+)/")  # logged just before READY_LINE
 
 
@@ -190,7 +192,7 @@ class ServerProcess:
             if match := HTTP_LINE.search(line):
                 self.http_port = int(match[1])
             if match := READY_LINE.search(line):
-                self.port, self.metrics_port = int(match[1]), int(match[2])
+                self.port, self.metrics_port = int(match[1]), match[2] and int(match[2])
                 self._ready.set()
         self._ready.set()  # the process ended
 

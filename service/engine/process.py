@@ -1,0 +1,180 @@
+"""The engine process (`bertserve serve --workers N`, N > 1): owns the ONNX Runtime sessions and one batcher
+per encoder; the fronts send it tokenized inputs over ZeroMQ (service/engine/messages.py) and get each
+call's results back. Inputs from every front share the same queue, so they share batches.
+
+Admission of batch inputs (`max_queue_inputs`, deadlines) and of Attention calls (`max_queue_attention`)
+happens here, against the one queue every front feeds: the bounds are global. A front that goes away
+leaves its calls to finish; their answers are dropped (a ROUTER socket drops what it cannot route).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import zmq
+import zmq.asyncio
+
+from bertserve.service import errors, model_registry
+from bertserve.service.batcher import WorkItem
+from bertserve.service.encoders import attach_batchers
+from bertserve.service.engine.messages import pack, unpack
+from bertserve.service.metrics import Metrics
+from bertserve.service.model_registry import ModelRegistry
+from bertserve.service.settings import Settings
+
+log = logging.getLogger("bertserve.engine")
+
+
+class Engine:
+    """Loads the models, warms them up, then answers fronts on `address` until `stop`."""
+
+    def __init__(self, settings: Settings, address: str):
+        self.settings = settings
+        self.address = address
+        self.metrics = Metrics()
+        self.metrics.export_limits(settings)
+        self.registry: ModelRegistry | None = None
+        self._calls: dict[tuple[bytes, int], asyncio.Task] = {}  # (front, call id) -> its task
+        self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertserve-engine-load")
+        self._context = zmq.asyncio.Context()
+        self._socket: zmq.asyncio.Socket | None = None
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        self.registry = await loop.run_in_executor(self._cpu, model_registry.load, self.settings)
+        attach_batchers(self.registry, self.settings, self.metrics)
+        for group in self.registry.encoders:
+            group.batcher.start()
+            await loop.run_in_executor(group.executor, group.warm_up)
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(self.address)  # fronts connect only now: a hello answered means ready
+        log.info("engine ready in %.1fs", time.perf_counter() - started)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def serve(self) -> None:
+        receiving = asyncio.ensure_future(self._receive())
+        await self._stopping.wait()
+        # the fronts have drained (the supervisor stops the engine last): finish what is queued
+        for group in self.registry.encoders:
+            await group.batcher.close()
+        receiving.cancel()
+        self._socket.close(0)
+        self._context.term()
+        for group in self.registry.encoders:
+            group.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _receive(self) -> None:
+        while True:
+            front, *frames = await self._socket.recv_multipart(copy=False)
+            try:
+                self._dispatch(front.bytes, unpack(frames))
+            except Exception:
+                log.exception("engine: a message from a front failed")
+
+    def _dispatch(self, front: bytes, message: tuple) -> None:
+        kind = message[0]
+        if kind == "hello":
+            encoders = {g.name: (g.provider, g.session.device) for g in self.registry.encoders}
+            self._send(front, ("hello", encoders))
+        elif kind == "cancel":
+            task = self._calls.get((front, message[1]))
+            if task is not None:
+                task.cancel()
+        else:
+            call = message[1]
+            coro = self._submit(*message[2:]) if kind == "submit" else self._attention(*message[2:])
+            task = asyncio.ensure_future(coro)
+            self._calls[(front, call)] = task
+            task.add_done_callback(lambda done: self._answer(front, call, done))
+
+    def _answer(self, front: bytes, call: int, task: asyncio.Task) -> None:
+        self._calls.pop((front, call), None)
+        if task.cancelled():
+            return  # the front cancelled it: it expects no answer
+        exc = task.exception()
+        if exc is None:
+            self._send(front, ("done", call, task.result()))
+        elif isinstance(exc, errors.ServiceError):
+            self._send(front, ("error", call, type(exc).__name__, str(exc)))
+        else:
+            log.error("engine: call failed: %r", exc)
+            self._send(front, ("error", call, "InferenceFailed", f"the engine failed: {exc}"))
+
+    def _send(self, front: bytes, message: tuple) -> None:
+        self._socket.send_multipart([front, *pack(message)], copy=False)
+
+    def _group(self, name: str):
+        return next(g for g in self.registry.encoders if g.name == name)
+
+    async def _submit(self, encoder: str, bulk: bool, deadline: float | None, items: list) -> list:
+        batcher = self._group(encoder).batcher
+        permit = (
+            await batcher.wait_room(len(items), True)
+            if bulk
+            else batcher.reserve(len(items), False, deadline)
+        )
+        loop = asyncio.get_running_loop()
+        work = [
+            WorkItem(
+                ids,
+                type_ids,
+                options,
+                loop.create_future(),
+                deadline,
+                masks,
+                model=self.registry.by_name[model],
+                bulk=bulk,
+            )
+            for model, options, ids, type_ids, masks in items
+        ]
+        try:
+            batcher.submit(work, permit)
+        finally:
+            permit.release()
+        futures = [w.future for w in work]
+        try:
+            done = [await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures)
+        finally:
+            for future in futures:  # cancelled: the owner skips what is still queued
+                future.cancel()
+        return [(r.value, r.queue_s, r.inference_s, r.batch_id) for r in done]
+
+    async def _attention(
+        self, encoder: str, model: str, ids, type_ids, layers: list[int], heads: list[int], deadline
+    ) -> list:
+        served = self.registry.by_name[model]
+        batcher = self._group(encoder).batcher
+        run = served.attention.bind(ids, type_ids, layers, heads, served.name)
+        r = await batcher.submit_exclusive(run, int(ids.shape[0]), deadline)
+        return [(r.value, r.queue_s, r.inference_s, r.batch_id)]
+
+
+async def _run(settings: Settings, address: str) -> int:
+    engine = Engine(settings, address)
+    loop = asyncio.get_running_loop()
+    # The supervisor stops the engine (SIGTERM) once the fronts have drained; a terminal's SIGINT or SIGHUP
+    # reaches the whole process group, and the fronts still need the engine to finish their calls.
+    loop.add_signal_handler(signal.SIGTERM, engine.stop)
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    try:
+        await engine.start()
+    except errors.StartupError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    await engine.serve()
+    return 0
+
+
+def main(settings: Settings, address: str) -> int:
+    """The engine process's entry (spawned by the supervisor)."""
+    return asyncio.run(_run(settings, address))

@@ -1,0 +1,226 @@
+"""A front's side of the engine process (`workers` > 1): `EngineLink` is the ZeroMQ connection, and
+`RemoteBatcher` takes the place of an encoder's `Batcher` in the front's core, sending each call's
+tokenized inputs to the engine's batcher for that encoder and resolving the items' futures from its answer.
+
+Bounds: the engine admits against the one queue every front feeds (global `max_queue_inputs` and
+`max_queue_attention`); each front also holds at most that many inputs of its own in flight (admitted,
+being tokenized or waiting for the engine), so what a front holds is bounded before any work.
+When the engine goes away, every call in flight fails with EngineUnavailable (UNAVAILABLE) at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from bertserve.service import errors
+from bertserve.service.batch_items import BatchLimits, ItemResult, WorkItem
+from bertserve.service.engine.messages import pack, unpack
+from bertserve.service.queue_room import LaneRoom, Permit
+
+log = logging.getLogger("bertserve.front")
+
+Answer = Callable[[list | None, Exception | None], None]
+
+
+class EngineLink:
+    """One front's connection to the engine. `on_lost` is called once if the engine goes away."""
+
+    def __init__(self, address: str, on_lost: Callable[[], None] = lambda: None):
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        events = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+        self._monitor = self._socket.get_monitor_socket(events)
+        self._socket.connect(address)
+        self._calls: dict[int, Answer] = {}
+        self._ids = itertools.count(1)
+        self._hello: asyncio.Future | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._on_lost = on_lost
+        self.lost: Exception | None = None  # set once the engine went away
+        self.encoders: dict[str, tuple[str, str]] = {}  # encoder -> (provider, device), from the hello
+
+    async def connect(self) -> dict[str, tuple[str, str]]:
+        """Waits until the engine answers (it binds once its models are warm); returns its encoders."""
+        self._hello = asyncio.get_running_loop().create_future()
+        self._tasks = [asyncio.ensure_future(self._receive()), asyncio.ensure_future(self._watch())]
+        self._send(("hello",))
+        self.encoders = await self._hello
+        return self.encoders
+
+    def call(self, message: tuple, answer: Answer) -> int:
+        """Sends `message` (its second field is filled with a new call id); `answer(results, error)` is
+        called once, unless the call is cancelled first."""
+        if self.lost is not None:
+            raise self.lost
+        call = next(self._ids)
+        self._calls[call] = answer
+        self._send((message[0], call, *message[1:]))
+        return call
+
+    def cancel(self, call: int) -> None:
+        if self._calls.pop(call, None) is not None and self.lost is None:
+            self._send(("cancel", call))
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._monitor.close(0)
+        self._socket.close(0)
+        self._context.term()
+
+    def _send(self, message: tuple) -> None:
+        self._socket.send_multipart(pack(message), copy=False)
+
+    async def _receive(self) -> None:
+        while True:
+            message = unpack(await self._socket.recv_multipart(copy=False))
+            kind = message[0]
+            if kind == "hello":
+                if self._hello is not None and not self._hello.done():
+                    self._hello.set_result(message[1])
+                continue
+            answer = self._calls.pop(message[1], None)
+            if answer is None:
+                continue  # cancelled meanwhile
+            if kind == "done":
+                answer(message[2], None)
+            else:
+                kind_of_error = getattr(errors, message[2], errors.InferenceFailed)
+                answer(None, kind_of_error(message[3]))
+
+    async def _watch(self) -> None:
+        connected = False
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+            if event == zmq.EVENT_CONNECTED:
+                connected = True
+            elif event == zmq.EVENT_DISCONNECTED and connected:
+                self._lose(errors.EngineUnavailable("the engine process is gone; the server is restarting"))
+                return
+
+    def _lose(self, error: Exception) -> None:
+        self.lost = error
+        calls, self._calls = self._calls, {}
+        for answer in calls.values():
+            answer(None, error)
+        if self._hello is not None and not self._hello.done():
+            self._hello.set_exception(error)
+        log.error("%s", error)
+        self._on_lost()
+
+
+class RemoteBatcher:
+    """What the core calls an encoder's batcher in a front: admission per front, batching in the engine."""
+
+    def __init__(self, link: EngineLink, name: str, limits: BatchLimits):
+        self.name = name
+        self.limits = limits
+        self._link = link
+        self._room = {bulk: LaneRoom(limits.max_queue_inputs) for bulk in (False, True)}
+        self._exclusive = LaneRoom(limits.max_queue_exclusive)
+        self._closing = False
+
+    def start(self) -> None: ...
+
+    @property
+    def running(self) -> bool:
+        return not self._closing
+
+    async def close(self) -> None:
+        """Refuses new calls; those in flight finish in the engine (the drain waits for them)."""
+        self._closing = True
+        for room in (*self._room.values(), self._exclusive):
+            room.fail_waiting(errors.ShuttingDown(f"model {self.name}: the server is shutting down"))
+
+    async def abort(self) -> None:
+        await self.close()
+
+    def _check(self) -> None:
+        if self._closing:
+            raise errors.ShuttingDown(f"model {self.name}: the server is shutting down")
+        if self._link.lost is not None:
+            raise self._link.lost
+
+    def reserve(self, n: int, bulk: bool = False, deadline: float | None = None) -> Permit:
+        self._check()
+        room = self._room[bulk]
+        if not room.fits(n):
+            kind = "stream" if bulk else "unary"
+            raise errors.Overloaded(
+                f"model {self.name}: this front holds {room.used} of max_queue_inputs "
+                f"{self.limits.max_queue_inputs} {kind} inputs in flight; this call adds {n}; retry later"
+            )
+        return room.take(n)
+
+    async def wait_room(self, n: int, bulk: bool = True) -> Permit:
+        self._check()
+        if n > self.limits.max_queue_inputs:
+            raise errors.Overloaded(
+                f"model {self.name}: {n} inputs is more than max_queue_inputs "
+                f"{self.limits.max_queue_inputs}; send fewer inputs per request"
+            )
+        return await self._room[bulk].wait(n)
+
+    def reserve_exclusive(self) -> Permit:
+        self._check()
+        if not self._exclusive.fits(1):
+            raise errors.Overloaded(
+                f"model {self.name}: {self._exclusive.used} attention calls of this front are in flight, "
+                f"max_queue_attention {self.limits.max_queue_exclusive}; retry later"
+            )
+        return self._exclusive.take(1)
+
+    def submit(self, items: list[WorkItem], permit: Permit) -> None:
+        """Sends the call's items to the engine; each future gets its result (or the call's error). The
+        permit's room is held until the answer (or a cancellation)."""
+        self._check()
+        bulk = items[0].bulk
+        deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
+        payload = [(i.model.name, i.options, i.ids, i.type_ids, i.mask_positions) for i in items]
+        futures = [item.future for item in items]
+        self._send(("submit", self.name, bulk, deadline, payload), futures, permit)
+
+    async def submit_exclusive(self, run, tokens: int, deadline: float | None, permit: Permit) -> ItemResult:
+        """`run` (an AttentionRun) is sent as its fields; the engine runs its own graph."""
+        self._check()
+        future = asyncio.get_running_loop().create_future()
+        message = ("attention", self.name, run.model, run.ids, run.type_ids, run.layers, run.heads, deadline)
+        self._send(message, [future], permit)
+        try:
+            return await future
+        finally:
+            future.cancel()
+
+    def _send(self, message: tuple, futures: list[asyncio.Future], permit: Permit) -> None:
+        finished = False
+
+        def answer(results: list | None, error: Exception | None) -> None:
+            nonlocal finished
+            finished = True
+            permit.release()
+            for k, future in enumerate(futures):
+                if not future.done():
+                    if error is not None:
+                        future.set_exception(error)
+                    else:
+                        future.set_result(ItemResult(*results[k]))
+
+        call = self._link.call(message, answer)
+
+        def cancelled(future: asyncio.Future) -> None:  # the caller went away: the engine drops the call
+            nonlocal finished
+            if future.cancelled() and not finished:
+                finished = True
+                permit.release()
+                self._link.cancel(call)
+
+        for future in futures:
+            future.add_done_callback(cancelled)

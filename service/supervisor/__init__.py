@@ -1,0 +1,1 @@
+"""Process wiring: one process serving everything, or a supervisor with an engine and several fronts."""

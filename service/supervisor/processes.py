@@ -1,0 +1,202 @@
+"""`bertserve serve --workers N` (N > 1): a supervisor, one engine process and N front processes.
+
+The supervisor claims the ports (service/supervisor/ports.py), starts the engine (the sessions and
+batchers: service/engine/process.py) and the fronts (each a full gRPC + HTTP server whose core sends its
+tokenized inputs to the engine), then watches them:
+- a front that dies after it was ready is started again; its callers saw their connections close
+  (UNAVAILABLE), the other fronts' callers see nothing;
+- the engine dying ends every front's calls in flight with UNAVAILABLE at once (the fronts notice
+  the socket closing) and the supervisor stops the fronts and exits 1: the pod restarts;
+- SIGTERM, SIGINT or SIGHUP: every front drains as one server does; then the engine stops; exit 0.
+Children are spawned (no forked copies of the supervisor's state) and die with it (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import shutil
+import signal
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from bertserve.service.errors import StartupError
+from bertserve.service.settings import Settings
+from bertserve.service.supervisor.ports import PortClaim
+
+log = logging.getLogger("bertserve.supervisor")
+DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+RESTARTS_PER_MINUTE = 5  # a front failing faster than this is not restarted: the server exits 1
+ENGINE_STOP_S = 10.0  # after the fronts drained: the engine finishes what is queued, then exits
+FRONT_STOP_AFTER_GRACE_S = 5.0  # beyond the grace period: a front still running is killed
+
+
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGTERM when the supervisor dies, even by SIGKILL."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _engine_main(settings: Settings, address: str) -> None:
+    from bertserve.service.engine import process
+    from bertserve.service.main import configure_process
+
+    _die_with_parent()
+    configure_process(settings, several=True)
+    raise SystemExit(process.main(settings, address))
+
+
+def _front_main(settings: Settings, address: str, index: int, ready: Connection) -> None:
+    from bertserve.service.main import configure_process, run_until_signalled
+    from bertserve.service.server import FrontRole
+
+    _die_with_parent()
+    configure_process(settings, several=True)
+    role = FrontRole(address, index)
+    raise SystemExit(asyncio.run(run_until_signalled(settings, role, lambda: ready.send(index))))
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, workers: int):
+        self.settings = settings
+        self.workers = workers
+        self._context = multiprocessing.get_context("spawn")
+        self._claims: list[PortClaim] = []
+        self._run_dir = tempfile.mkdtemp(prefix="bertserve-")  # 0700: only this user reaches the engine
+        self.address = f"ipc://{self._run_dir}/engine"
+        self.engine: BaseProcess | None = None
+        self.fronts: dict[int, BaseProcess] = {}
+        self._restarts: list[float] = []
+        self._ready: set[int] = set()  # fronts that served once
+        self._ready_receiver, self._ready_sender = self._context.Pipe(duplex=False)
+        self.metrics_port: int | None = None
+        self._draining = False
+        self._failed = asyncio.Event()
+
+    def claim_ports(self) -> Settings:
+        """The fronts' settings: the claimed ports' real numbers; no metrics port of their own."""
+        s = self.settings
+        ports = {"port": s.port, "http_port": s.http_port}
+        update = {"metrics_port": -1, "workers": 1}
+        for setting, port in ports.items():
+            if port >= 0:
+                claim = PortClaim(setting, s.host, port)
+                self._claims.append(claim)
+                update[setting] = claim.port
+        return s.model_copy(update=update)
+
+    def _start(self, name: str, target, *args) -> BaseProcess:
+        process = self._context.Process(target=target, args=args, name=name, daemon=False)
+        process.start()
+        asyncio.get_running_loop().add_reader(process.sentinel, self._exited, process)
+        log.info("started %s, pid %d", name, process.pid)
+        return process
+
+    def _start_front(self, settings: Settings, index: int) -> None:
+        self.fronts[index] = self._start(
+            f"front-{index}", _front_main, settings, self.address, index, self._ready_sender
+        )
+
+    def _front_ready(self) -> None:
+        index = self._ready_receiver.recv()
+        if index in self._ready:
+            return  # started again after it died
+        self._ready.add(index)
+        if len(self._ready) == self.workers:
+            s = self._front_settings
+            metrics = f"http://{s.host}:{self.metrics_port}/metrics" if self.metrics_port else "(off)"
+            log.info("serving bertserve.v1.Inference on %s:%d, metrics on %s", s.host, s.port, metrics)
+
+    def _exited(self, process: BaseProcess) -> None:
+        asyncio.get_running_loop().remove_reader(process.sentinel)
+        process.join()
+        if self._draining:
+            return
+        if process is self.engine:
+            log.error("the engine process exited (code %s): stopping the server", process.exitcode)
+            self._failed.set()
+            return
+        index = next(i for i, p in self.fronts.items() if p is process)
+        if index not in self._ready:
+            log.error("front %d exited (code %s) before it served: stopping", index, process.exitcode)
+            self._failed.set()
+            return
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < 60] + [now]
+        if len(self._restarts) > RESTARTS_PER_MINUTE:
+            log.error("front %d exited (code %s), too often: stopping the server", index, process.exitcode)
+            self._failed.set()
+            return
+        log.warning("front %d exited (code %s): starting it again", index, process.exitcode)
+        self._start_front(self._front_settings, index)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for signum in DRAIN_SIGNALS:
+            loop.add_signal_handler(signum, stop.set)
+        self._front_settings = self.claim_ports()
+        loop.add_reader(self._ready_receiver.fileno(), self._front_ready)
+        self.engine = self._start("engine", _engine_main, self.settings, self.address)
+        for index in range(self.workers):
+            self._start_front(self._front_settings, index)
+        log.info(
+            "supervising %d fronts on gRPC port %s, HTTP port %s; engine at %s",
+            self.workers,
+            self._front_settings.port,
+            self._front_settings.http_port,
+            self.address,
+        )
+        waits = [asyncio.ensure_future(e.wait()) for e in (stop, self._failed)]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+        failed = self._failed.is_set()
+        await self._stop(drain=not failed)
+        return 1 if failed else 0
+
+    async def _stop(self, drain: bool) -> None:
+        """Fronts first (each drains within the grace period), then the engine."""
+        self._draining = True
+        fronts = [p for p in self.fronts.values() if p.is_alive()]
+        for process in fronts:
+            process.terminate()  # SIGTERM: the front drains
+        limit = self.settings.grace_period_s + FRONT_STOP_AFTER_GRACE_S if drain else FRONT_STOP_AFTER_GRACE_S
+        await _wait_for(fronts, limit)
+        if self.engine is not None and self.engine.is_alive():
+            self.engine.terminate()
+            await _wait_for([self.engine], ENGINE_STOP_S)
+        for claim in self._claims:
+            claim.close()
+        shutil.rmtree(self._run_dir, ignore_errors=True)
+
+
+async def _wait_for(processes: list[BaseProcess], seconds: float) -> None:
+    """Waits until every process exited; kills those left after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while any(p.is_alive() for p in processes) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    for process in processes:
+        if process.is_alive():
+            log.error("%s did not stop in time: killed", process.name)
+            process.kill()
+        process.join()
+
+
+def supervise(settings: Settings, workers: int) -> int:
+    """Runs the server as `workers` fronts and an engine until a drain signal; the exit code."""
+
+    async def main() -> int:
+        try:
+            supervisor = Supervisor(settings, workers)
+            return await supervisor.run()
+        except StartupError as exc:
+            log.error("cannot start: %s", exc)
+            return 1
+
+    return asyncio.run(main())

@@ -1,0 +1,237 @@
+"""`bertserve serve --workers 2`: a supervisor, one engine process and two fronts sharing the ports.
+
+Every task answers as one process answers (the same graphs: equal within float noise of other batch
+company); SIGTERM drains every process and exits 0; a front killed with SIGKILL is started again and only
+its own callers notice; the engine killed ends every call in flight with UNAVAILABLE at once and the server
+exits 1; a second server on the taken ports fails at start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bertserve.client import Client
+from tests.helpers.server import ServerProcess, ServerThread, wait_for
+
+MODELS = ("--model", "tiny-embed", "--model", "tiny-classifier", "--model", "tiny-mlm")
+TEXTS = ["the cat sat on the mat", "a b c", "workers share one engine"]
+PIDS = re.compile(r"started (engine|front-\d+), pid (\d+)")
+
+
+def pids(server: ServerProcess) -> dict[str, int]:
+    """The latest pid of each child the supervisor started, from its log."""
+    return {name: int(pid) for name, pid in PIDS.findall(server.output)}
+
+
+def workers(tiny_repo, *args: str) -> ServerProcess:
+    return ServerProcess("--model-repo", str(tiny_repo), *MODELS, "--workers", "2", *args).start(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def two_fronts(tiny_repo):
+    server = workers(tiny_repo)
+    yield server
+    server.kill()
+
+
+def answers(address: str, http_url: str) -> dict:
+    """What every task answers for TEXTS (one call each), in plain Python values."""
+    with Client(address, timeout=30) as client:
+        out = {
+            "embed": client.embed(TEXTS, model="tiny-embed").vectors,
+            "classify": [
+                [(s.label, s.score) for s in r.labels]
+                for r in client.classify(TEXTS, model="tiny-classifier").results
+            ],
+            "fill_mask": [
+                [(c.token, c.score) for m in r.masks for c in m.candidates]
+                for r in client.fill_mask(["the [MASK] sat"], model="tiny-mlm").results
+            ],
+            "tokenize": [[t.id for t in r.tokens] for r in client.tokenize(TEXTS).results],
+            "attention": [m.probabilities for m in client.attention("the cat", model="tiny-embed").maps],
+            "stream": np.stack(list(client.embed_stream(TEXTS * 20, batch_size=7, model="tiny-embed"))),
+        }
+    body = json.dumps({"input": TEXTS, "model": "tiny-embed"}).encode()
+    request = urllib.request.Request(f"{http_url}/v1/embeddings", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        out["openai"] = np.array([d["embedding"] for d in json.load(response)["data"]])
+    kserve = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(TEXTS)], "data": TEXTS}]}
+    request = urllib.request.Request(
+        f"{http_url}/v2/models/tiny-embed/infer",
+        json.dumps(kserve).encode(),
+        {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        out["kserve"] = np.array(json.load(response)["outputs"][0]["data"]).reshape(len(TEXTS), -1)
+    return out
+
+
+def assert_same(ours, theirs) -> None:
+    if isinstance(ours, dict):
+        assert ours.keys() == theirs.keys()
+        for key in ours:
+            assert_same(ours[key], theirs[key])
+    elif isinstance(ours, (list, tuple)):
+        assert len(ours) == len(theirs)
+        for a, b in zip(ours, theirs, strict=True):
+            assert_same(a, b)
+    elif isinstance(ours, (np.ndarray, float)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    else:
+        assert ours == theirs
+
+
+def test_every_task_answers_as_one_process_does(two_fronts, tiny_repo):
+    models = [m for m in MODELS if m != "--model"]
+    with ServerThread(model_repo=tiny_repo, models=models, metrics_port=-1) as one:
+        expected = answers(one.address, one.http_url)
+    assert_same(answers(two_fronts.address, two_fronts.http_url), expected)
+    with Client(two_fronts.address) as client:
+        info = client.info()
+    assert {m.name for m in info.models} == set(models)
+    assert {m.provider for m in info.models} == {"CPUExecutionProvider"}  # the engine's, not "engine"
+
+
+def test_connections_reach_both_fronts(two_fronts):
+    """The kernel shares connections out between the fronts: each front answers some of them."""
+    before = {name: _cpu_ticks(pid) for name, pid in pids(two_fronts).items() if name.startswith("front")}
+    for _ in range(40):  # a new connection each time: new source ports, spread by SO_REUSEPORT's hash
+        with Client(two_fronts.address, timeout=30) as client:
+            for _ in range(10):
+                client.embed(TEXTS, model="tiny-embed")
+    busy = {name for name, ticks in before.items() if _cpu_ticks(pids(two_fronts)[name]) - ticks > 0}
+    assert busy == set(before)
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_a_second_server_on_the_taken_ports_fails_at_start(two_fronts, tiny_repo):
+    one = ServerProcess("--model-repo", str(tiny_repo), "--port", str(two_fronts.port), "--workers", "1")
+    assert one.run_to_exit() == 1
+    assert f"cannot listen on 127.0.0.1:{two_fronts.port}" in one.output
+    several = ServerProcess("--model-repo", str(tiny_repo), "--port", str(two_fronts.port), "--workers", "2")
+    assert several.run_to_exit() == 1
+    assert f"setting port: cannot listen on 127.0.0.1:{two_fronts.port}" in several.output
+    assert "Traceback" not in several.output
+
+
+def _stop(pid: int):
+    os.kill(pid, signal.SIGSTOP)
+    return lambda: os.kill(pid, signal.SIGCONT)
+
+
+def _calls(address: str, count: int, timeout: float = 60):
+    """`count` Embed calls, each on a connection of its own, started at once; their futures."""
+    pool = ThreadPoolExecutor(count)
+
+    def one(i: int):
+        with grpc.insecure_channel(address) as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            with Client(address, timeout=timeout) as client:
+                started = time.monotonic()
+                try:
+                    client.embed([f"call {i}"], model="tiny-embed")
+                    return "OK", time.monotonic() - started
+                except grpc.RpcError as exc:
+                    return exc.code().name, time.monotonic() - started
+
+    return pool, [pool.submit(one, i) for i in range(count)]
+
+
+def test_the_engine_killed_ends_calls_in_flight_with_unavailable_and_the_server_exits_1(tiny_repo):
+    server = workers(tiny_repo)
+    try:
+        resume = _stop(pids(server)["engine"])
+        pool, futures = _calls(server.address, 6)
+        time.sleep(2.0)  # the calls reach the fronts and wait for the stopped engine
+        assert not any(f.done() for f in futures)
+        killed_at = time.monotonic()
+        os.kill(pids(server)["engine"], signal.SIGKILL)
+        resume()  # harmless on a killed process
+        results = [f.result(timeout=30) for f in futures]
+        pool.shutdown()
+        assert {code for code, _ in results} == {"UNAVAILABLE"}
+        assert time.monotonic() - killed_at < 10  # bounded: each was answered, none hung to its deadline
+        assert server.process.wait(30) == 1
+        assert "the engine process exited" in server.output
+    finally:
+        server.kill()
+
+
+def test_a_front_killed_is_started_again_and_only_its_callers_notice(tiny_repo):
+    server = workers(tiny_repo)
+    try:
+        first = pids(server)
+        resume = _stop(first["engine"])
+        pool, futures = _calls(server.address, 16)
+        time.sleep(2.0)  # every call waits in one of the two fronts for the stopped engine
+        os.kill(first["front-0"], signal.SIGKILL)
+        wait_for(lambda: pids(server)["front-0"] != first["front-0"], timeout=30)
+        gone = [f.result(timeout=30) for f in futures if f.done()]
+        resume()
+        results = gone + [f.result(timeout=60) for f in futures if f not in gone]
+        pool.shutdown()
+        codes = sorted(code for code, _ in results)
+        assert set(codes) <= {"OK", "UNAVAILABLE"} and "OK" in codes
+        wait_for(lambda: "front 0 exited" in server.output, timeout=10)
+        with Client(server.address, timeout=30) as client:  # served again by both fronts
+            client.wait_until_serving(60)
+            for _ in range(10):
+                assert client.embed(TEXTS, model="tiny-embed").vectors.shape == (3, 48)
+    finally:
+        server.kill()
+
+
+def test_engine_lost_turns_health_not_serving(tiny_repo):
+    server = workers(tiny_repo)
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=60)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            os.kill(pids(server)["engine"], signal.SIGKILL)
+            statuses = [r.status for r in _until_end(watch)]
+        assert health_pb2.HealthCheckResponse.NOT_SERVING in statuses
+        assert server.process.wait(30) == 1
+    finally:
+        server.kill()
+
+
+def _until_end(watch):
+    try:
+        yield from watch
+    except grpc.RpcError:
+        return
+
+
+def test_sigterm_drains_every_process_and_exits_0(tiny_repo):
+    server = workers(tiny_repo)
+    children = pids(server)
+    resume = _stop(children["engine"])
+    pool, futures = _calls(server.address, 6)
+    time.sleep(2.0)
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(1.0)  # the fronts drain: their calls in flight wait for the engine
+    resume()
+    results = [f.result(timeout=60) for f in futures]
+    pool.shutdown()
+    assert {code for code, _ in results} == {"OK"}
+    assert server.process.wait(60) == 0
+    for pid in children.values():  # every child exited (a zombie at most, until the test run reaps it)
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/stat") as stat:
+            assert stat.read().rsplit(")", 1)[1].split()[0] == "Z"
