@@ -37,6 +37,7 @@ class WorkItem:
     mask_positions: np.ndarray | None = None  # fill_mask only
     model: Any = None  # the model whose head this row needs (ServedModel); None: the compute's only model
     bulk: bool = False  # a stream's input: batched after interactive inputs (see the module's docstring)
+    origin: object = None  # the front process that sent it (the engine's batches mix fronts)
     enqueued_at: float = field(default_factory=time.monotonic)
     length: int = field(init=False)  # tokens: read many times per turn of the queue owner, so stored
 
@@ -71,6 +72,7 @@ class BatchStats:
     queue_s: list[float]
     inference_s: float
     exclusive: bool = False  # an exclusive job (attention run), not an encoder batch
+    origins: int = 1  # distinct `WorkItem.origin`s: the fronts whose inputs share the batch
 
 
 class BatchObserver:

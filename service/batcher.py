@@ -504,9 +504,9 @@ class Batcher:
         for item, value, waited in zip(batch, values, queue_s, strict=True):
             if not item.future.done():
                 item.future.set_result(ItemResult(value, waited, inference_s, batch_id))
-        self._observer.batch_done(
-            BatchStats(len(batch), padded, sum(item.length for item in batch), queue_s, inference_s)
-        )
+        origins = len({item.origin for item in batch})
+        real = sum(item.length for item in batch)
+        self._observer.batch_done(BatchStats(len(batch), padded, real, queue_s, inference_s, origins=origins))
 
     async def _execute_exclusive(self, job: ExclusiveJob) -> None:
         self._observer.queue_depth(self.depth)

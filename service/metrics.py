@@ -21,6 +21,7 @@ from bertserve.service.metrics_http import MetricsHTTPServer
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+FRONT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 RATIO_BUCKETS = (1.0, 1.05, 1.1, 1.25, 1.5, 2, 3, 5, 10)
 
 
@@ -56,6 +57,13 @@ class Metrics:
         )
         self.batch_tokens = Histogram(
             "bertserve_batch_tokens", "padded tokens per batch", ["model"], buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.batch_fronts = Histogram(
+            "bertserve_batch_fronts",
+            "front processes whose inputs share a batch (1 with workers 1)",
+            ["model"],
+            buckets=FRONT_BUCKETS,
+            registry=r,
         )
         self.padding_ratio = Histogram(
             "bertserve_padding_ratio",
@@ -165,10 +173,12 @@ class Metrics:
         return series
 
     def export_limits(self, settings) -> None:
-        """bertserve_limit{name} for every `max_*` setting (service/settings.py)."""
+        """bertserve_limit{name} for every `max_*` setting (service/settings.py), and `workers` (the front
+        processes: limits that are per front hold that many times over)."""
         for name, value in settings.model_dump().items():
             if name.startswith("max_") and isinstance(value, int | float):
                 self.limit.labels(name).set(value)
+        self.limit.labels("workers").set(settings.worker_count())
 
     def observer(self, model: str, graph: str) -> BatchObserver:
         return _ModelObserver(self, model, graph)
@@ -197,6 +207,7 @@ class _ModelObserver(BatchObserver):
         self._size = metrics.batch_size.labels(model)
         self._tokens = metrics.batch_tokens.labels(model)
         self._padding = metrics.padding_ratio.labels(model)
+        self._fronts = metrics.batch_fronts.labels(model)
 
     def queue_depth(self, depth: int) -> None:
         self._depth.set(depth)
@@ -214,3 +225,4 @@ class _ModelObserver(BatchObserver):
         self._size.observe(stats.size)
         self._tokens.observe(stats.padded_tokens)
         self._padding.observe(stats.padded_tokens / max(1, stats.real_tokens))
+        self._fronts.observe(stats.origins)

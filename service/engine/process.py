@@ -91,7 +91,7 @@ class Engine:
                 task.cancel()
         else:
             call = message[1]
-            coro = self._submit(*message[2:]) if kind == "submit" else self._attention(*message[2:])
+            coro = self._submit(front, *message[2:]) if kind == "submit" else self._attention(*message[2:])
             task = asyncio.ensure_future(coro)
             self._calls[(front, call)] = task
             task.add_done_callback(lambda done: self._answer(front, call, done))
@@ -115,7 +115,9 @@ class Engine:
     def _group(self, name: str):
         return next(g for g in self.registry.encoders if g.name == name)
 
-    async def _submit(self, encoder: str, bulk: bool, deadline: float | None, items: list) -> list:
+    async def _submit(
+        self, front: bytes, encoder: str, bulk: bool, deadline: float | None, items: list
+    ) -> list:
         batcher = self._group(encoder).batcher
         permit = (
             await batcher.wait_room(len(items), True)
@@ -133,6 +135,7 @@ class Engine:
                 masks,
                 model=self.registry.by_name[model],
                 bulk=bulk,
+                origin=front,
             )
             for model, options, ids, type_ids, masks in items
         ]

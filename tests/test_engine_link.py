@@ -1,0 +1,84 @@
+"""The engine process's admission, in one test process: a real `Engine` on an ipc:// socket and two front
+cores (models loaded without sessions, each with its own `EngineLink`), as `serve --workers 2` runs them.
+
+The queue bound is global: the engine refuses a call once the inputs queued from EVERY front reach
+max_queue_inputs, while each front alone is within its own bound; a front's own bound refuses what it
+holds beyond max_queue_inputs before anything is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from bertserve.service import model_registry
+from bertserve.service.core import InferenceCore
+from bertserve.service.engine.process import Engine
+from bertserve.service.errors import Overloaded
+from bertserve.service.metrics import Metrics
+from bertserve.service.remote_engine import EngineLink
+from bertserve.service.settings import load_settings
+from tests.helpers.server import GatedBatches
+
+QUEUE = 3
+
+
+async def _until(condition, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the engine never reached the expected state"
+        await asyncio.sleep(0.005)
+
+
+async def _scenario(settings, address: str) -> dict:
+    engine = Engine(settings, address)
+    await engine.start()
+    serving = asyncio.ensure_future(engine.serve())
+    cpu = ThreadPoolExecutor(2)
+    fronts = []
+    for _ in range(2):
+        link = EngineLink(address)
+        await link.connect()
+        registry = model_registry.load(settings, front=True)
+        fronts.append(InferenceCore(registry, settings, Metrics(), cpu, engine=link))
+    model = engine.registry.by_name["tiny-embed"]
+    batcher = model.batcher
+    outcome: dict = {}
+    with GatedBatches(model):
+        calls = []
+        # fronts 0, 1, 0, 1, 0: two batches cut (one computing at the gate, one waiting for the instance),
+        # then three inputs queued: the engine's queue is full, neither front's own bound is
+        for i, front in enumerate([0, 1, 0, 1, 0]):
+            calls.append(asyncio.ensure_future(fronts[front].embed("tiny-embed", [f"input {i}"])))
+            if i < 2:
+                await _until(lambda n=i + 1: len(batcher._running) == n)
+            else:
+                await _until(lambda n=i - 1: batcher.depth == n)
+        with pytest.raises(Overloaded) as by_engine:  # front 1 holds 2 of its 3: the engine refuses
+            await fronts[1].embed("tiny-embed", ["one too many"])
+        outcome["engine"] = str(by_engine.value)
+        with pytest.raises(Overloaded) as by_front:  # front 0 holds 3 of its 3: refused before sending
+            await fronts[0].embed("tiny-embed", ["front full"])
+        outcome["front"] = str(by_front.value)
+        outcome["queued_after"] = batcher.depth
+    outcome["answered"] = [len((await call).vectors) for call in calls]
+    engine.stop()
+    await serving
+    for core in fronts:
+        core.shutdown_threads()
+    cpu.shutdown()
+    return outcome
+
+
+def test_the_queue_bound_holds_over_every_front(tiny_repo, tmp_path):
+    settings = load_settings(
+        model_repo=tiny_repo, models=["tiny-embed"], max_queue_inputs=QUEUE, metrics_port=-1, http_port=-1
+    )
+    outcome = asyncio.run(_scenario(settings, f"ipc://{tmp_path}/engine"))
+    assert f"the unary queue holds {QUEUE} of max_queue_inputs {QUEUE}" in outcome["engine"]
+    assert f"this front holds {QUEUE} of max_queue_inputs {QUEUE}" in outcome["front"]
+    assert outcome["queued_after"] == QUEUE  # the refused calls left nothing queued
+    assert outcome["answered"] == [1] * 5  # every admitted call is answered once the gate opens
