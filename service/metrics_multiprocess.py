@@ -42,7 +42,8 @@ def require_multiprocess_mode() -> None:
     path = os.environ.get(ENV)
     if not path or not os.path.isdir(path):
         raise RuntimeError(f"multiprocess metrics need {ENV} set to an existing directory, got {path!r}")
-    if not getattr(client_values.ValueClass, "_multiprocess", False):
+    # prometheus_client picks its value class once, when it is first imported
+    if client_values.ValueClass is client_values.MutexValue:
         raise RuntimeError(
             f"prometheus_client was imported before {ENV} was set: this process's metrics would not reach "
             "the aggregated scrape (set it in the environment the child starts with)"
