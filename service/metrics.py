@@ -1,6 +1,11 @@
 """Prometheus metrics (listed in the README's Monitor table), in a registry of their own per server, with the
 standard process_*, python_* and python_gc_* collectors, served over HTTP on their own port by the
-bounded server of service/metrics_http.py."""
+bounded server of service/metrics_http.py.
+
+With several processes (`Metrics(multiprocess=True)` in each child) the values live in prometheus_client's
+multiprocess files and the supervisor serves one aggregated scrape (service/metrics_multiprocess.py). Every
+Gauge names how its per-process values combine; a single process ignores that, so N == 1 is unchanged.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from prometheus_client import (
 from bertserve.manifest import ENCODER_ATTENTIONS
 from bertserve.service.batcher import BatchObserver, BatchStats
 from bertserve.service.metrics_http import MetricsHTTPServer
+from bertserve.service.metrics_multiprocess import require_multiprocess_mode
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -26,14 +32,21 @@ RATIO_BUCKETS = (1.0, 1.05, 1.1, 1.25, 1.5, 2, 3, 5, 10)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, multiprocess: bool = False) -> None:
+        """`multiprocess`: a child of `serve --workers N`; PROMETHEUS_MULTIPROC_DIR must have been in this
+        process's environment when it first imported prometheus_client (raises RuntimeError otherwise)."""
+        self.multiprocess = multiprocess
+        if multiprocess:
+            require_multiprocess_mode()
         self.registry = CollectorRegistry()
         r = self.registry
-        # process_* (CPU, resident memory, open fds, start time), python_info, python_gc_*: what the
-        # default registry has, which a registry of our own leaves out.
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
-        GCCollector(registry=r)
+        if not multiprocess:
+            # process_* (CPU, resident memory, open fds, start time), python_info, python_gc_*: what the
+            # default registry has, which a registry of our own leaves out. With several processes the
+            # supervisor reads every child's process_* from /proc (service/metrics_multiprocess.py).
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
         self.requests = Counter("bertserve_requests", "RPCs answered", ["rpc", "code"], registry=r)
         self.request_duration = Histogram(
             "bertserve_request_duration_seconds", "RPC duration", ["rpc"], buckets=LATENCY_BUCKETS, registry=r
@@ -76,7 +89,12 @@ class Metrics:
         # ENCODER whose queue owner ran them (the model that holds the encoder graph): models that share
         # an encoder share its batches. inputs_total and model_info name the model a call asked for.
         self.queue_depth = Gauge(
-            "bertserve_queue_depth", "inputs queued (batch inputs and attention calls)", ["model"], registry=r
+            "bertserve_queue_depth",
+            "inputs queued (batch inputs and attention calls)",
+            ["model"],
+            registry=r,
+            # set by the queue owner (the engine) only, the fronts' series stay 0; gone with the engine
+            multiprocess_mode="livesum",
         )
         self.event_loop_lag = Histogram(
             "bertserve_event_loop_lag_seconds",
@@ -88,6 +106,8 @@ class Metrics:
             "bertserve_event_loop_lag_max_seconds",
             "largest event loop lag over the last window (see bertserve_event_loop_lag_seconds)",
             registry=r,
+            # the worst live loop: the same series as one process (no pid label) and what delays calls
+            multiprocess_mode="livemax",
         )
         self.inputs = Counter("bertserve_inputs", "inputs accepted", ["model", "task"], registry=r)
         # work done on inputs: only calls that were admitted (room in the queue taken) are tokenized
@@ -95,7 +115,9 @@ class Metrics:
             "bertserve_tokenized_inputs", "inputs tokenized (admitted calls only)", ["model"], registry=r
         )
         # EmbedStream (service/streaming.py): requests_total{rpc="EmbedStream"} counts streams by final code
-        self.streams_open = Gauge("bertserve_streams_open", "EmbedStream calls in progress", registry=r)
+        self.streams_open = Gauge(
+            "bertserve_streams_open", "EmbedStream calls in progress", registry=r, multiprocess_mode="livesum"
+        )
         self.stream_inputs_in_flight = Histogram(
             "bertserve_stream_inputs_in_flight",
             "a stream's inputs in flight (admitted, not yet answered and sent), observed at each admission",
@@ -121,7 +143,10 @@ class Metrics:
             registry=r,
         )
         self.http_connections_open = Gauge(
-            "bertserve_http_connections_open", "HTTP connections open (TLS handshakes included)", registry=r
+            "bertserve_http_connections_open",
+            "HTTP connections open (TLS handshakes included)",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.http_rejected = Counter(
             "bertserve_http_rejected",
@@ -134,12 +159,16 @@ class Metrics:
             "loaded models",
             ["model", "version", "precision", "provider", "tasks"],
             registry=r,
+            # 1 however many processes load the model; gone with the last of them
+            multiprocess_mode="livemax",
         )
         self.limit = Gauge(
             "bertserve_limit",
             "configured limits: the settings max_* by name (alerts compare queue_depth with max_queue_inputs)",
             ["name"],
             registry=r,
+            # every process exports the same settings: one value, kept while the server runs
+            multiprocess_mode="max",
         )
         self._http: MetricsHTTPServer | None = None
         # labelled series of the per-call metrics, looked up once per label set (see answered, inputs_of)
@@ -185,6 +214,8 @@ class Metrics:
 
     def serve_http(self, host: str, port: int) -> int:
         """Starts /metrics on a thread of its own; returns the bound port. Raises OSError if it cannot bind."""
+        if self.multiprocess:
+            raise RuntimeError("with several processes the supervisor serves /metrics (serve_aggregated)")
         self._http = MetricsHTTPServer(self.registry)
         return self._http.start(host, port)
 
