@@ -83,7 +83,7 @@ class InferenceServer:
         self.settings = settings
         self.front = front
         self.engine: EngineLink | None = None
-        self.metrics = Metrics()
+        self.metrics = Metrics(multiprocess=front is not None)  # the supervisor serves one scrape
         self.metrics.export_limits(settings)
         self.lifecycle = Lifecycle()
         self.health = HealthServicer()

@@ -35,7 +35,7 @@ class Engine:
     def __init__(self, settings: Settings, address: str):
         self.settings = settings
         self.address = address
-        self.metrics = Metrics()
+        self.metrics = Metrics(multiprocess=True)  # the supervisor serves one scrape of every process
         self.metrics.export_limits(settings)
         self.registry: ModelRegistry | None = None
         self._calls: dict[tuple[bytes, int], asyncio.Task] = {}  # (front, call id) -> its task

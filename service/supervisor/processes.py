@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import logging
 import multiprocessing
+import os
 import shutil
 import signal
 import tempfile
@@ -25,6 +26,7 @@ import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
+from bertserve.service import metrics_multiprocess
 from bertserve.service.errors import StartupError
 from bertserve.service.settings import Settings
 from bertserve.service.supervisor.ports import PortClaim
@@ -69,6 +71,8 @@ class Supervisor:
         self._claims: list[PortClaim] = []
         self._run_dir = tempfile.mkdtemp(prefix="bertserve-")  # 0700: only this user reaches the engine
         self.address = f"ipc://{self._run_dir}/engine"
+        self._metrics_dir = f"{self._run_dir}/metrics"  # every child's metric files (one scrape)
+        self._metrics_server = None
         self.engine: BaseProcess | None = None
         self.fronts: dict[int, BaseProcess] = {}
         self._restarts: list[float] = []
@@ -89,6 +93,27 @@ class Supervisor:
                 self._claims.append(claim)
                 update[setting] = claim.port
         return s.model_copy(update=update)
+
+    def _serve_metrics(self) -> None:
+        """/metrics of every process, on metrics_port; children write to the directory from their start."""
+        os.mkdir(self._metrics_dir, 0o700)
+        os.environ[metrics_multiprocess.ENV] = self._metrics_dir  # inherited by every child it spawns
+        s = self.settings
+        if s.metrics_port < 0:
+            return
+        try:
+            self._metrics_server = metrics_multiprocess.serve_aggregated(
+                self._metrics_dir, s.host, s.metrics_port, self._children
+            )
+        except OSError as exc:
+            raise StartupError(
+                f"setting metrics_port: cannot listen on {s.host}:{s.metrics_port}: {exc}"
+            ) from None
+        self.metrics_port = self._metrics_server.port
+
+    def _children(self) -> dict[str, int]:
+        live = {"engine": self.engine, **{f"front-{i}": p for i, p in self.fronts.items()}}
+        return {name: p.pid for name, p in live.items() if p is not None and p.is_alive()}
 
     def _start(self, name: str, target, *args) -> BaseProcess:
         process = self._context.Process(target=target, args=args, name=name, daemon=False)
@@ -115,6 +140,7 @@ class Supervisor:
     def _exited(self, process: BaseProcess) -> None:
         asyncio.get_running_loop().remove_reader(process.sentinel)
         process.join()
+        metrics_multiprocess.mark_dead(process.pid, self._metrics_dir)
         if self._draining:
             return
         if process is self.engine:
@@ -141,6 +167,7 @@ class Supervisor:
         for signum in DRAIN_SIGNALS:
             loop.add_signal_handler(signum, stop.set)
         self._front_settings = self.claim_ports()
+        self._serve_metrics()
         loop.add_reader(self._ready_receiver.fileno(), self._front_ready)
         self.engine = self._start("engine", _engine_main, self.settings, self.address)
         for index in range(self.workers):
@@ -173,6 +200,8 @@ class Supervisor:
             await _wait_for([self.engine], ENGINE_STOP_S)
         for claim in self._claims:
             claim.close()
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
         shutil.rmtree(self._run_dir, ignore_errors=True)
 
 
