@@ -141,6 +141,8 @@ def test_settings_configmap_is_valid_for_the_server(rendered, monkeypatch):
     for key, value in _settings_env(documents).items():
         assert key.startswith("BERTSERVE_")
         monkeypatch.setenv(key, value)
+    # and what the container's own env adds: the workers the kubelet computes from the CPU request
+    monkeypatch.setenv("BERTSERVE_WORKERS", str(deployment_workers(_container(documents))))
     settings = load_settings()
     ports = {p["name"]: p["containerPort"] for p in _container(documents)["ports"]}
     assert ports == {"grpc": settings.port, "metrics": settings.metrics_port, "http": settings.http_port}
