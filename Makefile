@@ -23,7 +23,7 @@ else
 $(error TORCH must be cpu or cuda, not $(TORCH))
 endif
 
-.PHONY: setup system-packages proto serve export-default test lint bench soak clean
+.PHONY: setup system-packages proto serve export-default test lint bench gpu-check soak clean
 
 setup: $(STAMP)
 
@@ -75,6 +75,12 @@ bench: setup export-default
 	-@scripts/system-packages.sh
 	$(BIN)/bertserve bench --model-repo $(REPO) --out bench-results
 
+# On a machine with an NVIDIA GPU (scripts/gpu-check.sh, under 8 minutes): stops with one line where no GPU is
+# usable; else makes .venv-gpu (make setup, then onnxruntime-gpu), exports the default model and runs the GPU
+# bench with workers 1 and auto (GPU_CHECK_WORKERS=1,2,auto for others) into docs/performance/gpu-<device>/.
+gpu-check:
+	scripts/gpu-check.sh
+
 # The default fill-mask model's continued masked-LM pretraining (`bertserve pretrain`, train/pretrain/; docs/models.md,
 # Pretraining), on WordNet glosses, never on the held-out synsets train-heads measures on. Six stages, each
 # from the previous stage's checkpoint (pretrain.json records its sha256): MiniLM's layers 4-5 and the MLM head
@@ -116,4 +122,4 @@ soak: setup
 	BERTSERVE_SOAK_SECONDS=600 $(BIN)/python -m pytest -q -s -m slow tests
 
 clean:
-	rm -rf $(VENV) $(REPO) bench-results .pytest_cache
+	rm -rf $(VENV) .venv-gpu $(REPO) bench-results build/gpu-check .pytest_cache

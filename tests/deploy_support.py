@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import socket
@@ -194,3 +195,35 @@ def memory_bytes(quantity: str) -> int:
     """A Kubernetes memory quantity in binary units (`1536Mi`, `4Gi`) as bytes."""
     number, unit = re.fullmatch(r"(\d+)(Ki|Mi|Gi)", quantity).groups()
     return int(number) * 1024 ** ("KMG".index(unit[0]) + 1)
+
+
+def cpu_millis(quantity: str | int) -> int:
+    """A Kubernetes CPU quantity (`2`, `1500m`, `0.5`) in millicores."""
+    text = str(quantity)
+    if text.endswith("m"):
+        return int(text[:-1])
+    return round(float(text) * 1000)
+
+
+def resource_field_value(container: dict, field_ref: dict) -> int:
+    """What the kubelet puts in an environment variable from `valueFrom.resourceFieldRef` of a CPU
+    resource: the container's quantity divided by the divisor, rounded up (Kubernetes'
+    convertResourceCPUToString)."""
+    section, _, resource = field_ref["resource"].partition(".")
+    assert resource == "cpu", f"only CPU resources are computed here, not {field_ref['resource']}"
+    quantity = cpu_millis(container["resources"][section][resource])
+    divisor = cpu_millis(field_ref.get("divisor", "1"))
+    return math.ceil(quantity / divisor)
+
+
+def deployment_workers(container: dict) -> int:
+    """The container's BERTSERVE_WORKERS: its own CPU request through the downward API (the value the
+    kubelet gives it), checked to be exactly that."""
+    entries = [e for e in container.get("env", []) if e["name"] == "BERTSERVE_WORKERS"]
+    assert len(entries) == 1, f"container {container['name']}: no env entry BERTSERVE_WORKERS"
+    (entry,) = entries
+    field_ref = entry["valueFrom"]["resourceFieldRef"]
+    assert field_ref["resource"] == "requests.cpu", field_ref
+    assert field_ref.get("containerName", container["name"]) == container["name"], field_ref
+    assert cpu_millis(field_ref["divisor"]) == 1000, field_ref  # whole CPUs
+    return resource_field_value(container, field_ref)

@@ -22,8 +22,10 @@ from tests.deploy_support import (
     KUSTOMIZE_COMPONENTS,
     KUSTOMIZE_DIRS,
     by_kind,
+    deployment_workers,
     one,
     render_kustomize,
+    resource_field_value,
 )
 
 # Oldest and newest Kubernetes versions the manifests are checked against.
@@ -139,6 +141,8 @@ def test_settings_configmap_is_valid_for_the_server(rendered, monkeypatch):
     for key, value in _settings_env(documents).items():
         assert key.startswith("BERTSERVE_")
         monkeypatch.setenv(key, value)
+    # and what the container's own env adds: the workers the kubelet computes from the CPU request
+    monkeypatch.setenv("BERTSERVE_WORKERS", str(deployment_workers(_container(documents))))
     settings = load_settings()
     ports = {p["name"]: p["containerPort"] for p in _container(documents)["ports"]}
     assert ports == {"grpc": settings.port, "metrics": settings.metrics_port, "http": settings.http_port}
@@ -180,6 +184,27 @@ def test_pod_runs_locked_down(rendered):
     assert resources["requests"]["memory"] == resources["limits"]["memory"]
     threads = int(_settings_env(documents)["BERTSERVE_INTRA_OP_THREADS"])
     assert threads <= int(resources["limits"]["cpu"])
+
+
+def test_workers_follow_the_cpu_request(rendered):
+    """BERTSERVE_WORKERS comes from the container's own CPU request (the downward API), not from the
+    ConfigMap, where the container's `env` entry would hide it; the GPU overlay's larger request gives
+    more fronts."""
+    name, documents = rendered
+    container = _container(documents)
+    workers = deployment_workers(container)
+    assert workers >= 1
+    assert "BERTSERVE_WORKERS" not in _settings_env(documents)
+    if name == "gpu":
+        assert workers > deployment_workers(_container(render_kustomize(KUSTOMIZE_DIRS["base"])))
+
+
+@pytest.mark.parametrize(("cpu", "workers"), [("2", 2), ("500m", 1), ("1500m", 2), ("0.1", 1), (8, 8)])
+def test_the_kubelet_rounds_a_cpu_request_up(cpu, workers):
+    """The value the kubelet gives a variable from requests.cpu with divisor 1: a fractional request
+    rounds up, so any request below one CPU runs a single process."""
+    container = {"resources": {"requests": {"cpu": cpu}}}
+    assert resource_field_value(container, {"resource": "requests.cpu", "divisor": "1"}) == workers
 
 
 def test_selectors_and_references_agree(rendered):

@@ -1,0 +1,160 @@
+"""`make gpu-check` (scripts/gpu-check.sh and bench/gpu_check.py) on a machine without a GPU: the command
+line, the one-line refusal where no GPU is usable (before anything is installed), and the summary of the
+GPU goals, read from the committed H100 run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bertserve.bench import gpu_check
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu-check.sh"
+H100_BENCH = ROOT / "docs" / "performance" / "gpu-h100" / "bench.json"
+# What the script runs before its GPU check: with only these on PATH, a missing nvidia-smi is the only gap.
+TOOLS = ("bash", "timeout", "dirname", "tr", "grep", "head", "tail", "sleep", "sh")
+RUN_TIMEOUT_S = 60  # a bound on each run of the script here, never a measurement
+
+
+def _path_without_nvidia_smi(tmp_path: Path, nvidia_smi: str | None = None) -> str:
+    """A PATH of links to TOOLS alone, plus a stand-in nvidia-smi whose script is `nvidia_smi`."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in TOOLS:
+        found = shutil.which(name)
+        assert found, f"{name} is not installed"
+        (tools / name).symlink_to(found)
+    if nvidia_smi is not None:
+        stand_in = tools / "nvidia-smi"
+        stand_in.write_text(f"#!/bin/sh\n{nvidia_smi}\n")
+        stand_in.chmod(0o755)
+    return str(tools)
+
+
+def _run(*args: str, path: str | None = None, **env: str) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
+    if path is not None:
+        environment["PATH"] = path
+    environment.update(env)
+    return subprocess.run(
+        [str(SCRIPT), *args], capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=environment, cwd=ROOT
+    )
+
+
+def _one_line(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_without_nvidia_smi_it_stops_with_one_line_before_installing_anything(tmp_path):
+    result = _run(path=_path_without_nvidia_smi(tmp_path))
+    assert result.returncode == gpu_check.NO_GPU
+    assert result.stdout == ""
+    assert _one_line(result) == "gpu-check: no usable GPU: nvidia-smi is not on PATH (no NVIDIA driver)"
+
+
+def test_a_failing_nvidia_smi_is_refused_with_its_reason(tmp_path):
+    driver = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    result = _run(path=_path_without_nvidia_smi(tmp_path, f'echo "{driver}" >&2; exit 9'))
+    assert result.returncode == gpu_check.NO_GPU
+    assert _one_line(result) == f"gpu-check: no usable GPU: nvidia-smi failed: {driver}"
+
+
+def test_a_hung_nvidia_smi_is_cut_at_the_phase_budget(tmp_path):
+    result = _run(path=_path_without_nvidia_smi(tmp_path, "sleep 50"), GPU_CHECK_GPU_S="1")
+    assert result.returncode == gpu_check.NO_GPU
+    assert _one_line(result) == "gpu-check: no usable GPU: the gpu check did not answer within 1 s"
+
+
+def test_a_cpu_build_of_onnxruntime_is_refused_at_the_sanity_step(tmp_path):
+    """nvidia-smi answers (a stand-in), but this environment's onnxruntime is the CPU build: with
+    --no-install the script installs nothing and stops at the sanity step."""
+    import onnxruntime
+
+    assert onnxruntime.get_device() == "CPU", "the test environment has onnxruntime's CPU build (pyproject)"
+    path = _path_without_nvidia_smi(tmp_path, 'echo "NVIDIA H100 80GB HBM3, 1980"')
+    out = tmp_path / "results"
+    result = _run(
+        "--python", sys.executable, "--no-install", "--out", str(out), path=f"{path}:{os.environ['PATH']}"
+    )
+    assert result.returncode == gpu_check.NO_GPU, result.stdout + result.stderr
+    assert "gpu-check: [sanity]" in result.stdout
+    line = _one_line(result)
+    assert line.startswith("gpu-check: no usable GPU: onnxruntime "), line
+    assert "is a CPU build (get_device() says CPU)" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bogus"], "unknown argument --bogus (see --help)"),
+        (["--workers"], "--workers needs a value (see --help)"),
+        (["--workers", "0"], "--workers: 0 is neither an integer >= 1 nor auto"),
+        (["--workers", "1,two"], "--workers: two is neither an integer >= 1 nor auto"),
+    ],
+)
+def test_a_wrong_command_line_exits_2_with_one_line(args, message, tmp_path):
+    result = _run(*args, path=_path_without_nvidia_smi(tmp_path))
+    assert result.returncode == 2
+    assert _one_line(result) == f"gpu-check: {message}"
+
+
+def test_help_names_every_option():
+    result = _run("--help")
+    assert result.returncode == 0
+    for option in ("--workers", "--out", "--repo", "--python", "--no-install", "GPU_CHECK_BENCH_S"):
+        assert option in result.stdout
+
+
+def test_make_runs_the_script():
+    result = subprocess.run(["make", "-n", "gpu-check"], capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert result.returncode == 0 and result.stdout.split() == ["scripts/gpu-check.sh"], result.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "folder"),
+    [
+        ("NVIDIA H100 80GB HBM3", "gpu-h100"),
+        ("NVIDIA H100 PCIe", "gpu-h100-pcie"),
+        ("NVIDIA H200", "gpu-h200"),
+        ("NVIDIA GeForce RTX 4090", "gpu-geforce-rtx-4090"),
+    ],
+)
+def test_device_folder_names(name, folder):
+    assert gpu_check.device_dir(name) == folder
+
+
+def test_summary_puts_the_goals_of_each_run_side_by_side(tmp_path):
+    bench = json.loads(H100_BENCH.read_text())
+    for workers in ("1", "auto"):
+        (tmp_path / f"workers-{workers}").mkdir()
+        shutil.copy(H100_BENCH, tmp_path / f"workers-{workers}" / "bench.json")
+    summary = gpu_check.summarize(tmp_path)
+    assert list(summary["figures"]) == ["1", "auto"]
+    figures = summary["figures"]["auto"]
+    fp16_at_256 = next(p for p in bench["targets"]["server-fp16"]["closed"] if p["concurrency"] == 256)
+    ceiling = bench["inprocess"]["fp16"]["mixed"]["inputs_per_s"]
+    single = "server-fp16, single-input callers at c=256 / fp16 in-process ceiling"
+    assert figures[single] == pytest.approx(fp16_at_256["inputs_per_s"] / ceiling)
+    bulk = (
+        bench["per_call_profile"]["bulk"]["inputs_per_s"]
+        / bench["inprocess"]["fp32"]["mixed"]["inputs_per_s"]
+    )
+    assert figures["server-fp32, 32-input requests / fp32 in-process ceiling"] == pytest.approx(bulk)
+    assert figures["server-fp16 / server-fp32 (saturation)"] == bench["ratios"]["fp16_vs_server_fp32"]
+    assert figures["HTTP /v1/embeddings / gRPC, single input (saturation)"] is None  # not run on the H100
+    table = (tmp_path / "gpu-check.md").read_text()
+    assert "| figure | goal | workers 1 | workers auto |" in table
+    assert (
+        f"| {single} | >= 0.5 | {figures[single]:.3f} (not met) | {figures[single]:.3f} (not met) |" in table
+    )
+    assert json.loads((tmp_path / "gpu-check.json").read_text())["gpu"] == bench["machine"]["gpu"]["gpu"]
