@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
+import ssl
+import urllib.request
 
 import grpc
 import pytest
@@ -13,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from bertserve.client import Client
-from tests.helpers.server import ServerThread
+from tests.helpers.server import ServerProcess, ServerThread
 
 
 def _name(common_name: str) -> x509.Name:
@@ -94,3 +97,24 @@ def test_tls_and_mutual_tls(tls_server_settings, pki):
         )
         with Client(server.address, credentials=identified) as client:
             assert len(client.embed(["a cat"]).vectors) == 1
+
+
+def test_tls_with_two_workers(tiny_repo, pki):
+    """Each front serves TLS on the shared ports: gRPC and HTTPS answer through either."""
+    server = ServerProcess(
+        "--model-repo", str(tiny_repo), "--model", "tiny-embed", "--workers", "2",
+        "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server-key.pem"),
+    ).start(timeout=120)  # fmt: skip
+    try:
+        credentials = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
+        for _ in range(6):  # a connection each: both fronts
+            with Client(server.address, credentials=credentials) as client:
+                assert len(client.embed(["a cat"]).vectors) == 1
+        context = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        body = json.dumps({"input": "a cat"}).encode()
+        url = f"https://127.0.0.1:{server.http_port}/v1/embeddings"
+        request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            assert len(json.load(response)["data"][0]["embedding"]) == 48
+    finally:
+        server.kill()

@@ -260,3 +260,42 @@ def test_one_scrape_counts_every_process(two_fronts):
     }
     assert processes == {"supervisor", "engine", "front-0", "front-1"}
     assert after[("bertserve_limit", (("name", "workers"),))] == 2
+
+
+def test_one_encoder_batch_holds_every_task_from_both_fronts(shared_repo):
+    """Heads on one encoder (embed, classify, fill-mask): calls queued in both fronts while the engine is
+    stopped land in shared batches, mixed over tasks and fronts (bertserve_batch_fronts)."""
+    server = ServerProcess(
+        "--model-repo", str(shared_repo), "--workers", "2", "--max-padding-ratio", "1000"
+    ).start(timeout=120)
+    try:
+        resume = _stop(pids(server)["engine"])
+        calls = [
+            ("tiny-encoder", "Embed", v1.EmbedRequest(inputs=["a mixed batch"], model="tiny-encoder")),
+            (
+                "tiny-shared-classifier",
+                "Classify",
+                v1.ClassifyRequest(inputs=["a"], model="tiny-shared-classifier"),
+            ),
+            ("tiny-shared-mlm", "FillMask", v1.FillMaskRequest(inputs=["a [MASK]"], model="tiny-shared-mlm")),
+        ] * 6
+        pool = ThreadPoolExecutor(len(calls))
+
+        def one(call):
+            options = [("grpc.use_local_subchannel_pool", 1)]  # a connection each, spread over the fronts
+            with grpc.insecure_channel(server.address, options=options) as channel:
+                return getattr(v1_grpc.InferenceStub(channel), call[1])(call[2], timeout=60)
+
+        futures = [pool.submit(one, call) for call in calls]
+        time.sleep(2.0)  # the calls wait in the fronts and in the stopped engine's socket
+        resume()
+        answers = [f.result(timeout=60) for f in futures]
+        pool.shutdown()
+        assert len(answers) == len(calls)
+        samples = scrape(server.metrics_url)
+        batches = metric(samples, "bertserve_batch_fronts_count", model="tiny-encoder")
+        single = metric(samples, "bertserve_batch_fronts_bucket", model="tiny-encoder", le="1.0")
+        assert batches - single >= 1  # a batch held inputs of both fronts
+        assert metric(samples, "bertserve_batch_size_sum", model="tiny-encoder") == len(calls)
+    finally:
+        server.kill()
