@@ -30,7 +30,7 @@ COMMAND_MODULES: dict[str, dict[str, str]] = {
         "pack-pretrained": "pack the tensors a chain of pretraining stages changed (float16) for the repository",
         "assemble-pretrained": "rebuild the pretrained fill-mask checkpoint from a base model and the trained tensors",
     },
-    "bertserve.service.commands": {
+    "bertserve.commands.serve": {
         "serve": "serve a model repository over gRPC, with Prometheus metrics",
     },
     "bertserve.commands.calls": {

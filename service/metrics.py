@@ -15,7 +15,7 @@ from prometheus_client import (
 )
 
 from bertserve.manifest import ENCODER_ATTENTIONS
-from bertserve.service.batcher import BatchObserver, BatchStats
+from bertserve.service.engine.batcher import BatchObserver, BatchStats
 from bertserve.service.metrics_http import MetricsHTTPServer
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -72,7 +72,7 @@ class Metrics:
         )
         self.event_loop_lag = Histogram(
             "bertserve_event_loop_lag_seconds",
-            "how late the event loop woke a timer (service/loop_lag.py): time the loop was busy",
+            "how late the event loop woke a timer (service/core/loop_lag.py): time the loop was busy",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -86,7 +86,7 @@ class Metrics:
         self.tokenized = Counter(
             "bertserve_tokenized_inputs", "inputs tokenized (admitted calls only)", ["model"], registry=r
         )
-        # EmbedStream (service/streaming.py): requests_total{rpc="EmbedStream"} counts streams by final code
+        # EmbedStream (service/grpc/streaming.py): requests_total{rpc="EmbedStream"} counts streams by final code
         self.streams_open = Gauge("bertserve_streams_open", "EmbedStream calls in progress", registry=r)
         self.stream_inputs_in_flight = Histogram(
             "bertserve_stream_inputs_in_flight",

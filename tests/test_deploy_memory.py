@@ -1,5 +1,5 @@
 """The Deployment's memory limit holds the default models plus the most memory clients can make the server
-hold at the Deployment's settings (service/memory_bounds.py), with TLS on (its per-connection buffers
+hold at the Deployment's settings (service/supervisor/memory_bounds.py), with TLS on (its per-connection buffers
 counted), so no hostile client can get a pod OOM-killed."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from unittest import mock
 
-from bertserve.service import memory_bounds
 from bertserve.service.settings import load_settings
+from bertserve.service.supervisor import memory_bounds
 from tests.deploy_support import memory_bytes, one, render_kustomize
 
 ROOT = Path(__file__).resolve().parents[1]

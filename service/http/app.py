@@ -1,7 +1,7 @@
 """The HTTP front: routes, and the one wrapper every routed request goes through (refusal while draining,
 the request timeout, error mapping via `status.py`, metrics, call tracking for the drain).
 
-Each route only translates JSON <-> one call of the inference core (`service/core.py`), so HTTP and gRPC
+Each route only translates JSON <-> one call of the inference core (`service/core/core.py`), so HTTP and gRPC
 calls share batches, limits and error messages. Route tables live in `openai_routes.py`,
 `bertserve_routes.py`, `kserve_routes.py` and `probes.py`; `openapi.py` describes them.
 
@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from bertserve.service import errors
-from bertserve.service.core import InferenceCore, deadline_after
+from bertserve.service.core.core import InferenceCore, deadline_after
+from bertserve.service.core.lifecycle import Lifecycle
 from bertserve.service.http.accept import raise_fd_limit
 from bertserve.service.http.connections import HttpEvents, HttpServer
 from bertserve.service.http.status import Failure, HttpError, failure_of, failure_of_status, openai_error
 from bertserve.service.http.transport import HttpLimits, Request, Response
 from bertserve.service.metrics import Metrics
-from bertserve.service.rpc_status import Lifecycle
 from bertserve.service.settings import Settings
 
 log = logging.getLogger("bertserve.http")

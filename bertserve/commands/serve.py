@@ -95,8 +95,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from bertserve.service.main import serve
     from bertserve.service.settings import Settings, SettingsError, load_settings
+    from bertserve.service.supervisor.main import serve
 
     overrides = {name: getattr(args, name, None) for name in Settings.model_fields}
     try:

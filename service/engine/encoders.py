@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertserve.service.batcher import Batcher, WorkItem
-from bertserve.service.runtime import GraphSession
-from bertserve.service.tasks import Task, TaskOptions
-from bertserve.service.tasks.fill_mask import mask_positions
+from bertserve.service.engine.batcher import Batcher, WorkItem
+from bertserve.service.engine.runtime import GraphSession
+from bertserve.service.engine.tasks import Task, TaskOptions
+from bertserve.service.engine.tasks.fill_mask import mask_positions
 
 if TYPE_CHECKING:
-    from bertserve.service.served_model import ServedModel
+    from bertserve.service.engine.served_model import ServedModel
 
 WARM_UP_TEXT = "The server warms up before it reports serving."
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from bertserve.service.engine.runtime import GraphSession
 from bertserve.service.errors import InferenceFailed, InvalidInput
-from bertserve.service.runtime import GraphSession
 
 ATTENTIONS_OUTPUT = "attentions"
 # Protobuf bytes per token in the response besides the maps (text, id, offsets, flags, framing): a bound.

@@ -1,4 +1,4 @@
-"""The inference core's typed results (`service/core.py`): plain data, no protocol types.
+"""The inference core's typed results (`service/core/core.py`): plain data, no protocol types.
 
 Every front (gRPC bertserve.v1, KServe v2, HTTP, streaming) turns these into its own wire format. Arrays
 are numpy; times are seconds.
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bertserve.service.tokenization import EncodedInput
+from bertserve.service.engine.tokenization import EncodedInput
 
 
 @dataclass(frozen=True)

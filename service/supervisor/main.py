@@ -19,7 +19,7 @@ DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 async def run_until_signalled(settings: Settings) -> int:
-    from bertserve.service.server import InferenceServer
+    from bertserve.service.supervisor.server import InferenceServer
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
