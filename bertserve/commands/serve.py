@@ -10,7 +10,7 @@ import argparse
 import sys
 import typing
 
-from bertserve.cli import describe
+from bertserve.command_table import describe
 
 # What each setting means, for `bertserve serve --help` (the defaults come from the Settings class).
 SETTING_HELP = {

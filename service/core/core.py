@@ -57,6 +57,7 @@ from bertserve.service.core.validation import (
     check_top_k,
 )
 from bertserve.service.engine.attention import check_response_size, select_indices
+from bertserve.service.engine.batch_metrics import ModelObserver
 from bertserve.service.engine.batcher import Batcher, BatchLimits, ItemResult, Permit, WorkItem
 from bertserve.service.engine.encoders import EncoderGroup
 from bertserve.service.engine.model_registry import ModelRegistry
@@ -140,7 +141,7 @@ class InferenceCore:
         # fixed once loaded
         self._infos = {m.name: model_info_of(m, registry.default_rpcs(m)) for m in registry.ordered}
         for group in self.encoders:  # one queue owner per encoder, shared by its models and tasks
-            observer = metrics.observer(group.name, group.graph_key)
+            observer = ModelObserver(metrics, group.name, group.graph_key)
             group.batcher = Batcher(
                 group.name, group.compute, limits, group.executor, observer, concurrency=group.instances
             )

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bertserve.manifest import Manifest
-from bertserve.service.core.results import MaskPrediction
 from bertserve.service.engine.attention import AttentionGraph
 from bertserve.service.engine.batcher import Batcher, WorkItem
 from bertserve.service.engine.repository import ModelFiles
@@ -21,7 +20,7 @@ from bertserve.service.engine.runtime import GraphSession
 from bertserve.service.engine.tasks import Task
 from bertserve.service.engine.tasks.classify import label_scores
 from bertserve.service.engine.tasks.embed import finish_embeddings
-from bertserve.service.engine.tasks.fill_mask import MaskTop, gather_mask_states, top_k
+from bertserve.service.engine.tasks.fill_mask import MaskPrediction, MaskTop, gather_mask_states, top_k
 from bertserve.service.engine.tokenization import EncodedInput, ModelTokenizer
 
 if TYPE_CHECKING:

@@ -26,6 +26,7 @@ from bertserve.service.grpc.rpc_status import parsing
 from bertserve.service.grpc.servicer import InferenceServicer
 from bertserve.service.grpc.servicer import add_to_server as add_inference_servicer
 from bertserve.service.http.app import HttpFront
+from bertserve.service.kserve import http_routes as kserve_http
 from bertserve.service.kserve import servicer as kserve
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
@@ -174,7 +175,9 @@ class InferenceServer:
                     f"setting metrics_port: cannot listen on {s.host}:{s.metrics_port}: {exc}"
                 ) from None
         if s.http_port >= 0:
-            self.http = HttpFront(self.core, s, self.metrics, self.lifecycle, self._ready)
+            self.http = HttpFront(
+                self.core, s, self.metrics, self.lifecycle, self._ready, extra_routes=kserve_http.ROUTES
+            )
             try:
                 self.http_port = await self.http.start(s.host, s.http_port)
             except OSError as exc:
