@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from bertserve.bench.corpus import Corpus
 from bertserve.bench.stats import latency_summary
-from bertserve.service.runtime import GraphSession, session_options
+from bertserve.service.engine.runtime import GraphSession, session_options
 
 OUTPUT = "sentence_embedding"
 
@@ -33,7 +33,7 @@ class Batch:
 
 
 class DeviceSession:
-    """The server's own CUDA path (service.runtime.GraphSession: CUDA provider checked, I/O binding) behind
+    """The server's own CUDA path (service.engine.runtime.GraphSession: CUDA provider checked, I/O binding) behind
     the `run(outputs, feeds)` / `get_inputs()` of an ORT session, so the ceilings use either alike."""
 
     def __init__(self, graph: Path, threads: int):
@@ -48,7 +48,7 @@ class DeviceSession:
 
 
 def make_session(graph: Path, threads: int, provider: str = "cpu") -> ort.InferenceSession | DeviceSession:
-    """The server's own session options (service.runtime), so any tuning there applies here too."""
+    """The server's own session options (service.engine.runtime), so any tuning there applies here too."""
     if provider == "cuda":
         return DeviceSession(graph, threads)
     options = session_options(intra_op_threads=threads, inter_op_threads=1)

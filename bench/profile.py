@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from bertserve.bench.corpus import Corpus
 from bertserve.bench.inprocess import OUTPUT, plan_batches
-from bertserve.service.runtime import providers_for, session_options
+from bertserve.service.engine.runtime import providers_for, session_options
 
 
 def op_profile(

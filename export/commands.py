@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bertserve.cli import describe
+from bertserve.command_table import describe
 
 
 def register(subparsers) -> None:

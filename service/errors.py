@@ -1,5 +1,5 @@
 """Domain errors, raised deep in the service and turned into gRPC status codes in one place
-(`service/rpc_status.py`). Messages name the field and the limit, for the caller to read."""
+(`service/grpc/rpc_status.py`). Messages name the field and the limit, for the caller to read."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 large request the process's RSS would stay near its peak although nothing uses it.
 
 - `release_free_memory` (`malloc_trim(0)`) returns the free pages of every arena to the kernel; the server
-  calls it when idle (service/admission.py).
+  calls it when idle (service/grpc/admission.py).
 - `limit_heap_growth` fixes glibc's mmap threshold at its initial 128 KiB. By default glibc raises it to
   the size of every mmapped block that is freed (up to 32 MiB), so after one 5 MB request message every
   later one comes from the heap, where it fragments and stays. Measured with 256 x 20,000-character

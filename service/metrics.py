@@ -19,8 +19,6 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from bertserve.manifest import ENCODER_ATTENTIONS
-from bertserve.service.batcher import BatchObserver, BatchStats
 from bertserve.service.metrics_http import MetricsHTTPServer
 from bertserve.service.metrics_multiprocess import require_multiprocess_mode
 
@@ -98,7 +96,7 @@ class Metrics:
         )
         self.event_loop_lag = Histogram(
             "bertserve_event_loop_lag_seconds",
-            "how late the event loop woke a timer (service/loop_lag.py): time the loop was busy",
+            "how late the event loop woke a timer (service/core/loop_lag.py): time the loop was busy",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -114,7 +112,7 @@ class Metrics:
         self.tokenized = Counter(
             "bertserve_tokenized_inputs", "inputs tokenized (admitted calls only)", ["model"], registry=r
         )
-        # EmbedStream (service/streaming.py): requests_total{rpc="EmbedStream"} counts streams by final code
+        # EmbedStream (service/grpc/streaming.py): requests_total{rpc="EmbedStream"} counts streams by final code
         self.streams_open = Gauge(
             "bertserve_streams_open", "EmbedStream calls in progress", registry=r, multiprocess_mode="livesum"
         )
@@ -209,9 +207,6 @@ class Metrics:
                 self.limit.labels(name).set(value)
         self.limit.labels("workers").set(settings.worker_count())
 
-    def observer(self, model: str, graph: str) -> BatchObserver:
-        return _ModelObserver(self, model, graph)
-
     def serve_http(self, host: str, port: int) -> int:
         """Starts /metrics on a thread of its own; returns the bound port. Raises OSError if it cannot bind."""
         if self.multiprocess:
@@ -223,37 +218,3 @@ class Metrics:
         if self._http is not None:
             self._http.stop()
             self._http = None
-
-
-class _ModelObserver(BatchObserver):
-    """The queue owner's hooks for one encoder. Its labelled series are looked up once here: the hooks run
-    on the event loop several times per batch."""
-
-    def __init__(self, metrics: Metrics, model: str, graph: str):
-        self.m, self.model, self.graph = metrics, model, graph
-        self._dropped = {r: metrics.dropped.labels(model, r) for r in ("cancelled", "deadline")}  # 0 at start
-        self._depth = metrics.queue_depth.labels(model)
-        self._queue = metrics.queue_duration.labels(model)
-        self._inference = metrics.inference_duration.labels(model, graph)
-        self._size = metrics.batch_size.labels(model)
-        self._tokens = metrics.batch_tokens.labels(model)
-        self._padding = metrics.padding_ratio.labels(model)
-        self._fronts = metrics.batch_fronts.labels(model)
-
-    def queue_depth(self, depth: int) -> None:
-        self._depth.set(depth)
-
-    def dropped(self, reason: str, count: int) -> None:
-        self._dropped[reason].inc(count)
-
-    def batch_done(self, stats: BatchStats) -> None:
-        for waited in stats.queue_s:
-            self._queue.observe(waited)
-        if stats.exclusive:  # an attention run: not a batch of the encoder graph
-            self.m.inference_duration.labels(self.model, ENCODER_ATTENTIONS).observe(stats.inference_s)
-            return
-        self._inference.observe(stats.inference_s)
-        self._size.observe(stats.size)
-        self._tokens.observe(stats.padded_tokens)
-        self._padding.observe(stats.padded_tokens / max(1, stats.real_tokens))
-        self._fronts.observe(stats.origins)

@@ -71,27 +71,27 @@ class Settings(BaseSettings):
     # model never waits; inputs that arrive while it computes still share the next batch. Measured here,
     # 2 ms of waiting cost about 5 ms at p50 for a lone call and gave no throughput.
     max_queue_delay_ms: float = Field(0.0, ge=0, le=10_000)
-    # Per encoder and per lane: unary calls' inputs and streams' inputs each (service/batcher.py), so streams
+    # Per encoder and per lane: unary calls' inputs and streams' inputs each (service/engine/batcher.py), so streams
     # that fill theirs never refuse unary calls.
     max_queue_inputs: int = Field(1024, ge=1, le=1_000_000)
     # gRPC calls in flight at once, streams included (grpc.health.v1 Check excepted); beyond it a call is
-    # refused at once with RESOURCE_EXHAUSTED and counted (service/admission.py). 0 = twice
+    # refused at once with RESOURCE_EXHAUSTED and counted (service/grpc/admission.py). 0 = twice
     # max_queue_inputs: a full queue of one-input calls and as many again being tokenized or answered.
     max_concurrent_rpcs: int = Field(0, ge=0, le=1_000_000)
     # Client-streaming gRPC calls (EmbedStream, reflection) open at once, also counted in
     # max_concurrent_rpcs; beyond it a stream is refused at once with RESOURCE_EXHAUSTED. Each holds up
     # to a window of inputs and their answers (max_stream_inputs_in_flight) and one request read ahead,
-    # so this bounds streams' memory (service/stream_memory.py). The default is the number of streams
+    # so this bounds streams' memory (service/grpc/stream_memory.py). The default is the number of streams
     # whose windows fill the stream queue (max_queue_inputs / max_stream_inputs_in_flight): more streams
     # would add waiting, not throughput.
     max_concurrent_streams: int = Field(CONCURRENT_STREAMS, ge=1, le=100_000)
     # Attention calls waiting per encoder (each runs alone, alternating with batches; beyond: RESOURCE_EXHAUSTED).
     max_queue_attention: int = Field(256, ge=1, le=100_000)
     max_inputs_per_request: int = Field(256, ge=1, le=100_000)
-    # EmbedStream: inputs of one stream admitted and not yet answered and sent (service/streaming.py). The
+    # EmbedStream: inputs of one stream admitted and not yet answered and sent (service/grpc/streaming.py). The
     # server reads the stream's next request only when it fits, so a stream runs in constant memory. A
     # request larger than this runs alone; clients send requests of a quarter of it. Stream inputs are
-    # batched after unary calls' (service/batcher.py), so the window sets how well a stream's batches can
+    # batched after unary calls' (service/engine/batcher.py), so the window sets how well a stream's batches can
     # group lengths, not how long a unary caller waits.
     max_stream_inputs_in_flight: int = Field(STREAM_INPUTS_IN_FLIGHT, ge=1, le=100_000)
     # Padded tokens of a batch of stream inputs while unary calls are active (one seen in the last second):

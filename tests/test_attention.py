@@ -17,7 +17,7 @@ import transformers
 from bertserve.cli import main
 from bertserve.client import Client
 from bertserve.manifest import ENCODER_ATTENTIONS, Manifest
-from bertserve.service.attention import check_response_size
+from bertserve.service.engine.attention import check_response_size
 from tests.helpers.checkpoints import load_reference
 from tests.helpers.server import ServerThread
 

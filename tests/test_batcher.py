@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from bertserve.service.batch_policy import CostEstimate
-from bertserve.service.batcher import Batcher, BatchLimits, BatchObserver, WorkItem, cut_batch
+from bertserve.service.engine.batch_policy import CostEstimate
+from bertserve.service.engine.batcher import Batcher, BatchLimits, BatchObserver, WorkItem, cut_batch
+from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
-from bertserve.service.tasks import Task, TaskOptions
 
 EMBED = TaskOptions(Task.EMBED)
 

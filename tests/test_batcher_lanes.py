@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from bertserve.service import batcher as batcher_module
-from bertserve.service.batcher import INTERACTIVE_TURNS_PER_BULK, Batcher, BatchLimits, WorkItem
+from bertserve.service.engine import batcher as batcher_module
+from bertserve.service.engine.batcher import INTERACTIVE_TURNS_PER_BULK, Batcher, BatchLimits, WorkItem
+from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.errors import Overloaded
-from bertserve.service.tasks import Task, TaskOptions
 
 EMBED = TaskOptions(Task.EMBED)
 
@@ -306,7 +306,7 @@ def test_streams_filling_their_queue_never_refuse_unary_calls():
 
 
 def test_room_is_taken_before_work_and_streams_wait_for_it_in_arrival_order():
-    """Permits (service/queue_room.py): a unary call's room is taken at once or refused, counting inputs
+    """Permits (service/engine/queue_room.py): a unary call's room is taken at once or refused, counting inputs
     still being tokenized; a stream's request waits for room, in arrival order; a cancelled waiter gives
     its turn away, and room comes back when inputs leave the queue or a permit is released unused."""
     recorder = Recorder()

@@ -1,4 +1,4 @@
-"""The inference core's typed API (service/core.py), called directly on a running server's event loop: the
+"""The inference core's typed API (service/core/core.py), called directly on a running server's event loop: the
 methods every front builds on. (The fronts' own tests cover the wire formats.)"""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from bertserve.service.core import deadline_after
+from bertserve.service.core.core import deadline_after
+from bertserve.service.core.results import ClassifyResult, EmbedResult, FillMaskResult
+from bertserve.service.core.task_calls import ClassifyCall, EmbedCall
 from bertserve.service.errors import InvalidInput, ModelNotFound, TaskUnavailable
-from bertserve.service.results import ClassifyResult, EmbedResult, FillMaskResult
-from bertserve.service.task_calls import ClassifyCall, EmbedCall
 
 TEXTS = ["the cat sat on the mat", "a dog", "paris is the capital of a dog"]
 
@@ -119,7 +119,7 @@ def test_short_calls_are_tokenized_on_the_loop_and_longer_ones_on_the_cpu_pool(t
     """INLINE_TOKENIZE_CHARS bounds the event-loop time a call's tokenization may take."""
     import threading
 
-    from bertserve.service.core import INLINE_TOKENIZE_CHARS
+    from bertserve.service.core.core import INLINE_TOKENIZE_CHARS
 
     tokenizer = tiny_server.server.core.registry.resolve("tiny-embed", None).tokenizer
     on_loop = []

@@ -1,5 +1,5 @@
 """The Deployment's memory limit holds the default models plus the most memory clients can make the server
-hold at the Deployment's settings (service/memory_bounds.py), with TLS on (its per-connection buffers
+hold at the Deployment's settings (service/supervisor/memory_bounds.py), with TLS on (its per-connection buffers
 counted), so no hostile client can get a pod OOM-killed. With several front processes
 (BERTSERVE_WORKERS, from the CPU request) the bounds are per front, so they count once per front, and so
 does each front's own memory (its tokenizers, no ONNX Runtime session)."""
@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from bertserve.service import memory_bounds
 from bertserve.service.settings import load_settings
+from bertserve.service.supervisor import memory_bounds
 from tests.deploy_support import KUSTOMIZE_DIRS, deployment_workers, memory_bytes, one, render_kustomize
 
 MIB = 1024 * 1024

@@ -231,7 +231,7 @@ def test_runtime_install_has_onnxruntime_and_no_torch(runtime_venv):
         )
         assert result.returncode != 0 and f"No module named '{module}'" in result.stderr
     ok = subprocess.run(
-        [python, "-c", "import onnxruntime, bertserve.service.server"],
+        [python, "-c", "import onnxruntime, bertserve.service.supervisor.server"],
         capture_output=True,
         timeout=120,
         cwd=runtime_venv,  # not the repository root, whose bertserve/ folder would shadow the install

@@ -14,12 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from bertserve.service import model_registry
-from bertserve.service.core import InferenceCore
+from bertserve.service.core.core import InferenceCore
+from bertserve.service.core.remote_engine import EngineLink
+from bertserve.service.engine import model_registry
 from bertserve.service.engine.process import Engine
 from bertserve.service.errors import Overloaded
 from bertserve.service.metrics import Metrics
-from bertserve.service.remote_engine import EngineLink
 from bertserve.service.settings import load_settings
 from tests.helpers.server import GatedBatches
 
@@ -34,7 +34,7 @@ async def _until(condition, timeout: float = 30) -> None:
 
 
 async def _scenario(settings, address: str) -> dict:
-    engine = Engine(settings, address)
+    engine = Engine(settings, address, Metrics())
     await engine.start()
     serving = asyncio.ensure_future(engine.serve())
     cpu = ThreadPoolExecutor(2)

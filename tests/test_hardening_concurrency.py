@@ -92,7 +92,7 @@ def test_calls_whose_requests_arrive_together_do_not_overshoot_the_limit(tiny_re
     the interceptor's check before any started (up to 13 in flight against a limit of 4). The limit holds
     as the calls start: at most 4 reach the core at once, the others are refused and counted. (Without the
     check at the start, a round overshoots about three times in four: two rounds are run.)"""
-    from bertserve.service.core import InferenceCore
+    from bertserve.service.core.core import InferenceCore
     from tests.helpers.server import ServerThread
 
     limit, calls = 4, 40

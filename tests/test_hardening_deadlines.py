@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from bertserve.client import Client
-from bertserve.service.batcher import PREFETCH_BATCHES
+from bertserve.service.engine.batcher import PREFETCH_BATCHES
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.server import ServerThread, metric, scrape
 

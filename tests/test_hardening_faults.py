@@ -156,7 +156,7 @@ def test_an_onnx_runtime_failure_fails_only_the_calls_in_that_batch(failing_repo
             )
 
 
-# --- repository clutter and half-written versions (service/repository.py) -------------------------------
+# --- repository clutter and half-written versions (service/engine/repository.py) -------------------------------
 
 
 def _cluttered_copy(tiny_repo, repo: Path) -> Path:

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from bertserve.client import Client
 from bertserve.kserve import open_inference_pb2 as kpb
+from bertserve.service.grpc.servicer import RESPONSE_TYPES
 from bertserve.service.kserve.tensors import encode_bytes_elements
-from bertserve.service.servicer import RESPONSE_TYPES
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.server import ServerThread, metric, scrape
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bertserve.client import Client
-from bertserve.service.runtime import GraphSession
+from bertserve.service.engine.runtime import GraphSession
 from tests.helpers.server import ServerThread
 
 TEXTS = [f"instance test number {i} " + "word " * (i % 7) for i in range(48)]

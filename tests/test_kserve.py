@@ -24,8 +24,8 @@ from bertserve.kserve import open_inference_pb2 as pb
 from bertserve.kserve import open_inference_pb2_grpc as pb_grpc
 from bertserve.service.errors import InvalidInput
 from bertserve.service.kserve.tensors import decode_bytes_elements, encode_bytes_elements
-from bertserve.service.server import InferenceServer
 from bertserve.service.settings import Settings
+from bertserve.service.supervisor.server import InferenceServer
 from bertserve.v1 import inference_pb2 as v1
 from bertserve.v1 import inference_pb2_grpc as v1_grpc
 from tests.helpers import triton_client as triton

@@ -18,7 +18,7 @@ def test_service_modules_import_without_torch_or_transformers():
         for m in pkgutil.walk_packages(service.__path__, prefix="bertserve.service.")
         if "_pb2" not in m.name
     )
-    assert "bertserve.service.server" in modules and "bertserve.service.batcher" in modules
+    assert "bertserve.service.supervisor.server" in modules and "bertserve.service.engine.batcher" in modules
     script = (
         "import importlib, sys\n"
         f"for name in {modules!r}: importlib.import_module(name)\n"

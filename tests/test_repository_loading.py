@@ -1,4 +1,4 @@
-"""Loading a model repository (service/repository.py on the contract bertserve/repository.py): what is not a
+"""Loading a model repository (service/engine/repository.py on the contract bertserve/repository.py): what is not a
 model is ignored with one WARNING; a broken newer version falls back to the newest complete one with a
 WARNING naming the fault; a version named explicitly, or a model with no complete version, stops the server
 with one line naming the file; head-only models resolve to their encoder model, checked by sha256."""
@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from bertserve.repository import MODEL_SPEC, list_versions, parse_model_spec, sha256_file, staging_owner_pid
+from bertserve.service.engine.repository import discover
 from bertserve.service.errors import StartupError
-from bertserve.service.repository import discover
 from tests.conftest import SHARED_ENCODER, SHARED_HEADS
 
 
@@ -67,7 +67,7 @@ def cluttered_repo(tiny_repo, tmp_path):
 
 
 def test_entries_that_are_not_models_are_ignored_with_one_warning_each(cluttered_repo, caplog):
-    with caplog.at_level(logging.WARNING, logger="bertserve.service.repository"):
+    with caplog.at_level(logging.WARNING, logger="bertserve.service.engine.repository"):
         (files,) = discover(cluttered_repo, [], "fp32")
     assert (files.name, files.version) == ("tiny-embed", 1)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -82,7 +82,7 @@ def test_a_broken_newer_version_falls_back_to_the_newest_complete_one(cluttered_
     source = cluttered_repo / "tiny-embed" / "1"
     _copy_version(cluttered_repo, "tiny-embed", source, 2)  # complete
     breaker(_copy_version(cluttered_repo, "tiny-embed", source, 3))
-    with caplog.at_level(logging.WARNING, logger="bertserve.service.repository"):
+    with caplog.at_level(logging.WARNING, logger="bertserve.service.engine.repository"):
         (files,) = discover(cluttered_repo, [], "fp32")
     assert files.version == 2
     (warning,) = [r.getMessage() for r in caplog.records if "newer version is broken" in r.getMessage()]

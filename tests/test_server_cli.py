@@ -16,9 +16,9 @@ import pytest
 
 from bertserve import client_results
 from bertserve.cli import COMMAND_MODULES, build_parser, main
-from bertserve.service.tasks.classify import label_scores, ranked
-from bertserve.service.tasks.embed import finish_embeddings
-from bertserve.service.tasks.fill_mask import top_k
+from bertserve.service.engine.tasks.classify import label_scores, ranked
+from bertserve.service.engine.tasks.embed import finish_embeddings
+from bertserve.service.engine.tasks.fill_mask import top_k
 from bertserve.v1 import inference_pb2 as pb
 
 
@@ -89,7 +89,7 @@ def _subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_every_option_of_every_subcommand_has_help_and_its_choices():
-    from bertserve.service.commands import SETTING_HELP
+    from bertserve.commands.serve import SETTING_HELP
     from bertserve.service.settings import Settings
 
     parsers = _subcommand_parsers()

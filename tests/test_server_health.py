@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-import bertserve.service.server as service_server
+import bertserve.service.supervisor.server as service_server
 from bertserve.client import SERVICE_NAME, Client
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.server import ServerThread

@@ -10,11 +10,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from bertserve.service.engine.repository import discover
+from bertserve.service.engine.runtime import GraphSession
+from bertserve.service.engine.tokenization import ModelTokenizer
 from bertserve.service.errors import StartupError
-from bertserve.service.repository import discover
-from bertserve.service.runtime import GraphSession
 from bertserve.service.settings import SettingsError, load_settings
-from bertserve.service.tokenization import ModelTokenizer
 
 
 def test_settings_from_environment_with_flags_on_top(monkeypatch):
@@ -135,7 +135,7 @@ def test_session_reports_its_real_provider_and_io_binding_matches(repo_copy):
 def test_cuda_sessions_leave_out_cudnn_flash_attention(monkeypatch, available, setting, cuda_asked):
     """cuDNN's flash attention builds a graph per new (batch, length) shape (~80 ms each on an H100):
     a CUDA session asks for every attention kernel but that one (bit 8 of sdpa_kernel)."""
-    from bertserve.service import runtime
+    from bertserve.service.engine import runtime
 
     monkeypatch.setattr(ort, "get_available_providers", lambda: available)
     providers = runtime.providers_for(setting)

@@ -17,7 +17,7 @@ import grpc
 import numpy as np
 import pytest
 
-from bertserve.service.batcher import PREFETCH_BATCHES
+from bertserve.service.engine.batcher import PREFETCH_BATCHES
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc as pb_grpc
 from tests.helpers.server import ServerThread, metric, scrape

@@ -1,4 +1,4 @@
-"""EmbedStream (service/streaming.py) and Client.embed_stream over real gRPC on 127.0.0.1: order and
+"""EmbedStream (service/grpc/streaming.py) and Client.embed_stream over real gRPC on 127.0.0.1: order and
 values equal to unary Embed, per-request errors with their ids, cancellation, draining, metrics."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Stream admission against hostile clients (issue 30, rows 3 and 4): many EmbedStreams that send and never
 read. Streams beyond max_concurrent_streams are refused at once with RESOURCE_EXHAUSTED (and counted);
 streams count against max_concurrent_rpcs with unary calls; the server's RSS stays under the bound of
-service/stream_memory.py, unary calls keep answering, and RSS comes back once the streams are cancelled.
+service/grpc/stream_memory.py, unary calls keep answering, and RSS comes back once the streams are cancelled.
 
 Before: streams were not counted at all (40 opened against a limit of 4), and gRPC read megabytes ahead of
 every stream nobody read from (BDP-grown windows): 300 such streams took +1.5 GB in 16 s here.
@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from bertserve.client import Client
-from bertserve.service.stream_memory import stream_bytes
+from bertserve.service.grpc.stream_memory import stream_bytes
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc
 from tests.helpers.server import ServerProcess, ServerThread, metric, scrape, wait_for
@@ -99,7 +99,7 @@ def test_streams_that_never_read_are_bounded_in_number_and_memory(tiny_repo):
             for call in calls:
                 call.cancel()
             wait_for(lambda: metric(scrape(server.metrics_url), "bertserve_streams_open") == 0, timeout=30)
-            # what the streams held is handed back (the idle release, service/admission.py)
+            # what the streams held is handed back (the idle release, service/grpc/admission.py)
             wait_for(lambda: process.memory_info().rss - baseline < NOISE, timeout=30)
             assert client.embed(["still serving"], model=MODEL).vectors.shape[0] == 1
             assert metric(scrape(server.metrics_url), "bertserve_queue_depth", model=MODEL) == 0

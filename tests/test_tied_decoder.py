@@ -19,8 +19,8 @@ from onnx import numpy_helper
 from bertserve.export import tied_decoder
 from bertserve.export.pipeline import export_model
 from bertserve.repository import DECODER_WEIGHT, ENCODER, ENCODER_ATTENTIONS, Manifest
+from bertserve.service.engine.repository import discover
 from bertserve.service.errors import StartupError
-from bertserve.service.repository import discover
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc as pb_grpc
 from tests.conftest import SHARED_ENCODER, SHARED_HEADS

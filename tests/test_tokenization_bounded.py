@@ -1,4 +1,4 @@
-"""`ModelTokenizer.encode` tokenizes a bounded prefix of a long text (service/word_boundaries.py): its results
+"""`ModelTokenizer.encode` tokenizes a bounded prefix of a long text (service/engine/word_boundaries.py): its results
 must equal whole-text tokenization exactly (ids, type ids, tokens, offsets, special mask, truncated flag,
 the refusal's token count), on random texts built from pieces that stress the cut points: whitespace runs,
 punctuation, words around WordPiece's 100-character [UNK] rule, accents and combining marks, CJK, emoji,
@@ -13,9 +13,9 @@ from tokenizers import Tokenizer
 
 from bertserve.export.default_model import default_checkpoint_dir
 from bertserve.manifest import TokenizerSpec
-from bertserve.service import tokenization
+from bertserve.service.engine import tokenization
+from bertserve.service.engine.tokenization import ModelTokenizer
 from bertserve.service.errors import InvalidInput
-from bertserve.service.tokenization import ModelTokenizer
 
 PIECES = [
     " ", "  ", "\t", "\n", "\r\n", " \u3000 ", "\u00a0", "\u2003",

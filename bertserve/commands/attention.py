@@ -26,7 +26,7 @@ def _index(text: str) -> int:
 
 
 def register(subparsers) -> None:
-    from bertserve.cli import describe
+    from bertserve.command_table import describe
     from bertserve.commands.common import add_connection_flags
 
     parser = subparsers.add_parser(

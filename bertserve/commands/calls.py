@@ -11,7 +11,7 @@ import argparse
 import sys
 import typing
 
-from bertserve.cli import describe
+from bertserve.command_table import describe
 from bertserve.commands.common import add_connection_flags, call_or_report, interrupt_closes, print_json
 
 STDIN = "-"

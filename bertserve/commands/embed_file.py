@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from bertserve.cli import describe
+    from bertserve.command_table import describe
     from bertserve.commands.common import add_connection_flags
 
     parser = subparsers.add_parser(

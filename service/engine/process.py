@@ -18,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 import zmq
 import zmq.asyncio
 
-from bertserve.service import errors, model_registry
-from bertserve.service.batcher import WorkItem
-from bertserve.service.encoders import attach_batchers
+from bertserve.service import errors
+from bertserve.service.engine import model_registry
+from bertserve.service.engine.batcher import WorkItem
+from bertserve.service.engine.encoders import attach_batchers
 from bertserve.service.engine.messages import pack, unpack
+from bertserve.service.engine.model_registry import ModelRegistry
 from bertserve.service.metrics import Metrics
-from bertserve.service.model_registry import ModelRegistry
 from bertserve.service.settings import Settings
 
 log = logging.getLogger("bertserve.engine")
@@ -32,10 +33,11 @@ log = logging.getLogger("bertserve.engine")
 class Engine:
     """Loads the models, warms them up, then answers fronts on `address` until `stop`."""
 
-    def __init__(self, settings: Settings, address: str):
+    def __init__(self, settings: Settings, address: str, metrics: Metrics | None = None):
+        """`metrics`: by default those of a child of the supervisor, which serves one scrape of them all."""
         self.settings = settings
         self.address = address
-        self.metrics = Metrics(multiprocess=True)  # the supervisor serves one scrape of every process
+        self.metrics = metrics or Metrics(multiprocess=True)
         self.metrics.export_limits(settings)
         self.registry: ModelRegistry | None = None
         self._calls: dict[tuple[bytes, int], asyncio.Task] = {}  # (front, call id) -> its task

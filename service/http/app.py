@@ -1,9 +1,10 @@
 """The HTTP front: routes, and the one wrapper every routed request goes through (refusal while draining,
 the request timeout, error mapping via `status.py`, metrics, call tracking for the drain).
 
-Each route only translates JSON <-> one call of the inference core (`service/core.py`), so HTTP and gRPC
+Each route only translates JSON <-> one call of the inference core (`service/core/core.py`), so HTTP and gRPC
 calls share batches, limits and error messages. Route tables live in `openai_routes.py`,
-`bertserve_routes.py`, `kserve_routes.py` and `probes.py`; `openapi.py` describes them.
+`bertserve_routes.py` and `probes.py` (the KServe v2 routes, `service/kserve/http_routes.py`, are passed in by
+the supervisor); `routing.py` defines a route; `openapi.py` describes them.
 
 Metrics: `bertserve_requests_total{rpc="http:<path template>", code=<gRPC status name>}` and
 `bertserve_request_duration_seconds{rpc="http:<path template>"}`, e.g. rpc="http:/v1/embeddings"; requests
@@ -19,28 +20,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import re
 import ssl
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from urllib.parse import unquote
 
 from bertserve.service import errors
-from bertserve.service.core import InferenceCore, deadline_after
+from bertserve.service.core.core import InferenceCore, deadline_after
+from bertserve.service.core.lifecycle import Lifecycle
+from bertserve.service.http import bertserve_routes, openai_routes, probes
 from bertserve.service.http.accept import raise_fd_limit
 from bertserve.service.http.connections import HttpEvents, HttpServer
+from bertserve.service.http.routing import TIMEOUT_HEADER, Call, Route, request_timeout
 from bertserve.service.http.status import Failure, HttpError, failure_of, failure_of_status, openai_error
 from bertserve.service.http.transport import HttpLimits, Request, Response
 from bertserve.service.metrics import Metrics
-from bertserve.service.rpc_status import Lifecycle
 from bertserve.service.settings import Settings
 
 log = logging.getLogger("bertserve.http")
 
-TIMEOUT_HEADER = "x-request-timeout"  # seconds, decimal (e.g. "2.5"): the call's deadline
-MAX_TIMEOUT_S = 24 * 3600.0
 UNREAD, UNROUTED = "http:(unread)", "http:(unrouted)"
 FD_RESERVE = 1024  # open files kept for gRPC, models, logs and metrics beside HTTP connections
 
@@ -63,38 +61,6 @@ class _TransportMetrics(HttpEvents):
         self.metrics.http_rejected.labels(str(status)).inc()
 
 
-@dataclass
-class Call:
-    """One routed request: the request, the path's parameters and the deadline (monotonic seconds)."""
-
-    request: Request
-    params: dict[str, str]
-    deadline: float | None
-
-
-RouteHandler = Callable[["HttpFront", Call], Awaitable[Response]]
-
-
-@dataclass
-class Route:
-    method: str
-    template: str  # "/v2/models/{name}/infer": {name} matches one path segment
-    handler: RouteHandler
-    error_body: Callable[[Failure], Response] = openai_error
-    admitted: bool = True  # False: answered while draining (probes, metadata)
-    summary: str = ""  # for the OpenAPI document
-    pattern: re.Pattern = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.pattern = re.compile(
-            "^" + re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(self.template)) + "$"
-        )
-
-    @property
-    def metric_name(self) -> str:
-        return f"http:{self.template}"
-
-
 def tls_context(settings: Settings) -> ssl.SSLContext | None:
     """HTTPS with the gRPC port's certificate when TLS is configured (and client certificates required
     with `tls_client_ca`), so HTTP is never the plaintext side door of a TLS server."""
@@ -108,21 +74,6 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
     return context
 
 
-def request_timeout(request: Request) -> float | None:
-    value = request.headers.get(TIMEOUT_HEADER)
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not 0 < seconds <= MAX_TIMEOUT_S:
-        raise errors.InvalidInput(
-            f"{TIMEOUT_HEADER}: must be seconds, more than 0 and at most {MAX_TIMEOUT_S:.0f} (got {value[:32]!r})"
-        )
-    return seconds
-
-
 class HttpFront:
     """Routes HTTP requests to the inference core. `ready()` says whether the server is ready (warmed up
     and not draining); `lifecycle` is shared with the gRPC servicers, so the drain waits for both."""
@@ -134,9 +85,8 @@ class HttpFront:
         metrics: Metrics,
         lifecycle: Lifecycle,
         ready: Callable[[], bool],
+        extra_routes: Sequence[Route] = (),
     ):
-        from bertserve.service.http import bertserve_routes, kserve_routes, openai_routes, probes
-
         self.core, self.settings, self.metrics, self.lifecycle, self.ready = (
             core,
             settings,
@@ -149,7 +99,7 @@ class HttpFront:
             *probes.ROUTES,
             *openai_routes.ROUTES,
             *bertserve_routes.ROUTES,
-            *kserve_routes.ROUTES,
+            *extra_routes,  # the KServe v2 REST routes: the supervisor passes them (service/kserve/)
         ]
         self._static = {(r.method, r.template): r for r in self.routes if "{" not in r.template}
         self._templated = [r for r in self.routes if "{" in r.template]

@@ -12,12 +12,9 @@ protos/bertserve/v1/inference.proto), limits and error messages; the answers mir
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
-from bertserve.service.http.app import Call, HttpFront, Route
-from bertserve.service.http.json_body import JSON_FLOAT_BYTES, off_loop_above
-from bertserve.service.http.schema import Fields, json_object
-from bertserve.service.http.transport import Response, json_response
-from bertserve.service.results import (
+from bertserve.service.core.results import (
     AttentionResult,
     CallMeta,
     ClassifyResult,
@@ -25,7 +22,14 @@ from bertserve.service.results import (
     FillMaskResult,
     TokenizeResult,
 )
-from bertserve.service.tokenization import EncodedInput
+from bertserve.service.engine.tokenization import EncodedInput
+from bertserve.service.http.json_body import JSON_FLOAT_BYTES, off_loop_above
+from bertserve.service.http.routing import Call, Route
+from bertserve.service.http.schema import Fields, json_object
+from bertserve.service.http.transport import Response, json_response
+
+if TYPE_CHECKING:
+    from bertserve.service.http.app import HttpFront
 
 PREFIX = "/bertserve/v1"
 # Bounds on what the attention reply's JSON spends: a probability as a float's shortest repr with its

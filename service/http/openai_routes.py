@@ -13,16 +13,20 @@ openai client sends it with `extra_body={"truncate": True}`).
 from __future__ import annotations
 
 import base64
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bertserve.service.core.results import EmbedResult
+from bertserve.service.engine.tasks import Task
 from bertserve.service.errors import InvalidInput
-from bertserve.service.http.app import Call, HttpFront, Route
 from bertserve.service.http.json_body import JSON_FLOAT_BYTES, off_loop_above
+from bertserve.service.http.routing import Call, Route
 from bertserve.service.http.schema import Fields, json_object, kind_of
 from bertserve.service.http.transport import Response, json_response
-from bertserve.service.results import EmbedResult
-from bertserve.service.tasks import Task
+
+if TYPE_CHECKING:
+    from bertserve.service.http.app import HttpFront
 
 FIELDS = ("input", "model", "encoding_format", "dimensions", "user", "truncate")
 OWNER = "bertserve"

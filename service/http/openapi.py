@@ -4,7 +4,7 @@ the request schemas below, so a route cannot be missing from it."""
 from __future__ import annotations
 
 from bertserve import __version__
-from bertserve.service.http.app import TIMEOUT_HEADER, Route
+from bertserve.service.http.routing import TIMEOUT_HEADER, Route
 
 STRING_OR_STRINGS = {
     "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]

@@ -7,8 +7,13 @@ GET /openapi.json  the OpenAPI 3.1 document of every route
 
 from __future__ import annotations
 
-from bertserve.service.http.app import Call, HttpFront, Route
+from typing import TYPE_CHECKING
+
+from bertserve.service.http.routing import Call, Route
 from bertserve.service.http.transport import Response, json_response
+
+if TYPE_CHECKING:
+    from bertserve.service.http.app import HttpFront
 
 
 async def health(front: HttpFront, call: Call) -> Response:

@@ -2,7 +2,7 @@
 port as bertserve.v1.Inference.
 
 ModelInfer takes the texts of a BYTES tensor "text" and makes one inference-core call per task it needs
-(service/core.py: validation, tokenization, the encoder's shared batches, the tasks), so every protocol
+(service/core/core.py: validation, tokenization, the encoder's shared batches, the tasks), so every protocol
 shares batches, limits and metrics; domain errors are mapped by `rpc_status`. Outputs by task:
 
     embed     "embedding"       FP32  [n, dimension]  (request parameter "normalize": bool)
@@ -33,8 +33,20 @@ from grpc_health.v1._async import HealthServicer
 
 from bertserve import __version__
 from bertserve.kserve import open_inference_pb2 as pb
-from bertserve.service.core import DEFAULT_FILL_MASK_TOP_K, InferenceCore
+from bertserve.service.core.core import DEFAULT_FILL_MASK_TOP_K, InferenceCore
+from bertserve.service.core.lifecycle import Lifecycle
+from bertserve.service.core.results import ModelInfo
+from bertserve.service.core.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
+from bertserve.service.core.validation import check_top_k
+from bertserve.service.engine.tasks import Task
 from bertserve.service.errors import InvalidInput, ModelNotFound, quote
+from bertserve.service.grpc.rpc_status import (
+    deadline_of,
+    parse_request,
+    rpc,
+    serialized,
+    status_message,
+)
 from bertserve.service.kserve.tensors import (
     TEXT_INPUT,
     OutputTensor,
@@ -43,18 +55,6 @@ from bertserve.service.kserve.tensors import (
     task_tensors,
     write_outputs,
 )
-from bertserve.service.results import ModelInfo
-from bertserve.service.rpc_status import (
-    Lifecycle,
-    deadline_of,
-    parse_request,
-    rpc,
-    serialized,
-    status_message,
-)
-from bertserve.service.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
-from bertserve.service.tasks import Task
-from bertserve.service.validation import check_top_k
 
 # inference.GRPCInferenceService
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name

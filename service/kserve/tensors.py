@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertserve.kserve import open_inference_pb2 as pb
+from bertserve.service.core.results import ClassifyResult, EmbedResult, FillMaskResult
+from bertserve.service.engine.tasks import Task
 from bertserve.service.errors import InvalidInput, quote
-from bertserve.service.results import ClassifyResult, EmbedResult, FillMaskResult
-from bertserve.service.tasks import Task
 
 TEXT_INPUT = "text"
 LENGTH_PREFIX = struct.Struct("<I")  # BYTES elements in raw contents: uint32 little-endian length, then bytes

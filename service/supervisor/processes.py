@@ -46,7 +46,7 @@ def _die_with_parent() -> None:
 
 def _engine_main(settings: Settings, address: str) -> None:
     from bertserve.service.engine import process
-    from bertserve.service.main import configure_process
+    from bertserve.service.supervisor.serving import configure_process
 
     _die_with_parent()
     configure_process(settings, several=True)
@@ -54,8 +54,8 @@ def _engine_main(settings: Settings, address: str) -> None:
 
 
 def _front_main(settings: Settings, address: str, index: int, ready: Connection) -> None:
-    from bertserve.service.main import configure_process, run_until_signalled
-    from bertserve.service.server import FrontRole
+    from bertserve.service.supervisor.server import FrontRole
+    from bertserve.service.supervisor.serving import configure_process, run_until_signalled
 
     _die_with_parent()
     configure_process(settings, several=True)

@@ -13,7 +13,7 @@ def count(plan: dict, ready, release) -> None:
     streams (open, one request answered OK each), lag (loop lag max, s), queue (queue depth; only the
     engine sets it), rejected (HTTP 408s). Sets `ready` once
     recorded, exits when `release` is set (or after a bound, so a failed test leaves no process)."""
-    from bertserve.service.batch_items import BatchStats
+    from bertserve.service.engine.batch_items import BatchStats
     from bertserve.service.metrics import Metrics
     from bertserve.service.settings import Settings
 

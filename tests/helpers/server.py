@@ -16,8 +16,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bertserve.service.server import InferenceServer
 from bertserve.service.settings import load_settings
+from bertserve.service.supervisor.server import InferenceServer
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_LINE = re.compile(

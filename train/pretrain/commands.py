@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from bertserve.cli import describe
+from bertserve.command_table import describe
 
 
 def register(subparsers) -> None:

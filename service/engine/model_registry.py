@@ -11,15 +11,15 @@ from collections.abc import Callable
 import numpy as np
 
 from bertserve.manifest import ENCODER_ATTENTIONS, TokenizerSpec
-from bertserve.service.attention import AttentionGraph
-from bertserve.service.encoders import EncoderGroup
+from bertserve.service.engine.attention import AttentionGraph
+from bertserve.service.engine.encoders import EncoderGroup
+from bertserve.service.engine.repository import ModelFiles, discover
+from bertserve.service.engine.runtime import EngineSession, GraphSession
+from bertserve.service.engine.served_model import ServedModel
+from bertserve.service.engine.tasks import Task
+from bertserve.service.engine.tokenization import ModelTokenizer
 from bertserve.service.errors import ModelNotFound, StartupError, TaskUnavailable
-from bertserve.service.repository import ModelFiles, discover
-from bertserve.service.runtime import EngineSession, GraphSession
-from bertserve.service.served_model import ServedModel
 from bertserve.service.settings import Settings, shares_session
-from bertserve.service.tasks import Task
-from bertserve.service.tokenization import ModelTokenizer
 
 log = logging.getLogger(__name__)
 

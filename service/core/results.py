@@ -1,4 +1,4 @@
-"""The inference core's typed results (`service/core.py`): plain data, no protocol types.
+"""The inference core's typed results (`service/core/core.py`): plain data, no protocol types.
 
 Every front (gRPC bertserve.v1, KServe v2, HTTP, streaming) turns these into its own wire format. Arrays
 are numpy; times are seconds.
@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bertserve.service.tokenization import EncodedInput
+from bertserve.service.engine.tasks.fill_mask import MaskPrediction
+from bertserve.service.engine.tokenization import EncodedInput
 
 
 @dataclass(frozen=True)
@@ -40,17 +41,6 @@ class EmbedResult:
     @property
     def dimension(self) -> int:
         return int(self.vectors.shape[1])
-
-
-@dataclass(frozen=True)
-class MaskPrediction:
-    """The best candidates for one mask token of one input, best first."""
-
-    position: int  # index of the mask among the input's tokens (special tokens included)
-    token_ids: np.ndarray  # (k,) int
-    tokens: list[str]  # (k,) vocabulary tokens
-    scores: np.ndarray  # (k,) float32 softmax probabilities
-    sequences: list[str] | None  # (k,) the input with this mask filled by each candidate; None if not asked
 
 
 @dataclass(frozen=True)

@@ -42,11 +42,13 @@ from dataclasses import dataclass
 
 import grpc
 
-from bertserve.service import errors, wire
-from bertserve.service import v1_messages as messages
-from bertserve.service.batcher import DEADLINE_SLACK_S
-from bertserve.service.core import InferenceCore
-from bertserve.service.rpc_status import Lifecycle, deadline_of, parse_request, status_message, status_of
+from bertserve.service import errors
+from bertserve.service.core.core import InferenceCore
+from bertserve.service.core.lifecycle import Lifecycle
+from bertserve.service.engine.batcher import DEADLINE_SLACK_S
+from bertserve.service.grpc import v1_messages as messages
+from bertserve.service.grpc import wire
+from bertserve.service.grpc.rpc_status import deadline_of, parse_request, status_message, status_of
 from bertserve.v1 import inference_pb2 as pb
 
 log = logging.getLogger(__name__)

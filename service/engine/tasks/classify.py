@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertserve.service.tasks.fill_mask import softmax
+from bertserve.service.engine.tasks.fill_mask import softmax
 
 
 def label_scores(logits: np.ndarray, problem_type: str, raw_scores: bool) -> np.ndarray:

@@ -9,6 +9,17 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class MaskPrediction:
+    """The best candidates for one mask token of one input, best first (what FillMask answers per mask)."""
+
+    position: int  # index of the mask among the input's tokens (special tokens included)
+    token_ids: np.ndarray  # (k,) int
+    tokens: list[str]  # (k,) vocabulary tokens
+    scores: np.ndarray  # (k,) float32 softmax probabilities
+    sequences: list[str] | None  # (k,) the input with this mask filled by each candidate; None if not asked
+
+
+@dataclass(frozen=True)
 class MaskTop:
     position: int  # token index of the mask in the input
     token_ids: np.ndarray  # (k,) best first

@@ -20,9 +20,9 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from bertserve.service import errors
-from bertserve.service.batch_items import BatchLimits, ItemResult, WorkItem
+from bertserve.service.engine.batch_items import BatchLimits, ItemResult, WorkItem
 from bertserve.service.engine.messages import pack, unpack
-from bertserve.service.queue_room import LaneRoom, Permit
+from bertserve.service.engine.queue_room import LaneRoom, Permit
 
 log = logging.getLogger("bertserve.front")
 

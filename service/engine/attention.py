@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bertserve.service.engine.runtime import EngineSession, GraphSession
 from bertserve.service.errors import InferenceFailed, InvalidInput
-from bertserve.service.runtime import EngineSession, GraphSession
 
 ATTENTIONS_OUTPUT = "attentions"
 # Protobuf bytes per token in the response besides the maps (text, id, offsets, flags, framing): a bound.

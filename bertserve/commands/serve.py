@@ -10,7 +10,7 @@ import argparse
 import sys
 import typing
 
-from bertserve.cli import describe
+from bertserve.command_table import describe
 
 # What each setting means, for `bertserve serve --help` (the defaults come from the Settings class).
 SETTING_HELP = {
@@ -96,8 +96,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from bertserve.service.main import serve
     from bertserve.service.settings import Settings, SettingsError, load_settings
+    from bertserve.service.supervisor.main import serve
 
     overrides = {name: getattr(args, name, None) for name in Settings.model_fields}
     try:

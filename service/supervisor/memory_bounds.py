@@ -9,15 +9,15 @@ gRPC's send buffer, at most one reply of `max_message_bytes` per call that has e
 
 from __future__ import annotations
 
+from bertserve.service.grpc.stream_memory import streams_bound
 from bertserve.service.http.messages import HttpLimits
 from bertserve.service.http.transport import READ_BYTES
 from bertserve.service.settings import Settings
-from bertserve.service.stream_memory import streams_bound
 
 MIB = 1024 * 1024
 CONNECTION_OBJECTS = 8 * 1024  # a connection's protocol, parser and buffers' own objects
 TLS_READ_BUFFER = 256 * 1024  # asyncio's read buffer of each TLS connection
-JSON_PARSERS = 2  # large JSON bodies are parsed on the CPU pool's two threads (service/server.py)
+JSON_PARSERS = 2  # large JSON bodies are parsed on the CPU pool's two threads (service/supervisor/server.py)
 JSON_PARSE_COPIES = 4  # the body, its decoded text, the pre-count's copy and the parsed values
 
 

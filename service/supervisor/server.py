@@ -14,22 +14,25 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from bertserve.service import memory_bounds, model_registry
-from bertserve.service.admission import Admission
-from bertserve.service.admission import server_options as admission_options
-from bertserve.service.core import InferenceCore
-from bertserve.service.encoders import EncoderGroup
+from bertserve.service.core.core import InferenceCore
+from bertserve.service.core.lifecycle import Lifecycle
+from bertserve.service.core.remote_engine import EngineLink
+from bertserve.service.engine import model_registry
+from bertserve.service.engine.encoders import EncoderGroup
+from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.errors import StartupError
-from bertserve.service.health_watch import WatchStreams
+from bertserve.service.grpc.admission import Admission
+from bertserve.service.grpc.admission import server_options as admission_options
+from bertserve.service.grpc.health_watch import WatchStreams
+from bertserve.service.grpc.rpc_status import parsing
+from bertserve.service.grpc.servicer import InferenceServicer
+from bertserve.service.grpc.servicer import add_to_server as add_inference_servicer
 from bertserve.service.http.app import HttpFront
+from bertserve.service.kserve import http_routes as kserve_http
 from bertserve.service.kserve import servicer as kserve
 from bertserve.service.metrics import Metrics
-from bertserve.service.remote_engine import EngineLink
-from bertserve.service.rpc_status import Lifecycle, parsing
-from bertserve.service.served_model import ServedModel
-from bertserve.service.servicer import InferenceServicer
-from bertserve.service.servicer import add_to_server as add_inference_servicer
 from bertserve.service.settings import Settings
+from bertserve.service.supervisor import memory_bounds
 from bertserve.v1 import inference_pb2
 
 log = logging.getLogger("bertserve.server")
@@ -172,7 +175,9 @@ class InferenceServer:
                     f"setting metrics_port: cannot listen on {s.host}:{s.metrics_port}: {exc}"
                 ) from None
         if s.http_port >= 0:
-            self.http = HttpFront(self.core, s, self.metrics, self.lifecycle, self._ready)
+            self.http = HttpFront(
+                self.core, s, self.metrics, self.lifecycle, self._ready, extra_routes=kserve_http.ROUTES
+            )
             try:
                 self.http_port = await self.http.start(s.host, s.http_port, reuse_port=front)
             except OSError as exc:

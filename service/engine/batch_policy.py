@@ -1,4 +1,4 @@
-"""How the queue owner cuts a batch from the queued inputs (pure; see `service/batcher.py`), and its
+"""How the queue owner cuts a batch from the queued inputs (pure; see `service/engine/batcher.py`), and its
 estimate of compute cost per padded token."""
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from importlib.metadata import version as package_version
 import onnxruntime
 import tokenizers
 
-from bertserve.service.results import Limits, ModelInfo
-from bertserve.service.served_model import ServedModel
+from bertserve.service.core.results import Limits, ModelInfo
+from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.settings import Settings
 
 

@@ -1,7 +1,7 @@
-"""The bertserve.v1.Inference servicer: protobuf <-> the inference core (service/core.py).
+"""The bertserve.v1.Inference servicer: protobuf <-> the inference core (service/core/core.py).
 
 Each RPC parses its request's fields into one core call and turns the typed result into the response
-(service/v1_messages.py). Errors are the core's domain errors, mapped to status codes by
+(service/grpc/v1_messages.py). Errors are the core's domain errors, mapped to status codes by
 `rpc_status.rpc`. A response that may be large is built and serialized on the CPU pool, never on the
 event loop; small ones are serialized on the loop, which costs less than the hop.
 """
@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 import grpc
 
-from bertserve.service import streaming
-from bertserve.service import v1_messages as messages
-from bertserve.service.core import InferenceCore
-from bertserve.service.rpc_status import Lifecycle, deadline_of, rpc
+from bertserve.service.core.core import InferenceCore
+from bertserve.service.core.lifecycle import Lifecycle
+from bertserve.service.grpc import streaming
+from bertserve.service.grpc import v1_messages as messages
+from bertserve.service.grpc.rpc_status import deadline_of, rpc
 from bertserve.v1 import inference_pb2 as pb
 
 SERVICE_FULL_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name  # bertserve.v1.Inference

@@ -20,27 +20,31 @@ request entry has `parameters.binary_data` true, or `binary_data_output` is true
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from bertserve import __version__
-from bertserve.service.core import DEFAULT_FILL_MASK_TOP_K
+from bertserve.service.core.core import DEFAULT_FILL_MASK_TOP_K
+from bertserve.service.core.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
+from bertserve.service.engine.served_model import ServedModel
+from bertserve.service.engine.tasks import Task
 from bertserve.service.errors import InvalidInput, ModelNotFound, quote
-from bertserve.service.http.app import Call, HttpFront, Route
 from bertserve.service.http.json_body import JSON_FLOAT_BYTES, off_loop_above
-from bertserve.service.http.kserve_json import (
+from bertserve.service.http.routing import Call, Route
+from bertserve.service.http.schema import Fields, json_object, kind_of
+from bertserve.service.http.status import kserve_error
+from bertserve.service.http.transport import Response, json_response
+from bertserve.service.kserve.http_json import (
     HEADER_LENGTH,
     decode_request,
     output_tensor,
     parameter,
     parameters_of,
 )
-from bertserve.service.http.schema import Fields, json_object, kind_of
-from bertserve.service.http.status import kserve_error
-from bertserve.service.http.transport import Response, json_response
 from bertserve.service.kserve.servicer import DEFAULT_TASKS, EXTENSIONS, PLATFORM, SERVER_NAME, model_outputs
 from bertserve.service.kserve.tensors import TEXT_INPUT, OutputTensor, task_tensors
-from bertserve.service.served_model import ServedModel
-from bertserve.service.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
-from bertserve.service.tasks import Task
+
+if TYPE_CHECKING:
+    from bertserve.service.http.app import HttpFront
 
 
 def _model(front: HttpFront, call: Call) -> ServedModel:

@@ -18,15 +18,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertserve.service.batcher import Batcher, BatchLimits, WorkItem
-from bertserve.service.runtime import GraphSession
-from bertserve.service.tasks import Task, TaskOptions
-from bertserve.service.tasks.fill_mask import mask_positions
+from bertserve.service.engine.batch_metrics import ModelObserver
+from bertserve.service.engine.batcher import Batcher, BatchLimits, WorkItem
+from bertserve.service.engine.runtime import GraphSession
+from bertserve.service.engine.tasks import Task, TaskOptions
+from bertserve.service.engine.tasks.fill_mask import mask_positions
 
 if TYPE_CHECKING:
+    from bertserve.service.engine.model_registry import ModelRegistry
+    from bertserve.service.engine.served_model import ServedModel
     from bertserve.service.metrics import Metrics
-    from bertserve.service.model_registry import ModelRegistry
-    from bertserve.service.served_model import ServedModel
     from bertserve.service.settings import Settings
 
 WARM_UP_TEXT = "The server warms up before it reports serving."
@@ -118,7 +119,7 @@ def attach_batchers(registry: ModelRegistry, settings: Settings, metrics: Metric
     """One queue owner per encoder, shared by its models and tasks."""
     limits = batch_limits(settings)
     for group in registry.encoders:
-        observer = metrics.observer(group.name, group.graph_key)
+        observer = ModelObserver(metrics, group.name, group.graph_key)
         group.batcher = Batcher(
             group.name, group.compute, limits, group.executor, observer, concurrency=group.instances
         )

@@ -1,13 +1,12 @@
-"""Typed core results (service/results.py) -> serialized bertserve.v1 responses (bytes).
+"""Typed core results (service/core/results.py) -> serialized bertserve.v1 responses (bytes).
 
-The float arrays (embeddings, attention maps) are written with `service/wire.py` straight from numpy;
+The float arrays (embeddings, attention maps) are written with `service/grpc/wire.py` straight from numpy;
 everything else through the generated classes. Each function is pure and may run off the event loop.
 """
 
 from __future__ import annotations
 
-from bertserve.service import wire
-from bertserve.service.results import (
+from bertserve.service.core.results import (
     AttentionResult,
     CallMeta,
     ClassifyResult,
@@ -16,7 +15,8 @@ from bertserve.service.results import (
     ServerInfo,
     TokenizeResult,
 )
-from bertserve.service.tokenization import EncodedInput
+from bertserve.service.engine.tokenization import EncodedInput
+from bertserve.service.grpc import wire
 from bertserve.v1 import inference_pb2 as pb
 
 EMBEDDINGS_FIELD = pb.EmbedResponse.DESCRIPTOR.fields_by_name["embeddings"].number

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from bertserve.service.batch_items import (
+from bertserve.service.engine.batch_items import (
     BatchLimits,
     BatchObserver,
     BatchStats,
@@ -51,9 +51,9 @@ from bertserve.service.batch_items import (
     Lane,
     WorkItem,
 )
-from bertserve.service.batch_policy import CostEstimate, cut_batch
+from bertserve.service.engine.batch_policy import CostEstimate, cut_batch
+from bertserve.service.engine.queue_room import LaneRoom, Permit
 from bertserve.service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
-from bertserve.service.queue_room import LaneRoom, Permit
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class Batcher:
         self._observer = observer or BatchObserver()
         self._incoming: deque[WorkItem] = deque()  # appended by submit, taken by the owner
         self._lanes = {False: Lane(bulk=False), True: Lane(bulk=True)}  # owned by the owner task
-        # per lane: queued inputs plus those admitted and still being tokenized (service/queue_room.py)
+        # per lane: queued inputs plus those admitted and still being tokenized (service/engine/queue_room.py)
         self._room = {bulk: LaneRoom(limits.max_queue_inputs) for bulk in (False, True)}
         self._exclusive_held = 0  # attention calls admitted, not yet queued (being tokenized)
         self._interactive_streak = 0  # interactive batches run in a row while bulk inputs waited

@@ -1,4 +1,4 @@
-"""What the batcher (service/batcher.py) works with: its limits, the queued inputs and jobs, their results
+"""What the batcher (service/engine/batcher.py) works with: its limits, the queued inputs and jobs, their results
 and the hooks for metrics."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from bertserve.service.tasks import TaskOptions
+from bertserve.service.engine.tasks import TaskOptions
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One loaded model: tokenizer, its heads, its attention graph, and the encoder group it runs on.
 
-The encoder itself belongs to an `EncoderGroup` (service/encoders.py), which may serve several models;
+The encoder itself belongs to an `EncoderGroup` (service/engine/encoders.py), which may serve several models;
 `finish` is what the group's compute calls for this model's rows of a batch (blocking, on the group's
 worker thread): the task's post-processing and this model's head on just those rows.
 """
@@ -13,19 +13,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bertserve.manifest import Manifest
-from bertserve.service.attention import AttentionGraph
-from bertserve.service.batcher import Batcher, WorkItem
-from bertserve.service.repository import ModelFiles
-from bertserve.service.results import MaskPrediction
-from bertserve.service.runtime import GraphSession
-from bertserve.service.tasks import Task
-from bertserve.service.tasks.classify import label_scores
-from bertserve.service.tasks.embed import finish_embeddings
-from bertserve.service.tasks.fill_mask import MaskTop, gather_mask_states, top_k
-from bertserve.service.tokenization import EncodedInput, ModelTokenizer
+from bertserve.service.engine.attention import AttentionGraph
+from bertserve.service.engine.batcher import Batcher, WorkItem
+from bertserve.service.engine.repository import ModelFiles
+from bertserve.service.engine.runtime import GraphSession
+from bertserve.service.engine.tasks import Task
+from bertserve.service.engine.tasks.classify import label_scores
+from bertserve.service.engine.tasks.embed import finish_embeddings
+from bertserve.service.engine.tasks.fill_mask import MaskPrediction, MaskTop, gather_mask_states, top_k
+from bertserve.service.engine.tokenization import EncodedInput, ModelTokenizer
 
 if TYPE_CHECKING:
-    from bertserve.service.encoders import EncoderGroup
+    from bertserve.service.engine.encoders import EncoderGroup
 
 CLS_HIDDEN_STATE = "cls_hidden_state"  # a head-only classifier's input: last_hidden_state[:, 0, :]
 
@@ -65,7 +64,7 @@ class ServedModel:
         # What the classifier head reads: the encoder's pooler_output, or (head-only classifiers that hold
         # their own pooler) the [CLS] row of last_hidden_state.
         self._classifier_input = getattr(tasks.classify, "encoder_output", "pooler_output")
-        self.attention = attention  # the encoder_attentions graph, if any (see service/attention.py)
+        self.attention = attention  # the encoder_attentions graph, if any (see service/engine/attention.py)
         self.tasks = [t for t in Task if getattr(tasks, t.value) is not None]
         spec = self.manifest.tokenizer
         self._skip_when_decoding = {

@@ -1,4 +1,5 @@
-"""`bertserve serve`: runs the server until SIGTERM, SIGINT or SIGHUP, then drains and exits 0.
+"""One server process's life: set up, serve until SIGTERM, SIGINT or SIGHUP, then drain (the whole
+server with `workers` 1, or one front of several: service/supervisor/processes.py).
 
 SIGHUP drains too: its default action would kill the server at once, failing the calls in flight (a
 terminal closing, or a supervisor that sends it, must not cost answers)."""
@@ -17,7 +18,7 @@ from bertserve.service.memory import limit_heap_growth
 from bertserve.service.settings import Settings
 
 if TYPE_CHECKING:
-    from bertserve.service.server import FrontRole
+    from bertserve.service.supervisor.server import FrontRole
 
 log = logging.getLogger("bertserve.server")
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -28,7 +29,7 @@ async def run_until_signalled(
 ) -> int:
     """Serves until a drain signal; `front`: as one front process of several (service/supervisor/),
     which calls `on_ready` once it serves."""
-    from bertserve.service.server import InferenceServer
+    from bertserve.service.supervisor.server import InferenceServer
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -72,13 +73,3 @@ def configure_process(settings: Settings, several: bool = False) -> None:
         format=f"%(asctime)s %(levelname)s {process}%(name)s: %(message)s",
         stream=sys.stderr,
     )
-
-
-def serve(settings: Settings) -> int:
-    workers = settings.worker_count()
-    configure_process(settings, workers > 1)
-    if workers > 1:
-        from bertserve.service.supervisor.processes import supervise
-
-        return supervise(settings, workers)
-    return asyncio.run(run_until_signalled(settings))

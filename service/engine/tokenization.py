@@ -15,8 +15,8 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from bertserve.manifest import TokenizerSpec
+from bertserve.service.engine.word_boundaries import WordBoundaries, supports_prefixes
 from bertserve.service.errors import InvalidInput, StartupError
-from bertserve.service.word_boundaries import WordBoundaries, supports_prefixes
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ before any Python code sees them, so no metric could count them. grpc.health.v1 
 bounded by `PENDING_CALLS` (gRPC's default, 1,000 soft and 3,000 hard, cancelled about half of a burst
 of 3,000 calls with CANCELLED before any handler saw them, uncounted).
 
-A stream's memory is bounded by its window (service/streaming.py) and by what gRPC's core reads ahead of
+A stream's memory is bounded by its window (service/grpc/streaming.py) and by what gRPC's core reads ahead of
 it: `server_options` turns off the bandwidth-delay probing that grows each stream's receive window to
 megabytes, so a stream that is not read from buffers at most HTTP/2's initial window (64 KiB) plus the
 message the server is reading.

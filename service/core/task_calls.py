@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from bertserve.service.tasks import Task
+from bertserve.service.engine.tasks import Task
 
 
 @dataclass(frozen=True)

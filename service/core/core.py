@@ -1,7 +1,7 @@
 """The protocol-free inference core: tokenization, validation, admission, batching, typed results.
 
 Every front (gRPC bertserve.v1 in `servicer.py`, KServe v2 in `kserve/servicer.py`, HTTP, streaming)
-only translates its wire format into one call here and the typed result (`service/results.py`) back.
+only translates its wire format into one call here and the typed result (`service/core/results.py`) back.
 Errors are the domain errors of `service/errors.py`; each protocol maps them to its codes in one place.
 
 Data path of a batched call (embed, fill_mask, classify)::
@@ -36,15 +36,9 @@ from typing import TypeVar
 import numpy as np
 
 from bertserve import __version__
-from bertserve.service.attention import check_response_size, select_indices
-from bertserve.service.batcher import ItemResult, Permit, WorkItem
-from bertserve.service.encoders import EncoderGroup, attach_batchers, batch_limits
-from bertserve.service.errors import InvalidInput
-from bertserve.service.loop_lag import LoopLagMonitor
-from bertserve.service.metrics import Metrics
-from bertserve.service.model_registry import ModelRegistry
-from bertserve.service.remote_engine import EngineLink, RemoteBatcher
-from bertserve.service.results import (
+from bertserve.service.core.loop_lag import LoopLagMonitor
+from bertserve.service.core.remote_engine import EngineLink, RemoteBatcher
+from bertserve.service.core.results import (
     AttentionResult,
     CallMeta,
     ClassifyResult,
@@ -55,20 +49,26 @@ from bertserve.service.results import (
     ServerInfo,
     TokenizeResult,
 )
-from bertserve.service.served_model import ServedModel
-from bertserve.service.server_info import library_versions, limits_of, model_info_of
-from bertserve.service.settings import Settings
-from bertserve.service.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
-from bertserve.service.tasks import Task, TaskOptions
-from bertserve.service.tasks.classify import ranked
-from bertserve.service.tasks.fill_mask import mask_positions
-from bertserve.service.tokenization import EncodedInput
-from bertserve.service.validation import (
+from bertserve.service.core.server_info import library_versions, limits_of, model_info_of
+from bertserve.service.core.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
+from bertserve.service.core.validation import (
     check_count,
     check_fill_mask_response_size,
     check_texts,
     check_top_k,
 )
+from bertserve.service.engine.attention import check_response_size, select_indices
+from bertserve.service.engine.batcher import ItemResult, Permit, WorkItem
+from bertserve.service.engine.encoders import EncoderGroup, attach_batchers, batch_limits
+from bertserve.service.engine.model_registry import ModelRegistry
+from bertserve.service.engine.served_model import ServedModel
+from bertserve.service.engine.tasks import Task, TaskOptions
+from bertserve.service.engine.tasks.classify import ranked
+from bertserve.service.engine.tasks.fill_mask import mask_positions
+from bertserve.service.engine.tokenization import EncodedInput
+from bertserve.service.errors import InvalidInput
+from bertserve.service.metrics import Metrics
+from bertserve.service.settings import Settings
 
 DEFAULT_FILL_MASK_TOP_K = 5
 # Calls with at most this many characters in all are tokenized on the event loop instead of the CPU pool.
@@ -179,7 +179,7 @@ class InferenceCore:
         bulk: bool = False,
     ) -> EmbedResult:
         """One embedding per text, in order. `model` "" = the default embedding model; `normalize` None =
-        the model's default; `bulk`: a stream's inputs, batched after unary calls' (service/batcher.py)."""
+        the model's default; `bulk`: a stream's inputs, batched after unary calls' (service/engine/batcher.py)."""
         (result,) = await self.infer(
             model, texts, [EmbedCall(normalize)], truncate=truncate, deadline=deadline, bulk=bulk
         )

@@ -1,6 +1,6 @@
 """The most memory open EmbedStreams can hold, whatever their clients do (read or not, send or not).
 
-Per stream (service/streaming.py, service/admission.py):
+Per stream (service/grpc/streaming.py, service/grpc/admission.py):
 - its window: inputs admitted and not yet answered and sent, at most max_stream_inputs_in_flight, or one
   request's inputs when a request is larger (at most max_inputs_per_request). Each input is held as the
   request read (UTF-8) and as the text handed to the tokenizer, and its answer until it is sent;
