@@ -107,6 +107,11 @@ class Settings(BaseSettings):
     http_read_timeout_s: float = Field(30.0, gt=0, le=3600)  # request headers, then its body, each within
     http_keep_alive_s: float = Field(30.0, gt=0, le=3600)  # an idle keep-alive connection is closed after
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # Above 0: a simulated device (service/simulated_device.py). Encoder graphs are loaded but never run;
+    # each batch is answered with correctly shaped constant outputs after this many milliseconds of sleep
+    # (no CPU), and models report provider "simulated". For measuring the server's capacity beside a
+    # device (`bertserve bench`'s simulated-device target), never for serving. 0 = off.
+    simulated_device_ms: float = Field(0.0, ge=0, le=10_000)
 
     @field_validator("models", mode="before")
     @classmethod
