@@ -9,7 +9,9 @@ from __future__ import annotations
 SERVER, SERVER_BS1, SERVER_INT8, NAIVE = "server-fp32", "server-fp32-bs1", "server-int8", "naive-fp32"
 SERVER_HTTP = "server-fp32-http"  # server-fp32 called over HTTP (opt-in: --targets)
 SERVER_FP16 = "server-fp16"  # the fp16 graph (--provider cuda, where it takes server-int8's place)
-TARGETS = (SERVER, SERVER_HTTP, SERVER_BS1, SERVER_INT8, SERVER_FP16, NAIVE)  # in measuring order
+SIMULATED_DEVICE = "simulated-device"  # single-input callers against a simulated device, per workers value
+# in measuring order
+TARGETS = (SERVER, SERVER_HTTP, SERVER_BS1, SERVER_INT8, SERVER_FP16, NAIVE, SIMULATED_DEVICE)
 
 
 def _div(a: float | None, b: float | None) -> float | None:
@@ -180,6 +182,9 @@ GOALS = [
     ("gemm_peak_fraction", ">= 0.75", lambda v: v >= 0.75),
     ("server_startup_s", "<= 2 s", lambda v: v <= 2.0),
     ("server_rss_mb", "<= 400 MB", lambda v: v <= 400),
+    # issue 26, against the simulated device (bench/simulated_device.py)
+    ("simulated_two_vs_one_worker", ">= 1.3", lambda v: v >= 1.3),
+    ("front_cpu_ms_per_call", "<= 0.35 ms", lambda v: v <= 0.35),
 ]
 
 

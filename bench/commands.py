@@ -88,8 +88,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--targets",
         type=_targets,
         help="comma-separated subset of server-fp32,server-fp32-http,server-fp32-bs1,server-int8,server-fp16,"
-        "naive-fp32 (default: all but server-fp32-http and server-fp16; with --provider cuda server-int8 becomes "
-        "server-fp16 and naive-fp32 is left out)",
+        "naive-fp32,simulated-device (default: all but server-fp32-http and server-fp16; with --provider cuda "
+        "server-int8 becomes server-fp16 and naive-fp32 is left out). simulated-device: single-input callers "
+        "against a server whose device answers each batch after 1 ms of sleep, with workers 1, 2 and auto",
     )
     parser.add_argument(
         "--provider",

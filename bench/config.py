@@ -34,8 +34,16 @@ class BenchConfig:
         default_factory=dict
     )  # extra BERTSERVE_* for every bertserve target
     targets: list[str] = field(
-        default_factory=lambda: [analysis.SERVER, analysis.SERVER_BS1, analysis.SERVER_INT8, analysis.NAIVE]
+        default_factory=lambda: [
+            analysis.SERVER,
+            analysis.SERVER_BS1,
+            analysis.SERVER_INT8,
+            analysis.NAIVE,
+            analysis.SIMULATED_DEVICE,
+        ]
     )
+    simulated_device_ms: float = 1.0  # the simulated device's time per batch (the H100's MiniLM batch)
+    simulated_device_calls: int = 6000  # single-input calls per workers value (phase_time_limit_s bounds it)
     # cuda: ceilings, kernels and servers on ONNX Runtime's CUDA provider (bench/gpu.py)
     provider: str = "cpu"
     # what sends the gRPC targets' requests: "native" (bench/native_loadgen.py, the Python client when it
@@ -75,5 +83,6 @@ class BenchConfig:
             ceiling_passes=2,
             gemm_seconds_per_shape=0.1,
             phase_time_limit_s=8.0,
+            simulated_device_calls=1500,
         )
         return cls(**(preset | overrides))

@@ -21,6 +21,8 @@ import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bertserve.bench import process_tree
+
 # gRPC's reconnect backoff (1 s, then x1.6) would round a start-up time up to the next retry of a
 # client that tried before the server listened; the readiness channel retries every 20-50 ms instead.
 READINESS_CHANNEL_OPTIONS = [
@@ -119,12 +121,17 @@ class ServerProcess:
             raise BenchError(f"{self.name}: the health stream ended before SERVING")
 
     def cpu_seconds(self) -> float | None:
-        """User + system CPU time of the server process and its children so far."""
+        """User + system CPU time of the server's whole process tree so far (a server of several processes
+        spends it in all of them; bench/process_tree.py)."""
         if self.process is None or self.process.returncode is not None:
             return None
-        process = psutil.Process(self.process.pid)
-        times = process.cpu_times()
-        return times.user + times.system + times.children_user + times.children_system
+        return process_tree.tree_cpu_seconds(self.process.pid)
+
+    def processes(self) -> int | None:
+        """How many processes the server runs now (itself and its descendants)."""
+        if self.process is None or self.process.returncode is not None:
+            return None
+        return len(process_tree.tree(self.process.pid))
 
     def loop_cpu_seconds(self) -> float | None:
         """User + system CPU time of the server's main thread (its event loop: gRPC's per-call work,

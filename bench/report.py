@@ -97,6 +97,7 @@ def markdown(result: dict) -> str:
     lines += md_table(
         ["target", "saturation inputs/s", "at concurrency", "GOP/s", "ready after s", "RSS MB"], rows
     )
+    lines += _simulated_text(result.get("simulated_device"))
     lines += ["", "## Ceilings (in-process ONNX Runtime, ideal batches, no gRPC) and the GEMM peak", ""]
     rows = []
     for precision, by_corpus in result["inprocess"].items():
@@ -169,6 +170,31 @@ def markdown(result: dict) -> str:
     if result["notes"]:
         lines += ["", "## Notes", "", *(f"- {n}" for n in result["notes"])]
     return "\n".join(lines) + "\n"
+
+
+def _simulated_text(simulated: dict | None) -> list[str]:
+    """bench/simulated_device.py's runs, one row per workers value (a skipped one: its reason)."""
+    if not simulated:
+        return []
+    header = ["workers", "processes", "inputs/s", "p50 ms", "p99 ms", "mean batch", "CPU server / client",
+              "CPU ms per call", "errors"]  # fmt: skip
+    rows = [
+        [w, str(r["processes"]), fmt_num(r["inputs_per_s"]), fmt_num(r["p50_ms"]), fmt_num(r["p99_ms"]),
+         fmt_num(r["batch_size_mean"]), f"{fmt_num(r['server_cpu_cores'], 2)} / {fmt_num(r['client_cpu_cores'], 2)}",
+         fmt_num(r["cpu_ms_per_call"], 3), str(sum(r["errors"].values()))]
+        if "skipped" not in r else [w, "–", f"skipped: {r['skipped']}", *["–"] * 6]
+        for w, r in simulated["workers"].items()
+    ]  # fmt: skip
+    return [
+        "",
+        f"## Simulated device ({simulated['device_ms_per_batch']:g} ms per batch, no CPU; single-input callers at "
+        f"c={simulated['concurrency']})",
+        "",
+        "The server's CPU is its whole process tree's. front_cpu_ms_per_call is the run with the most processes "
+        f"(workers {simulated['front_cpu_workers']}).",
+        "",
+        *md_table(header, rows),
+    ]
 
 
 def _floor_text(floor: dict | None, threads: int, from_handler: bool) -> list[str]:

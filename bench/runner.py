@@ -24,6 +24,7 @@ from bertserve.bench import (
     native_loadgen,
     profile,
     report,
+    simulated_device,
     transport_floor,
 )
 from bertserve.bench.config import BenchConfig
@@ -245,6 +246,14 @@ async def run(config: BenchConfig) -> dict:
             except Exception as error:  # a diagnostic after the targets: the run keeps what it measured
                 notes.append(f"the handler's floor was not measured: {error}")
                 log(f"warning: {notes[-1]}")
+        simulated = None
+        if analysis.SIMULATED_DEVICE in config.measured_targets:
+            log(f"  simulated device: {config.simulated_device_ms:g} ms per batch")
+            simulated = await simulated_device.measure(
+                model.repo, model.spec, model.name, list(workload.single), config.server_settings,
+                config.simulated_device_ms, config.simulated_device_calls, config.threads, config.out / "logs",
+                config.phase_time_limit_s, log, native, notes,
+            )  # fmt: skip
 
     for name, target in targets.items():
         cut = [p for p in [*target["closed"], target["fixed"], target["open"]] if p["stopped_early"]]
@@ -270,6 +279,8 @@ async def run(config: BenchConfig) -> dict:
         "int8_cosine_to_fp32": int8_graph.parity.cosine_to_fp32 if int8_graph and int8_graph.parity else None,
         "server_startup_s": server.get("startup_s"),
         "server_rss_mb": server.get("rss_mb_after_load"),
+        "simulated_two_vs_one_worker": simulated and simulated["two_vs_one_worker"],
+        "front_cpu_ms_per_call": simulated and simulated["front_cpu_ms_per_call"],
     }
     result = {
         "bench_version": 1,
@@ -316,6 +327,8 @@ async def run(config: BenchConfig) -> dict:
         "gemm_peak_fraction": ratios["gemm_peak_fraction"],
         "transport_floor": floor,
         "handler_floor": handler,
+        "simulated_device": simulated,  # bench/simulated_device.py
+        "front_cpu_ms_per_call": measured["front_cpu_ms_per_call"],
         "goals": analysis.goals(measured, floor and floor["estimates"]),
         "notes": notes,
     }

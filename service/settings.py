@@ -120,6 +120,11 @@ class Settings(BaseSettings):
     # process that owns the sessions and the batchers (service/supervisor/). 1: one process does it all.
     # auto: 1 where at most 2 CPUs are usable, else one per usable CPU but one, at most AUTO_WORKERS_MAX.
     workers: int | Literal["auto"] = Field("auto", union_mode="left_to_right")
+    # Above 0: a simulated device (service/engine/simulated_device.py). Encoder graphs are loaded but never run;
+    # each batch is answered with correctly shaped constant outputs after this many milliseconds of sleep
+    # (no CPU), and models report provider "simulated". For measuring the server's capacity beside a
+    # device (`bertserve bench`'s simulated-device target), never for serving. 0 = off.
+    simulated_device_ms: float = Field(0.0, ge=0, le=10_000)
 
     @field_validator("models", mode="before")
     @classmethod

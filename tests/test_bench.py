@@ -252,8 +252,30 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
         inprocess["int8"]["mixed"]["inputs_per_s"] / inprocess["fp32"]["mixed"]["inputs_per_s"],
     )
 
+    # the simulated device (bench/simulated_device.py): single-input callers per workers value
+    simulated = result["simulated_device"]
+    assert list(simulated["workers"]) == ["1", "2", "auto"] and simulated["concurrency"] == 32
+    for workers, row in simulated["workers"].items():
+        if "skipped" in row:  # a server without the workers setting: noted, never measured as if it had it
+            assert workers != "1" and f"simulated-device: {row['skipped']}" in result["notes"]
+            continue
+        phase = row["phase"]
+        assert row["exit_code"] == 0 and phase["errors"] == {}, workers
+        assert row["calls"] == phase["inputs"] == phase["server"]["inputs"] > 0, workers
+        assert row["calls"] == 1500 or phase["stopped_early"], workers  # the quick preset's calls
+        assert row["cpu_ms_per_call"] > 0 and row["processes"] >= (int(workers) + 2 if workers == "2" else 1)
+        assert phase["server"]["inference_ms_mean"] >= 1.0  # each batch took the device's 1 ms at least
+    widest = max(
+        (r for r in simulated["workers"].values() if "skipped" not in r), key=lambda r: r["processes"]
+    )
+    assert result["front_cpu_ms_per_call"] == simulated["front_cpu_ms_per_call"] == widest["cpu_ms_per_call"]
+    goals = {g["metric"]: g["measured"] for g in result["goals"]}
+    assert goals["front_cpu_ms_per_call"] == result["front_cpu_ms_per_call"]
+    assert goals["simulated_two_vs_one_worker"] == simulated["two_vs_one_worker"]
+
     table = (out / "bench.md").read_text()
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table
+    assert "## Simulated device (1 ms per batch" in table
     assert "estimate at the transport's floor" in table and "a call that does no work" in table
     assert "The p50 one is the handler's floor below" in table
     assert "The handler's floor (bench/handler_floor.py)" in table

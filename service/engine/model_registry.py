@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from bertserve.service.engine.encoders import EncoderGroup
 from bertserve.service.engine.repository import ModelFiles, discover
 from bertserve.service.engine.runtime import EngineSession, GraphSession
 from bertserve.service.engine.served_model import ServedModel
+from bertserve.service.engine.simulated_device import SimulatedSession
 from bertserve.service.engine.tasks import Task
 from bertserve.service.engine.tokenization import ModelTokenizer
 from bertserve.service.errors import ModelNotFound, StartupError, TaskUnavailable
@@ -100,16 +102,26 @@ def load(settings: Settings, front: bool = False) -> ModelRegistry:
     tables = _placeholder_tables(found) if front else _decoder_tables(found)
     shared_initializers = {} if front else _shared_initializers(found, tables)
 
-    def session(path: str, sha256: str | None = None) -> GraphSession | EngineSession:
+    def session(
+        path: str, sha256: str | None = None, device: bool = False
+    ) -> GraphSession | SimulatedSession | EngineSession:
+        """`device`: an encoder graph (not a head), which a simulated device answers instead of running."""
         if front:
             return EngineSession(path)
-        return GraphSession(
+        real = GraphSession(
             path,
             settings.provider,
             settings.intra_op_threads,
             settings.inter_op_threads,
             initializers=shared_initializers.get(sha256),
         )
+        if device and settings.simulated_device_ms > 0:
+            where = "/".join(Path(path).parts[-3:])  # NAME/VERSION/file.onnx
+            log.warning(
+                "%s: simulated device, never run (%g ms per batch)", where, settings.simulated_device_ms
+            )
+            return SimulatedSession(real, settings.simulated_device_ms, where)
+        return real
 
     tokenizers: dict[tuple[TokenizerSpec, int], ModelTokenizer] = {}
     names = _encoder_names(found)
@@ -125,7 +137,7 @@ def load(settings: Settings, front: bool = False) -> ModelRegistry:
         path, sha256, _ = _encoder_identity(files)
         if sha256 not in groups:
             pad_id = files.manifest.tokenizer.pad_token_id
-            instances = _instances(settings, functools.partial(session, path, sha256))
+            instances = _instances(settings, functools.partial(session, path, sha256, True))
             groups[sha256] = EncoderGroup(names[sha256], sha256, files.encoder_key, instances, pad_id)
         group = groups[sha256]
         attention = None
@@ -133,7 +145,7 @@ def load(settings: Settings, front: bool = False) -> ModelRegistry:
             key = files.manifest.graphs[ENCODER_ATTENTIONS].sha256
             if key not in attention_graphs:
                 attention_graphs[key] = AttentionGraph(
-                    session(str(files.graph_path(ENCODER_ATTENTIONS)), key), files.name
+                    session(str(files.graph_path(ENCODER_ATTENTIONS)), key, True), files.name
                 )
             attention = attention_graphs[key]
         spec, max_length = files.manifest.tokenizer, files.manifest.max_length

@@ -1,0 +1,61 @@
+"""CPU time of a process and all its descendants, read from /proc/<pid>/stat (Linux).
+
+A server of several processes (a supervisor, an engine, fronts) spends its CPU in all of them: each live
+process's utime + stime, plus cutime + cstime, the CPU of its children that ended and were waited for
+(a front that was restarted still counts, in its parent's figure).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROC = Path("/proc")
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds of it and its waited-for children), or None for a process that is gone."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # pid (comm) state ppid ... utime stime cutime cstime: comm may hold spaces and parentheses
+    fields = text[text.rindex(")") + 2 :].split()
+    ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return int(fields[1]), ticks / TICKS_PER_S
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process now."""
+    parents = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            parents[int(entry.name)] = stat[0]
+    return parents
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs, and so on (live ones)."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found, stack = [], list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(children.get(child, []))
+    return found
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and its descendants."""
+    return [pid, *descendants(pid)]
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of `pid` and every descendant so far (None when `pid` is gone)."""
+    root = _stat(pid)
+    if root is None:
+        return None
+    return root[1] + sum(stat[1] for child in descendants(pid) if (stat := _stat(child)) is not None)
