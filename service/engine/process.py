@@ -76,11 +76,17 @@ class Engine:
 
     async def _receive(self) -> None:
         while True:
-            front, *frames = await self._socket.recv_multipart(copy=False)
-            try:
-                self._dispatch(front.bytes, unpack(frames))
-            except Exception:
-                log.exception("engine: a message from a front failed")
+            self._handle(await self._socket.recv_multipart(copy=False))
+            # every message already here is queued before the batcher's owner runs: they share a batch
+            while self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._handle(self._socket.recv_multipart(zmq.NOBLOCK, copy=False).result())
+
+    def _handle(self, frames: list) -> None:
+        front, *rest = frames
+        try:
+            self._dispatch(front.bytes, unpack(rest))
+        except Exception:
+            log.exception("engine: a message from a front failed")
 
     def _dispatch(self, front: bytes, message: tuple) -> None:
         kind = message[0]
@@ -91,12 +97,74 @@ class Engine:
             task = self._calls.get((front, message[1]))
             if task is not None:
                 task.cancel()
+        elif kind == "submit" and not message[3]:  # a unary call: admitted or refused at once, no task
+            self._submit_now(front, *message[1:])
         else:
             call = message[1]
             coro = self._submit(front, *message[2:]) if kind == "submit" else self._attention(*message[2:])
             task = asyncio.ensure_future(coro)
             self._calls[(front, call)] = task
             task.add_done_callback(lambda done: self._answer(front, call, done))
+
+    def _submit_now(
+        self, front: bytes, call: int, encoder: str, bulk: bool, deadline: float | None, items: list
+    ) -> None:
+        """A unary call's items queued now (or its refusal sent); answered when the last result is in."""
+        try:
+            batcher = self._group(encoder).batcher
+            work = self._work(front, items, deadline, bulk)
+            permit = batcher.reserve(len(work), False, deadline)
+            try:
+                batcher.submit(work, permit)
+            finally:
+                permit.release()
+        except errors.ServiceError as exc:
+            self._send(front, ("error", call, type(exc).__name__, str(exc)))
+            return
+        futures = [w.future for w in work]
+        waiting = len(futures)
+
+        def one_done(future: asyncio.Future) -> None:
+            nonlocal waiting
+            waiting -= 1
+            if (future.cancelled() or future.exception() is None) and waiting:
+                return
+            if self._calls.pop((front, call), None) is None:
+                return  # answered (an error came first) or cancelled by the front
+            for other in futures:
+                other.cancel()  # the owner skips what is still queued
+            if future.cancelled():
+                return
+            if future.exception() is not None:
+                exc = future.exception()
+                name = type(exc).__name__ if isinstance(exc, errors.ServiceError) else "InferenceFailed"
+                self._send(front, ("error", call, name, str(exc)))
+                return
+            results = [f.result() for f in futures]
+            self._send(
+                front, ("done", call, [(r.value, r.queue_s, r.inference_s, r.batch_id) for r in results])
+            )
+
+        self._calls[(front, call)] = _Cancel(futures)
+        for future in futures:
+            future.add_done_callback(one_done)
+
+    def _work(self, front: bytes, items: list, deadline: float | None, bulk: bool) -> list[WorkItem]:
+        loop = asyncio.get_running_loop()
+        return [
+            WorkItem(
+                ids,
+                type_ids,
+                options,
+                loop.create_future(),
+                deadline,
+                masks,
+                model=self.registry.by_name[model],
+                bulk=bulk,
+                origin=front,
+            )
+            for model, options, ids, type_ids, masks in items
+        ]
 
     def _answer(self, front: bytes, call: int, task: asyncio.Task) -> None:
         self._calls.pop((front, call), None)
@@ -126,21 +194,7 @@ class Engine:
             if bulk
             else batcher.reserve(len(items), False, deadline)
         )
-        loop = asyncio.get_running_loop()
-        work = [
-            WorkItem(
-                ids,
-                type_ids,
-                options,
-                loop.create_future(),
-                deadline,
-                masks,
-                model=self.registry.by_name[model],
-                bulk=bulk,
-                origin=front,
-            )
-            for model, options, ids, type_ids, masks in items
-        ]
+        work = self._work(front, items, deadline, bulk)
         try:
             batcher.submit(work, permit)
         finally:
@@ -183,3 +237,14 @@ async def _run(settings: Settings, address: str) -> int:
 def main(settings: Settings, address: str) -> int:
     """The engine process's entry (spawned by the supervisor)."""
     return asyncio.run(_run(settings, address))
+
+
+class _Cancel:
+    """What a front's cancel does to a unary call queued by `_submit_now`: its items are skipped."""
+
+    def __init__(self, futures: list[asyncio.Future]):
+        self.futures = futures
+
+    def cancel(self) -> None:
+        for future in self.futures:
+            future.cancel()
