@@ -5,6 +5,7 @@ A bad value stops the server at start with the setting named (see `load_settings
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Literal
@@ -20,11 +21,35 @@ STREAM_BATCH_TOKENS = 128  # max_stream_batch_tokens' default
 CONCURRENT_STREAMS = 8  # max_concurrent_streams' default
 WORKERS_MAX = 64
 AUTO_WORKERS_MAX = 8  # fronts `workers auto` starts at most
+CGROUP = Path("/sys/fs/cgroup")  # this process's cgroup (v2) inside a container
 
 
-def auto_workers() -> int:
-    """Fronts for `workers auto`: one per usable CPU but one (the engine's), none extra on 2 CPUs or fewer."""
+def _cpu_quota(cgroup: Path) -> float | None:
+    """The cgroup's CPU quota in CPUs (cgroup v2 `cpu.max`, else v1 `cpu.cfs_quota_us`); None: no quota."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cpus(cgroup: Path = CGROUP) -> int:
+    """CPUs this process may use: its affinity, capped by its cgroup's CPU quota (a container's CPU limit,
+    rounded up)."""
     cpus = len(os.sched_getaffinity(0))
+    quota = _cpu_quota(cgroup)
+    return cpus if quota is None else max(1, min(cpus, math.ceil(quota)))
+
+
+def auto_workers(cpus: int | None = None) -> int:
+    """Fronts for `workers auto`: one per usable CPU but one (the engine's), none extra on 2 CPUs or fewer."""
+    cpus = usable_cpus() if cpus is None else cpus
     return 1 if cpus <= 2 else min(cpus - 1, AUTO_WORKERS_MAX)
 
 
