@@ -13,7 +13,9 @@ import json
 import os
 import re
 import signal
+import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,6 +32,8 @@ from tests.helpers.server import ServerProcess, ServerThread, metric, scrape, wa
 MODELS = ("--model", "tiny-embed", "--model", "tiny-classifier", "--model", "tiny-mlm")
 TEXTS = ["the cat sat on the mat", "a b c", "workers share one engine"]
 PIDS = re.compile(r"started (engine|front-\d+), pid (\d+)")
+HTTP_SERVING = re.compile(r"serving HTTP on http://[\d.]+:(\d+)/")
+GRPC_PORT = re.compile(r"supervising \d+ fronts on gRPC port (\d+)")
 
 
 def pids(server: ServerProcess) -> dict[str, int]:
@@ -297,5 +301,41 @@ def test_one_encoder_batch_holds_every_task_from_both_fronts(shared_repo):
         single = metric(samples, "bertserve_batch_fronts_bucket", model="tiny-encoder", le="1.0")
         assert batches - single >= 1  # a batch held inputs of both fronts
         assert metric(samples, "bertserve_batch_size_sum", model="tiny-encoder") == len(calls)
+    finally:
+        server.kill()
+
+
+def test_health_is_not_serving_while_the_engine_loads(tiny_repo):
+    """The fronts open the ports at once and answer NOT_SERVING (HTTP /ready 503) until the engine is up."""
+    server = ServerProcess("--model-repo", str(tiny_repo), *MODELS, "--workers", "2")
+    server.process = server._spawn()
+    try:
+        engine = None
+        for line in server.process.stderr:  # the engine is stopped as soon as it is started
+            server.lines.append(line)
+            if (match := PIDS.search(line)) and match[1] == "engine":
+                engine = int(match[2])
+                resume = _stop(engine)
+            if engine and (match := HTTP_SERVING.search(line)):
+                http_port = int(match[1])
+                break
+        reader = threading.Thread(target=lambda: server.lines.extend(server.process.stderr), daemon=True)
+        reader.start()
+        grpc_port = int(GRPC_PORT.search(server.output)[1])
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            check = health_pb2_grpc.HealthStub(channel).Check
+            status = check(health_pb2.HealthCheckRequest(), timeout=30, wait_for_ready=True).status
+            assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(urllib.error.HTTPError) as ready:
+                urllib.request.urlopen(f"http://127.0.0.1:{http_port}/ready", timeout=30)
+            assert ready.value.code == 503
+            resume()
+            wait_for(
+                lambda: (
+                    check(health_pb2.HealthCheckRequest(), timeout=30).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ),
+                timeout=60,
+            )
     finally:
         server.kill()
