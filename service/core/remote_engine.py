@@ -36,6 +36,8 @@ class EngineLink:
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        for hwm in (zmq.SNDHWM, zmq.RCVHWM):  # bounded by this front's admission, never by dropping
+            self._socket.setsockopt(hwm, 0)
         events = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
         self._monitor = self._socket.get_monitor_socket(events)
         self._socket.connect(address)

@@ -56,6 +56,10 @@ class Engine:
             await loop.run_in_executor(group.executor, group.warm_up)
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        # A ROUTER drops what it cannot queue: no high-water mark, so no answer is lost (what a front can
+        # have in flight is bounded by its own admission, service/core/remote_engine.py).
+        self._socket.setsockopt(zmq.SNDHWM, 0)
+        self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.bind(self.address)  # fronts connect only now: a hello answered means ready
         log.info("engine ready in %.1fs", time.perf_counter() - started)
 
