@@ -82,3 +82,38 @@ def test_the_queue_bound_holds_over_every_front(tiny_repo, tmp_path):
     assert f"this front holds {QUEUE} of max_queue_inputs {QUEUE}" in outcome["front"]
     assert outcome["queued_after"] == QUEUE  # the refused calls left nothing queued
     assert outcome["answered"] == [1] * 5  # every admitted call is answered once the gate opens
+
+
+async def _unread_answers(settings, address: str, calls: int) -> int:
+    engine = Engine(settings, address, Metrics())
+    await engine.start()
+    serving = asyncio.ensure_future(engine.serve())
+    link = EngineLink(address)
+    await link.connect()
+    link._tasks[0].cancel()  # the front stops reading (its loop busy): the engine's answers pile up
+    core = InferenceCore(model_registry.load(settings, front=True), settings, Metrics(), None, engine=link)
+    pending = [asyncio.ensure_future(core.embed("tiny-embed", [f"x {i}"])) for i in range(calls)]
+
+    def answered() -> bool:  # every input computed and every call answered by the engine
+        computed = engine.metrics.registry.get_sample_value(
+            "bertserve_batch_size_sum", {"model": "tiny-embed"}
+        )
+        return computed == calls and engine._calls == {}
+
+    await _until(answered, timeout=120)
+    link._tasks[0] = asyncio.ensure_future(link._receive())  # the front reads again
+    done, _ = await asyncio.wait(pending, timeout=60)
+    engine.stop()
+    await serving
+    link.close()
+    return len(done)
+
+
+def test_no_answer_is_dropped_when_a_front_reads_late(tiny_repo, tmp_path):
+    """More answers than ZeroMQ's default high-water marks (1,000 queued per side) wait for a front that
+    is slow to read; none is dropped."""
+    calls = 3000
+    settings = load_settings(
+        model_repo=tiny_repo, models=["tiny-embed"], max_queue_inputs=calls, metrics_port=-1, http_port=-1
+    )
+    assert asyncio.run(_unread_answers(settings, f"ipc://{tmp_path}/engine", calls)) == calls
