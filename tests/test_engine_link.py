@@ -38,9 +38,10 @@ async def _scenario(settings, address: str) -> dict:
     await engine.start()
     serving = asyncio.ensure_future(engine.serve())
     cpu = ThreadPoolExecutor(2)
-    fronts = []
+    fronts, links = [], []
     for _ in range(2):
         link = EngineLink(address)
+        links.append(link)
         await link.connect()
         registry = model_registry.load(settings, front=True)
         fronts.append(InferenceCore(registry, settings, Metrics(), cpu, engine=link))
@@ -67,8 +68,9 @@ async def _scenario(settings, address: str) -> dict:
     outcome["answered"] = [len((await call).vectors) for call in calls]
     engine.stop()
     await serving
-    for core in fronts:
+    for core, link in zip(fronts, links, strict=True):
         core.shutdown_threads()
+        link.close()
     cpu.shutdown()
     return outcome
 

@@ -74,9 +74,7 @@ class EngineLink:
     def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        self._monitor.close(0)
-        self._socket.close(0)
-        self._context.term()
+        self._context.destroy(linger=0)  # every socket of it, then the context (term alone waits for them)
 
     def _send(self, message: tuple) -> None:
         self._socket.send_multipart(pack(message), copy=False)

@@ -73,8 +73,7 @@ class Engine:
         for group in self.registry.encoders:
             await group.batcher.close()
         receiving.cancel()
-        self._socket.close(0)
-        self._context.term()
+        self._context.destroy(linger=0)
         for group in self.registry.encoders:
             group.executor.shutdown(wait=False, cancel_futures=True)
 
