@@ -184,8 +184,10 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     )
     assert limits["kernel"]["fp32_gflops"] > 0 and limits["kernel"]["int8_gops"] > 0
     assert {"server-fp32", "server-int8", "inprocess-fp32-mixed"} <= set(limits["fractions"])
-    for name, fraction in limits["fractions"].items():  # a limit nothing exceeds
-        assert 0 < fraction["of_theoretical"] <= 1.0 and 0 < fraction["of_kernel"] <= 1.0, name
+    for name, fraction in limits["fractions"].items():
+        # the theoretical peak is a bound nothing exceeds; the kernel's is measured, and on a machine whose
+        # load changes between that measurement and a target's it can read above 1
+        assert 0 < fraction["of_theoretical"] <= 1.0 and fraction["of_kernel"] > 0, name
     assert set(result["targets"]) == set(TARGETS)
     for name, target in result["targets"].items():
         assert target["exit_code"] == 0, name  # every server drained and exited cleanly on SIGTERM
