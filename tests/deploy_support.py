@@ -19,6 +19,8 @@ from typing import IO
 import pytest
 import yaml
 
+from bertserve.service.settings import auto_workers
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "bertserve.json"
@@ -205,25 +207,17 @@ def cpu_millis(quantity: str | int) -> int:
     return round(float(text) * 1000)
 
 
-def resource_field_value(container: dict, field_ref: dict) -> int:
-    """What the kubelet puts in an environment variable from `valueFrom.resourceFieldRef` of a CPU
-    resource: the container's quantity divided by the divisor, rounded up (Kubernetes'
-    convertResourceCPUToString)."""
-    section, _, resource = field_ref["resource"].partition(".")
-    assert resource == "cpu", f"only CPU resources are computed here, not {field_ref['resource']}"
-    quantity = cpu_millis(container["resources"][section][resource])
-    divisor = cpu_millis(field_ref.get("divisor", "1"))
-    return math.ceil(quantity / divisor)
+def limit_cpus(container: dict) -> int:
+    """The whole CPUs of the container's CPU limit, rounded up: what `usable_cpus` reads from the cgroup
+    quota the kubelet writes for it (500m gives 1, 2 gives 2)."""
+    return math.ceil(cpu_millis(container["resources"]["limits"]["cpu"]) / 1000)
 
 
-def deployment_workers(container: dict) -> int:
-    """The container's BERTSERVE_WORKERS: its own CPU request through the downward API (the value the
-    kubelet gives it), checked to be exactly that."""
-    entries = [e for e in container.get("env", []) if e["name"] == "BERTSERVE_WORKERS"]
-    assert len(entries) == 1, f"container {container['name']}: no env entry BERTSERVE_WORKERS"
-    (entry,) = entries
-    field_ref = entry["valueFrom"]["resourceFieldRef"]
-    assert field_ref["resource"] == "requests.cpu", field_ref
-    assert field_ref.get("containerName", container["name"]) == container["name"], field_ref
-    assert cpu_millis(field_ref["divisor"]) == 1000, field_ref  # whole CPUs
-    return resource_field_value(container, field_ref)
+def deployment_workers(container: dict, settings_env: dict[str, str]) -> int:
+    """The front processes the rendered container runs: BERTSERVE_WORKERS where its ConfigMap sets a number
+    (an overlay's override), else `auto` from its CPU limit. The container's own `env` must not set it."""
+    assert all(e["name"] != "BERTSERVE_WORKERS" for e in container.get("env", [])), (
+        f"container {container['name']}: BERTSERVE_WORKERS in `env` would hide the ConfigMap's and auto"
+    )
+    value = settings_env.get("BERTSERVE_WORKERS", "auto")
+    return auto_workers(limit_cpus(container)) if value == "auto" else int(value)

@@ -22,10 +22,11 @@ from tests.deploy_support import (
     KUSTOMIZE_COMPONENTS,
     KUSTOMIZE_DIRS,
     by_kind,
+    cpu_millis,
     deployment_workers,
+    limit_cpus,
     one,
     render_kustomize,
-    resource_field_value,
 )
 
 # Oldest and newest Kubernetes versions the manifests are checked against.
@@ -141,8 +142,6 @@ def test_settings_configmap_is_valid_for_the_server(rendered, monkeypatch):
     for key, value in _settings_env(documents).items():
         assert key.startswith("BERTSERVE_")
         monkeypatch.setenv(key, value)
-    # and what the container's own env adds: the workers the kubelet computes from the CPU request
-    monkeypatch.setenv("BERTSERVE_WORKERS", str(deployment_workers(_container(documents))))
     settings = load_settings()
     ports = {p["name"]: p["containerPort"] for p in _container(documents)["ports"]}
     assert ports == {"grpc": settings.port, "metrics": settings.metrics_port, "http": settings.http_port}
@@ -186,25 +185,49 @@ def test_pod_runs_locked_down(rendered):
     assert threads <= int(resources["limits"]["cpu"])
 
 
-def test_workers_follow_the_cpu_request(rendered):
-    """BERTSERVE_WORKERS comes from the container's own CPU request (the downward API), not from the
-    ConfigMap, where the container's `env` entry would hide it; the GPU overlay's larger request gives
-    more fronts."""
+def test_workers_follow_the_cpu_limit(rendered, monkeypatch):
+    """No manifest sets BERTSERVE_WORKERS: `auto` reads the container's CPU limit (requests == limits, so
+    the request decides), which runs the single process on the base's 2 CPUs and several fronts on the
+    GPU overlay's; the server's settings resolve to that count."""
+    from bertserve.service import settings as settings_module
+
     name, documents = rendered
     container = _container(documents)
-    workers = deployment_workers(container)
-    assert workers >= 1
-    assert "BERTSERVE_WORKERS" not in _settings_env(documents)
-    if name == "gpu":
-        assert workers > deployment_workers(_container(render_kustomize(KUSTOMIZE_DIRS["base"])))
+    resources = container["resources"]
+    assert resources["requests"]["cpu"] == resources["limits"]["cpu"]
+    env = _settings_env(documents)
+    assert "BERTSERVE_WORKERS" not in env
+    workers = deployment_workers(container, env)
+    assert workers == settings_module.auto_workers(limit_cpus(container))
+    assert workers > 1 if name == "gpu" else workers == 1
+    monkeypatch.delenv("BERTSERVE_WORKERS", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(settings_module, "usable_cpus", lambda: limit_cpus(container))
+    assert settings_module.load_settings().worker_count() == workers
 
 
-@pytest.mark.parametrize(("cpu", "workers"), [("2", 2), ("500m", 1), ("1500m", 2), ("0.1", 1), (8, 8)])
-def test_the_kubelet_rounds_a_cpu_request_up(cpu, workers):
-    """The value the kubelet gives a variable from requests.cpu with divisor 1: a fractional request
-    rounds up, so any request below one CPU runs a single process."""
-    container = {"resources": {"requests": {"cpu": cpu}}}
-    assert resource_field_value(container, {"resource": "requests.cpu", "divisor": "1"}) == workers
+def test_an_overlay_sets_workers_in_its_configmap():
+    """An overlay's env file with BERTSERVE_WORKERS outranks auto; an `env` entry on the container
+    (which would hide the ConfigMap) is refused."""
+    container = {"name": "bertserve", "resources": {"limits": {"cpu": "8"}}}
+    assert deployment_workers(container, {}) == 7
+    assert deployment_workers(container, {"BERTSERVE_WORKERS": "3"}) == 3
+    with pytest.raises(AssertionError, match="would hide"):
+        deployment_workers({**container, "env": [{"name": "BERTSERVE_WORKERS", "value": "2"}]}, {})
+
+
+@pytest.mark.parametrize(("cpu", "cpus"), [("2", 2), ("500m", 1), ("1500m", 2), ("0.1", 1), (8, 8), ("8", 8)])
+def test_usable_cpus_read_the_quota_the_kubelet_writes_for_a_limit(cpu, cpus, tmp_path, monkeypatch):
+    """The kubelet writes a CPU limit as the cgroup quota (cpu.max: millicores x period / 1000 per
+    period); `usable_cpus` rounds it up, as `limit_cpus` does for the rendered manifest."""
+    from bertserve.service.settings import usable_cpus
+
+    container = {"resources": {"limits": {"cpu": cpu}}}
+    period = 100_000
+    (tmp_path / "cpu.max").write_text(f"{cpu_millis(cpu) * period // 1000} {period}\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(64)))  # a 64-CPU node
+    assert usable_cpus(tmp_path) == limit_cpus(container) == cpus
 
 
 def test_selectors_and_references_agree(rendered):
