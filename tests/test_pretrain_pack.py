@@ -233,6 +233,8 @@ def test_make_pretrain_fill_mask_is_the_committed_recipe():
     parser = build_parser("bertserve.train.pretrain.commands")
     commands: dict[str, list] = {"pretrain": [], "pack-pretrained": [], "assemble-pretrained": []}
     for line in dry.splitlines():
+        if "bertserve" not in line:  # e.g. setup's recipe, printed when .venv is older than pyproject.toml
+            continue
         words = shlex.split(line)
         if not any(w.endswith("bertserve") for w in words):
             continue

@@ -49,6 +49,7 @@ SETTING_HELP = {
     "http_max_body_bytes_in_flight": "bytes of HTTP request bodies held at once, all connections; beyond, 503",
     "http_read_timeout_s": "seconds an HTTP client has to send its request headers, then its body",
     "http_keep_alive_s": "seconds an idle HTTP keep-alive connection stays open",
+    "simulated_device_ms": "above 0: encoder batches answered with constant outputs after this many ms, without computing (bertserve bench only)",
     "workers": "front processes sharing the ports and feeding one engine process (auto: 1 on 2 CPUs or fewer, else one per CPU but one, at most 8)",
 }
 

@@ -14,13 +14,14 @@ def count(plan: dict, ready, release) -> None:
     engine sets it), rejected (HTTP 408s). Sets `ready` once
     recorded, exits when `release` is set (or after a bound, so a failed test leaves no process)."""
     from bertserve.service.engine.batch_items import BatchStats
+    from bertserve.service.engine.batch_metrics import ModelObserver
     from bertserve.service.metrics import Metrics
     from bertserve.service.settings import Settings
 
     m = Metrics(multiprocess=True)
     m.export_limits(Settings(max_queue_inputs=300))
     m.model_info.labels(MODEL, "1", "fp32", "CPUExecutionProvider", "embed").set(1)
-    observer = m.observer(MODEL, "encoder")  # every process that holds the model creates its series
+    observer = ModelObserver(m, MODEL, "encoder")  # every process that holds the model creates its series
     for _ in range(plan["requests"]):
         m.answered("Embed", "OK", 0.003)
     m.inputs_of(MODEL, "embed").inc(plan["inputs"])
