@@ -309,23 +309,28 @@ def test_one_encoder_batch_holds_every_task_from_both_fronts(shared_repo):
         server.kill()
 
 
-def test_health_is_not_serving_while_the_engine_loads(tiny_repo):
-    """The fronts open the ports at once and answer NOT_SERVING (HTTP /ready 503) until the engine is up."""
+def _with_engine_stopped(tiny_repo):
+    """A workers-2 server whose engine is stopped as soon as it is started (so it never finishes loading)
+    and whose fronts are listening: (server, resume the engine, its pid, gRPC port, HTTP port)."""
     server = ServerProcess("--model-repo", str(tiny_repo), *MODELS, "--workers", "2")
     server.process = server._spawn()
+    engine = resume = None
+    for line in server.process.stderr:
+        server.lines.append(line)
+        if (match := PIDS.search(line)) and match[1] == "engine":
+            engine = int(match[2])
+            resume = _stop(engine)
+        if engine and (match := HTTP_SERVING.search(line)):
+            http_port = int(match[1])
+            break
+    threading.Thread(target=lambda: server.lines.extend(server.process.stderr), daemon=True).start()
+    return server, resume, engine, int(GRPC_PORT.search(server.output)[1]), http_port
+
+
+def test_health_is_not_serving_while_the_engine_loads(tiny_repo):
+    """The fronts open the ports at once and answer NOT_SERVING (HTTP /ready 503) until the engine is up."""
+    server, resume, _, grpc_port, http_port = _with_engine_stopped(tiny_repo)
     try:
-        engine = None
-        for line in server.process.stderr:  # the engine is stopped as soon as it is started
-            server.lines.append(line)
-            if (match := PIDS.search(line)) and match[1] == "engine":
-                engine = int(match[2])
-                resume = _stop(engine)
-            if engine and (match := HTTP_SERVING.search(line)):
-                http_port = int(match[1])
-                break
-        reader = threading.Thread(target=lambda: server.lines.extend(server.process.stderr), daemon=True)
-        reader.start()
-        grpc_port = int(GRPC_PORT.search(server.output)[1])
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             check = health_pb2_grpc.HealthStub(channel).Check
             status = check(health_pb2.HealthCheckRequest(), timeout=30, wait_for_ready=True).status
@@ -343,6 +348,28 @@ def test_health_is_not_serving_while_the_engine_loads(tiny_repo):
             )
     finally:
         server.kill()
+
+
+def test_children_die_with_the_supervisor_even_while_waiting_for_the_engine(tiny_repo):
+    server, resume, engine, _, _ = _with_engine_stopped(tiny_repo)
+    fronts = [pid for name, pid in pids(server).items() if name.startswith("front")]
+    try:
+        server.kill()  # SIGKILL: no drain; the children get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+        resume()
+        wait_for(lambda: not any(_alive(pid) for pid in [*fronts, engine]), timeout=30)
+    finally:
+        for pid in [*fronts, engine]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running (not a zombie waiting for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_calls_in_flight_are_bounded_per_front(tiny_repo):

@@ -38,26 +38,29 @@ ENGINE_STOP_S = 10.0  # after the fronts drained: the engine finishes what is qu
 FRONT_STOP_AFTER_GRACE_S = 5.0  # beyond the grace period: a front still running is killed
 
 
-def _die_with_parent() -> None:
-    """Linux: this process gets SIGTERM when the supervisor dies, even by SIGKILL."""
+def _die_with_parent(parent: int) -> None:
+    """Linux: this process gets SIGTERM when the supervisor (`parent`) dies, even by SIGKILL; if it died
+    before this could be set, the process stops at once."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        raise SystemExit(1)
 
 
-def _engine_main(settings: Settings, address: str) -> None:
+def _engine_main(settings: Settings, address: str, parent: int) -> None:
     from bertserve.service.engine import process
     from bertserve.service.supervisor.serving import configure_process
 
-    _die_with_parent()
+    _die_with_parent(parent)
     configure_process(settings, several=True)
     raise SystemExit(process.main(settings, address))
 
 
-def _front_main(settings: Settings, address: str, index: int, ready: Connection) -> None:
+def _front_main(settings: Settings, address: str, index: int, ready: Connection, parent: int) -> None:
     from bertserve.service.supervisor.server import FrontRole
     from bertserve.service.supervisor.serving import configure_process, run_until_signalled
 
-    _die_with_parent()
+    _die_with_parent(parent)
     configure_process(settings, several=True)
     role = FrontRole(address, index)
     raise SystemExit(asyncio.run(run_until_signalled(settings, role, lambda: ready.send(index))))
@@ -124,7 +127,7 @@ class Supervisor:
 
     def _start_front(self, settings: Settings, index: int) -> None:
         self.fronts[index] = self._start(
-            f"front-{index}", _front_main, settings, self.address, index, self._ready_sender
+            f"front-{index}", _front_main, settings, self.address, index, self._ready_sender, os.getpid()
         )
 
     def _front_ready(self) -> None:
@@ -169,7 +172,7 @@ class Supervisor:
         self._front_settings = self.claim_ports()
         self._serve_metrics()
         loop.add_reader(self._ready_receiver.fileno(), self._front_ready)
-        self.engine = self._start("engine", _engine_main, self.settings, self.address)
+        self.engine = self._start("engine", _engine_main, self.settings, self.address, os.getpid())
         for index in range(self.workers):
             self._start_front(self._front_settings, index)
         log.info(

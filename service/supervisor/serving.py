@@ -7,6 +7,7 @@ terminal closing, or a supervisor that sends it, must not cost answers)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -18,7 +19,7 @@ from bertserve.service.memory import limit_heap_growth
 from bertserve.service.settings import Settings
 
 if TYPE_CHECKING:
-    from bertserve.service.supervisor.server import FrontRole
+    from bertserve.service.supervisor.server import FrontRole, InferenceServer
 
 log = logging.getLogger("bertserve.server")
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -43,7 +44,12 @@ async def run_until_signalled(
         loop.add_signal_handler(signum, on_signal, signum)
     server = InferenceServer(settings, front)
     try:
-        await server.start()
+        if front is None:
+            await server.start()
+        elif not await _started_unless_stopped(server, stop):
+            log.info("signal received while waiting for the engine: stopping")
+            await server.stop(finish_queued=False)
+            return 0
     except StartupError as exc:
         log.error("cannot start: %s", exc)
         await server.stop(finish_queued=False)
@@ -73,3 +79,19 @@ def configure_process(settings: Settings, several: bool = False) -> None:
         format=f"%(asctime)s %(levelname)s {process}%(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+async def _started_unless_stopped(server: InferenceServer, stop: asyncio.Event) -> bool:
+    """A front's start, given up when a drain signal comes first (the engine it waits for may be gone:
+    the supervisor died, and with it the engine)."""
+    starting = asyncio.ensure_future(server.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        return False
+    starting.result()  # its StartupError, if any
+    return True
