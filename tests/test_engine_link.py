@@ -12,13 +12,15 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from bertserve.service.core.core import InferenceCore
 from bertserve.service.core.remote_engine import EngineLink
 from bertserve.service.engine import model_registry
 from bertserve.service.engine.process import Engine
-from bertserve.service.errors import Overloaded
+from bertserve.service.engine.tasks import Task, TaskOptions
+from bertserve.service.errors import InferenceFailed, Overloaded, StartupError
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import load_settings
 from tests.helpers.server import GatedBatches
@@ -42,8 +44,8 @@ async def _scenario(settings, address: str) -> dict:
     for _ in range(2):
         link = EngineLink(address)
         links.append(link)
-        await link.connect()
         registry = model_registry.load(settings, front=True)
+        await link.connect({m.name: m.version for m in registry.ordered})
         fronts.append(InferenceCore(registry, settings, Metrics(), cpu, engine=link))
     model = engine.registry.by_name["tiny-embed"]
     batcher = model.batcher
@@ -91,7 +93,7 @@ async def _unread_answers(settings, address: str, calls: int) -> int:
     await engine.start()
     serving = asyncio.ensure_future(engine.serve())
     link = EngineLink(address)
-    await link.connect()
+    await link.connect({"tiny-embed": 1})
     link._tasks[0].cancel()  # the front stops reading (its loop busy): the engine's answers pile up
     core = InferenceCore(model_registry.load(settings, front=True), settings, Metrics(), None, engine=link)
     pending = [asyncio.ensure_future(core.embed("tiny-embed", [f"x {i}"])) for i in range(calls)]
@@ -119,3 +121,31 @@ def test_no_answer_is_dropped_when_a_front_reads_late(tiny_repo, tmp_path):
         model_repo=tiny_repo, models=["tiny-embed"], max_queue_inputs=calls, metrics_port=-1, http_port=-1
     )
     assert asyncio.run(_unread_answers(settings, f"ipc://{tmp_path}/engine", calls)) == calls
+
+
+async def _mismatches(tiny_repo, address: str) -> tuple[str, tuple]:
+    settings = load_settings(model_repo=tiny_repo, models=["tiny-embed"], metrics_port=-1, http_port=-1)
+    engine = Engine(settings, address, Metrics())
+    await engine.start()
+    serving = asyncio.ensure_future(engine.serve())
+    link = EngineLink(address)
+    try:
+        with pytest.raises(StartupError) as refused:  # a front that loaded another repository's models
+            await link.connect({"tiny-embed": 1, "tiny-classifier": 1})
+        answered = asyncio.get_running_loop().create_future()
+        options = TaskOptions(Task.EMBED)
+        ids = np.array([101, 7, 102])
+        message = ("submit", "tiny-embed", False, None, [("no-such-model", options, ids, ids * 0, None)])
+        link.call(message, lambda results, error: answered.set_result((results, error)))
+        results, error = await asyncio.wait_for(answered, 30)  # answered, not left to hang
+    finally:
+        link.close()
+        engine.stop()
+        await serving
+    return str(refused.value), (results, error)
+
+
+def test_the_engine_answers_what_it_cannot_serve(tiny_repo, tmp_path):
+    refused, (results, error) = asyncio.run(_mismatches(tiny_repo, f"ipc://{tmp_path}/engine"))
+    assert "this front loaded" in refused and "restart the server" in refused
+    assert results is None and isinstance(error, InferenceFailed) and "no-such-model" in str(error)

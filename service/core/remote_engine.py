@@ -49,12 +49,18 @@ class EngineLink:
         self.lost: Exception | None = None  # set once the engine went away
         self.encoders: dict[str, tuple[str, str]] = {}  # encoder -> (provider, device), from the hello
 
-    async def connect(self) -> dict[str, tuple[str, str]]:
-        """Waits until the engine answers (it binds once its models are warm); returns its encoders."""
+    async def connect(self, models: dict[str, int]) -> dict[str, tuple[str, str]]:
+        """Waits until the engine answers (it binds once its models are warm); returns its encoders.
+        StartupError when the engine serves other models than `models` (name -> version: this front's)."""
         self._hello = asyncio.get_running_loop().create_future()
         self._tasks = [asyncio.ensure_future(self._receive()), asyncio.ensure_future(self._watch())]
         self._send(("hello",))
-        self.encoders = await self._hello
+        self.encoders, engine_models = await self._hello
+        if engine_models != models:
+            raise errors.StartupError(
+                f"the engine serves {engine_models}, this front loaded {models} (the repository changed "
+                "since the engine started: restart the server)"
+            )
         return self.encoders
 
     def call(self, message: tuple, answer: Answer) -> int:
@@ -85,7 +91,7 @@ class EngineLink:
             kind = message[0]
             if kind == "hello":
                 if self._hello is not None and not self._hello.done():
-                    self._hello.set_result(message[1])
+                    self._hello.set_result(message[1:])
                 continue
             answer = self._calls.pop(message[1], None)
             if answer is None:

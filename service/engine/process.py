@@ -86,16 +86,22 @@ class Engine:
 
     def _handle(self, frames: list) -> None:
         front, *rest = frames
+        message = ()
         try:
-            self._dispatch(front.bytes, unpack(rest))
-        except Exception:
+            message = unpack(rest)
+            self._dispatch(front.bytes, message)
+        except Exception as exc:
             log.exception("engine: a message from a front failed")
+            if message and message[0] in ("submit", "attention"):  # answered, so the call never hangs
+                self._calls.pop((front.bytes, message[1]), None)
+                self._send(front.bytes, ("error", message[1], "InferenceFailed", f"the engine failed: {exc}"))
 
     def _dispatch(self, front: bytes, message: tuple) -> None:
         kind = message[0]
         if kind == "hello":
             encoders = {g.name: (g.provider, g.session.device) for g in self.registry.encoders}
-            self._send(front, ("hello", encoders))
+            models = {m.name: m.version for m in self.registry.ordered}
+            self._send(front, ("hello", encoders, models))
         elif kind == "cancel":
             task = self._calls.get((front, message[1]))
             if task is not None:

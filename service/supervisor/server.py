@@ -202,7 +202,7 @@ class InferenceServer:
 
     async def _connect_engine(self) -> None:
         """Waits for the engine (warm once it answers) and takes its providers as the models'."""
-        encoders = await self.engine.connect()
+        encoders = await self.engine.connect({m.name: m.version for m in self.models})
         for group in self.core.encoders:
             provider, device = encoders[group.name]
             for session in group.sessions:
