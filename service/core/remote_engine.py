@@ -54,6 +54,8 @@ class EngineLink:
         StartupError when the engine serves other models than `models` (name -> version: this front's)."""
         self._hello = asyncio.get_running_loop().create_future()
         self._tasks = [asyncio.ensure_future(self._receive()), asyncio.ensure_future(self._watch())]
+        for task in self._tasks:
+            task.add_done_callback(self._stopped)
         self._send(("hello",))
         self.encoders, engine_models = await self._hello
         if engine_models != models:
@@ -73,8 +75,11 @@ class EngineLink:
         self._send((message[0], call, *message[1:]))
         return call
 
-    def cancel(self, call: int) -> None:
-        if self._calls.pop(call, None) is not None and self.lost is None:
+    def cancel(self, call: int, then: Callable[[], None]) -> None:
+        """Asks the engine to drop `call`; `then()` runs once the engine has answered it in any way (or is
+        gone), so what the call holds is freed only when the engine no longer holds its inputs."""
+        if call in self._calls:
+            self._calls[call] = lambda results, error: then()
             self._send(("cancel", call))
 
     def close(self) -> None:
@@ -95,9 +100,11 @@ class EngineLink:
                 continue
             answer = self._calls.pop(message[1], None)
             if answer is None:
-                continue  # cancelled meanwhile
+                continue
             if kind == "done":
                 answer(message[2], None)
+            elif kind == "cancelled":
+                answer(None, errors.ShuttingDown("cancelled"))  # only a cancelled call's `then` hears it
             else:
                 kind_of_error = getattr(errors, message[2], errors.InferenceFailed)
                 answer(None, kind_of_error(message[3]))
@@ -111,6 +118,12 @@ class EngineLink:
             elif event == zmq.EVENT_DISCONNECTED and connected:
                 self._lose(errors.EngineUnavailable("the engine process is gone; the server is restarting"))
                 return
+
+    def _stopped(self, task: asyncio.Task) -> None:
+        """A reading task that fails leaves no call waiting for an answer that cannot come."""
+        if not task.cancelled() and task.exception() is not None and self.lost is None:
+            log.error("the link to the engine failed: %r", task.exception())
+            self._lose(errors.EngineUnavailable("the link to the engine failed; the server is restarting"))
 
     def _lose(self, error: Exception) -> None:
         self.lost = error
@@ -196,10 +209,14 @@ class RemoteBatcher:
 
     async def submit_exclusive(self, run, tokens: int, deadline: float | None, permit: Permit) -> ItemResult:
         """`run` (an AttentionRun) is sent as its fields; the engine runs its own graph."""
-        self._check()
         future = asyncio.get_running_loop().create_future()
         message = ("attention", self.name, run.model, run.ids, run.type_ids, run.layers, run.heads, deadline)
-        self._send(message, [future], permit)
+        try:
+            self._check()
+            self._send(message, [future], permit)
+        except BaseException:
+            permit.release()  # the core hands the room over with the job
+            raise
         try:
             return await future
         finally:
@@ -207,11 +224,23 @@ class RemoteBatcher:
 
     def _send(self, message: tuple, futures: list[asyncio.Future], permit: Permit) -> None:
         finished = False
+        call = self._link.call(message, lambda results, error: answer(results, error))
+        # From here the room is this object's to free, when the engine no longer holds the call's inputs
+        # (the core's own release of the permit, as its call ends, frees nothing).
+        room, inputs = permit.room, permit.inputs
+        permit.hand_over()
+        freed = False
+
+        def free() -> None:
+            nonlocal freed
+            if not freed:
+                freed = True
+                room.free(inputs)
 
         def answer(results: list | None, error: Exception | None) -> None:
             nonlocal finished
             finished = True
-            permit.release()
+            free()
             for k, future in enumerate(futures):
                 if not future.done():
                     if error is not None:
@@ -219,14 +248,11 @@ class RemoteBatcher:
                     else:
                         future.set_result(ItemResult(*results[k]))
 
-        call = self._link.call(message, answer)
-
         def cancelled(future: asyncio.Future) -> None:  # the caller went away: the engine drops the call
             nonlocal finished
             if future.cancelled() and not finished:
                 finished = True
-                permit.release()
-                self._link.cancel(call)
+                self._link.cancel(call, free)
 
         for future in futures:
             future.add_done_callback(cancelled)

@@ -6,8 +6,10 @@ Only this server's own processes can connect: the socket lives in a directory pr
 
 Front -> engine: ("hello",) | ("submit", call, encoder, bulk, deadline, items) | ("cancel", call) |
 ("attention", call, encoder, model, ids, type_ids, layers, heads, deadline).
-Engine -> front: ("hello", {encoder: (provider, device)}) | ("done", call, results) |
-("error", call, error class name, message). `results`: (value, queue_s, inference_s, batch_id) per item.
+Engine -> front: ("hello", {encoder: (provider, device)}, {model: version}) | ("done", call, results) |
+("error", call, error class name, message) | ("cancelled", call): every call is answered exactly once, a
+cancelled one too, so a front frees a call's room only when the engine no longer holds its inputs.
+`results`: (value, queue_s, inference_s, batch_id) per item.
 """
 
 from __future__ import annotations

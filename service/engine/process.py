@@ -28,6 +28,7 @@ from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
 
 log = logging.getLogger("bertserve.engine")
+MESSAGES_PER_TURN = 256  # read from the fronts before the event loop runs anything else
 
 
 class Engine:
@@ -45,6 +46,7 @@ class Engine:
         self._context = zmq.asyncio.Context()
         self._socket: zmq.asyncio.Socket | None = None
         self._stopping = asyncio.Event()
+        self.failed = False
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -68,6 +70,7 @@ class Engine:
 
     async def serve(self) -> None:
         receiving = asyncio.ensure_future(self._receive())
+        receiving.add_done_callback(self._receiving_stopped)
         await self._stopping.wait()
         # the fronts have drained (the supervisor stops the engine last): finish what is queued
         for group in self.registry.encoders:
@@ -80,9 +83,20 @@ class Engine:
     async def _receive(self) -> None:
         while True:
             self._handle(await self._socket.recv_multipart(copy=False))
-            # every message already here is queued before the batcher's owner runs: they share a batch
-            while self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            # messages already here are queued before the batcher's owner runs, so they share a batch; a
+            # bounded number per turn, so a flood of them never keeps the owner from cutting batches
+            for _ in range(MESSAGES_PER_TURN):
+                if not self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    break
                 self._handle(self._socket.recv_multipart(zmq.NOBLOCK, copy=False).result())
+            await asyncio.sleep(0)
+
+    def _receiving_stopped(self, task: asyncio.Task) -> None:
+        """The engine cannot go on without its socket: it stops, and the supervisor with it (exit 1)."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engine: receiving from the fronts failed: %r", task.exception())
+            self.failed = True
+            self._stopping.set()
 
     def _handle(self, frames: list) -> None:
         front, *rest = frames
@@ -143,6 +157,7 @@ class Engine:
             for other in futures:
                 other.cancel()  # the owner skips what is still queued
             if future.cancelled():
+                self._send(front, ("cancelled", call))  # the front frees the call's room on this
                 return
             if future.exception() is not None:
                 exc = future.exception()
@@ -178,7 +193,8 @@ class Engine:
     def _answer(self, front: bytes, call: int, task: asyncio.Task) -> None:
         self._calls.pop((front, call), None)
         if task.cancelled():
-            return  # the front cancelled it: it expects no answer
+            self._send(front, ("cancelled", call))  # the front frees the call's room on this
+            return
         exc = task.exception()
         if exc is None:
             self._send(front, ("done", call, task.result()))
@@ -240,7 +256,7 @@ async def _run(settings: Settings, address: str) -> int:
         log.error("cannot start: %s", exc)
         return 1
     await engine.serve()
-    return 0
+    return 1 if engine.failed else 0
 
 
 def main(settings: Settings, address: str) -> int:

@@ -63,7 +63,13 @@ def _front_main(settings: Settings, address: str, index: int, ready: Connection,
     _die_with_parent(parent)
     configure_process(settings, several=True)
     role = FrontRole(address, index)
-    raise SystemExit(asyncio.run(run_until_signalled(settings, role, lambda: ready.send(index))))
+    # Only the supervisor's SIGTERM drains a front: a terminal's SIGINT or SIGHUP reaches the whole process
+    # group, and the supervisor turns it into that SIGTERM (fronts that stopped on their own would be
+    # started again).
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    main = run_until_signalled(settings, role, lambda: ready.send(index), (signal.SIGTERM,))
+    raise SystemExit(asyncio.run(main))
 
 
 class Supervisor:
@@ -187,37 +193,45 @@ class Supervisor:
         for wait in waits:
             wait.cancel()
         failed = self._failed.is_set()
-        await self._stop(drain=not failed)
-        return 1 if failed else 0
+        clean = await self._stop(drain=not failed)
+        return 0 if clean and not failed else 1
 
-    async def _stop(self, drain: bool) -> None:
-        """Fronts first (each drains within the grace period), then the engine."""
+    async def _stop(self, drain: bool) -> bool:
+        """Fronts first (each drains within the grace period), then the engine. True when every one of
+        them stopped by itself, with exit code 0."""
         self._draining = True
         fronts = [p for p in self.fronts.values() if p.is_alive()]
         for process in fronts:
             process.terminate()  # SIGTERM: the front drains
         limit = self.settings.grace_period_s + FRONT_STOP_AFTER_GRACE_S if drain else FRONT_STOP_AFTER_GRACE_S
-        await _wait_for(fronts, limit)
+        clean = await _wait_for(fronts, limit)
         if self.engine is not None and self.engine.is_alive():
             self.engine.terminate()
-            await _wait_for([self.engine], ENGINE_STOP_S)
+            clean = await _wait_for([self.engine], ENGINE_STOP_S) and clean
         for claim in self._claims:
             claim.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
         shutil.rmtree(self._run_dir, ignore_errors=True)
+        return clean
 
 
-async def _wait_for(processes: list[BaseProcess], seconds: float) -> None:
-    """Waits until every process exited; kills those left after `seconds`."""
+async def _wait_for(processes: list[BaseProcess], seconds: float) -> bool:
+    """Waits until every process exited; kills those left after `seconds`. True when none had to be
+    killed and each exited with code 0."""
     deadline = time.monotonic() + seconds
     while any(p.is_alive() for p in processes) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
+    clean = True
     for process in processes:
         if process.is_alive():
             log.error("%s did not stop in time: killed", process.name)
             process.kill()
         process.join()
+        if process.exitcode != 0:
+            log.error("%s exited with code %s", process.name, process.exitcode)
+            clean = False
+    return clean
 
 
 def supervise(settings: Settings, workers: int) -> int:

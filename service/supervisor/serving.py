@@ -26,7 +26,10 @@ DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 async def run_until_signalled(
-    settings: Settings, front: FrontRole | None = None, on_ready: Callable[[], None] = lambda: None
+    settings: Settings,
+    front: FrontRole | None = None,
+    on_ready: Callable[[], None] = lambda: None,
+    drain_signals: tuple[signal.Signals, ...] = DRAIN_SIGNALS,
 ) -> int:
     """Serves until a drain signal; `front`: as one front process of several (service/supervisor/),
     which calls `on_ready` once it serves."""
@@ -40,7 +43,7 @@ async def run_until_signalled(
         received.append(signum)
         stop.set()
 
-    for signum in DRAIN_SIGNALS:
+    for signum in drain_signals:
         loop.add_signal_handler(signum, on_signal, signum)
     server = InferenceServer(settings, front)
     try:
