@@ -116,7 +116,9 @@ def test_help_names_every_option():
 
 
 def test_make_runs_the_script():
-    result = subprocess.run(["make", "-n", "gpu-check"], capture_output=True, text=True, cwd=ROOT, timeout=30)
+    # --no-print-directory: under `make test` the outer make's MAKELEVEL makes make print its directory
+    command = ["make", "--no-print-directory", "-n", "gpu-check"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert result.returncode == 0 and result.stdout.split() == ["scripts/gpu-check.sh"], result.stdout
 
 
