@@ -20,7 +20,7 @@ import zmq.asyncio
 
 from bertserve.service import errors
 from bertserve.service.engine import model_registry
-from bertserve.service.engine.batcher import WorkItem
+from bertserve.service.engine.batcher import ItemResult, WorkItem
 from bertserve.service.engine.encoders import attach_batchers
 from bertserve.service.engine.messages import pack, unpack
 from bertserve.service.engine.model_registry import ModelRegistry
@@ -108,7 +108,7 @@ class Engine:
             log.exception("engine: a message from a front failed")
             if message and message[0] in ("submit", "attention"):  # answered, so the call never hangs
                 self._calls.pop((front.bytes, message[1]), None)
-                self._send(front.bytes, ("error", message[1], "InferenceFailed", f"the engine failed: {exc}"))
+                self._send(front.bytes, _error(message[1], exc))
 
     def _dispatch(self, front: bytes, message: tuple) -> None:
         kind = message[0]
@@ -122,9 +122,11 @@ class Engine:
                 task.cancel()
         elif kind == "submit" and not message[3]:  # a unary call: admitted or refused at once, no task
             self._submit_now(front, *message[1:])
-        else:
+        else:  # a stream's request (it waits for room) or an attention call
             call = message[1]
-            coro = self._submit(front, *message[2:]) if kind == "submit" else self._attention(*message[2:])
+            coro = (
+                self._submit_bulk(front, *message[2:]) if kind == "submit" else self._attention(*message[2:])
+            )
             task = asyncio.ensure_future(coro)
             self._calls[(front, call)] = task
             task.add_done_callback(lambda done: self._answer(front, call, done))
@@ -142,7 +144,7 @@ class Engine:
             finally:
                 permit.release()
         except errors.ServiceError as exc:
-            self._send(front, ("error", call, type(exc).__name__, str(exc)))
+            self._send(front, _error(call, exc))
             return
         futures = [w.future for w in work]
         waiting = len(futures)
@@ -160,14 +162,9 @@ class Engine:
                 self._send(front, ("cancelled", call))  # the front frees the call's room on this
                 return
             if future.exception() is not None:
-                exc = future.exception()
-                name = type(exc).__name__ if isinstance(exc, errors.ServiceError) else "InferenceFailed"
-                self._send(front, ("error", call, name, str(exc)))
+                self._send(front, _error(call, future.exception()))
                 return
-            results = [f.result() for f in futures]
-            self._send(
-                front, ("done", call, [(r.value, r.queue_s, r.inference_s, r.batch_id) for r in results])
-            )
+            self._send(front, ("done", call, [_result(f.result()) for f in futures]))
 
         self._calls[(front, call)] = _Cancel(futures)
         for future in futures:
@@ -196,13 +193,9 @@ class Engine:
             self._send(front, ("cancelled", call))  # the front frees the call's room on this
             return
         exc = task.exception()
-        if exc is None:
-            self._send(front, ("done", call, task.result()))
-        elif isinstance(exc, errors.ServiceError):
-            self._send(front, ("error", call, type(exc).__name__, str(exc)))
-        else:
+        if exc is not None and not isinstance(exc, errors.ServiceError):
             log.error("engine: call failed: %r", exc)
-            self._send(front, ("error", call, "InferenceFailed", f"the engine failed: {exc}"))
+        self._send(front, ("done", call, task.result()) if exc is None else _error(call, exc))
 
     def _send(self, front: bytes, message: tuple) -> None:
         self._socket.send_multipart([front, *pack(message)], copy=False)
@@ -210,15 +203,12 @@ class Engine:
     def _group(self, name: str):
         return next(g for g in self.registry.encoders if g.name == name)
 
-    async def _submit(
+    async def _submit_bulk(
         self, front: bytes, encoder: str, bulk: bool, deadline: float | None, items: list
     ) -> list:
+        """A stream's request: it waits for room in the streams' lane, as in one process."""
         batcher = self._group(encoder).batcher
-        permit = (
-            await batcher.wait_room(len(items), True)
-            if bulk
-            else batcher.reserve(len(items), False, deadline)
-        )
+        permit = await batcher.wait_room(len(items), True)
         work = self._work(front, items, deadline, bulk)
         try:
             batcher.submit(work, permit)
@@ -230,7 +220,7 @@ class Engine:
         finally:
             for future in futures:  # cancelled: the owner skips what is still queued
                 future.cancel()
-        return [(r.value, r.queue_s, r.inference_s, r.batch_id) for r in done]
+        return [_result(r) for r in done]
 
     async def _attention(
         self, encoder: str, model: str, ids, type_ids, layers: list[int], heads: list[int], deadline
@@ -238,18 +228,25 @@ class Engine:
         served = self.registry.by_name[model]
         batcher = self._group(encoder).batcher
         run = served.attention.bind(ids, type_ids, layers, heads, served.name)
-        r = await batcher.submit_exclusive(run, int(ids.shape[0]), deadline)
-        return [(r.value, r.queue_s, r.inference_s, r.batch_id)]
+        return [_result(await batcher.submit_exclusive(run, int(ids.shape[0]), deadline))]
+
+
+def _result(result: ItemResult) -> tuple:
+    """One item's result as a `done` message carries it (the front rebuilds the ItemResult)."""
+    return (result.value, result.queue_s, result.inference_s, result.batch_id)
+
+
+def _error(call: int, exc: BaseException) -> tuple:
+    """The `error` answer to `call`: a domain error by its class, anything else as InferenceFailed."""
+    if isinstance(exc, errors.ServiceError):
+        return ("error", call, type(exc).__name__, str(exc))
+    return ("error", call, "InferenceFailed", f"the engine failed: {exc}")
 
 
 async def _run(settings: Settings, address: str) -> int:
     engine = Engine(settings, address)
     loop = asyncio.get_running_loop()
-    # The supervisor stops the engine (SIGTERM) once the fronts have drained; a terminal's SIGINT or SIGHUP
-    # reaches the whole process group, and the fronts still need the engine to finish their calls.
-    loop.add_signal_handler(signal.SIGTERM, engine.stop)
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
+    loop.add_signal_handler(signal.SIGTERM, engine.stop)  # the supervisor's, once the fronts have drained
     try:
         await engine.start()
     except errors.StartupError as exc:

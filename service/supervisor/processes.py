@@ -30,44 +30,41 @@ from bertserve.service import metrics_multiprocess
 from bertserve.service.errors import StartupError
 from bertserve.service.settings import Settings
 from bertserve.service.supervisor.ports import PortClaim
+from bertserve.service.supervisor.serving import DRAIN_SIGNALS, configure_process, run_until_signalled
 
 log = logging.getLogger("bertserve.supervisor")
-DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 RESTARTS_PER_MINUTE = 5  # a front failing faster than this is not restarted: the server exits 1
 ENGINE_STOP_S = 10.0  # after the fronts drained: the engine finishes what is queued, then exits
 FRONT_STOP_AFTER_GRACE_S = 5.0  # beyond the grace period: a front still running is killed
 
 
-def _die_with_parent(parent: int) -> None:
-    """Linux: this process gets SIGTERM when the supervisor (`parent`) dies, even by SIGKILL; if it died
-    before this could be set, the process stops at once."""
+def _become_child(settings: Settings, parent: int) -> None:
+    """What the engine and every front do first. Linux: the process gets SIGTERM when the supervisor
+    (`parent`) dies, even by SIGKILL; if it died before this could be set, the process stops at once.
+    Only the supervisor's SIGTERM stops a child: a terminal's SIGINT or SIGHUP reaches the whole process
+    group, and the supervisor turns it into SIGTERMs in order (fronts first; the engine, which they need
+    to finish their calls, last)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
         raise SystemExit(1)
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    configure_process(settings, several=True)
 
 
 def _engine_main(settings: Settings, address: str, parent: int) -> None:
     from bertserve.service.engine import process
-    from bertserve.service.supervisor.serving import configure_process
 
-    _die_with_parent(parent)
-    configure_process(settings, several=True)
+    _become_child(settings, parent)
     raise SystemExit(process.main(settings, address))
 
 
 def _front_main(settings: Settings, address: str, index: int, ready: Connection, parent: int) -> None:
     from bertserve.service.supervisor.server import FrontRole
-    from bertserve.service.supervisor.serving import configure_process, run_until_signalled
 
-    _die_with_parent(parent)
-    configure_process(settings, several=True)
+    _become_child(settings, parent)
     role = FrontRole(address, index)
-    # Only the supervisor's SIGTERM drains a front: a terminal's SIGINT or SIGHUP reaches the whole process
-    # group, and the supervisor turns it into that SIGTERM (fronts that stopped on their own would be
-    # started again).
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
     main = run_until_signalled(settings, role, lambda: ready.send(index), (signal.SIGTERM,))
     raise SystemExit(asyncio.run(main))
 
