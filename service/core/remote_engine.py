@@ -224,23 +224,15 @@ class RemoteBatcher:
 
     def _send(self, message: tuple, futures: list[asyncio.Future], permit: Permit) -> None:
         finished = False
-        call = self._link.call(message, lambda results, error: answer(results, error))
-        # From here the room is this object's to free, when the engine no longer holds the call's inputs
-        # (the core's own release of the permit, as its call ends, frees nothing).
-        room, inputs = permit.room, permit.inputs
-        permit.hand_over()
-        freed = False
-
-        def free() -> None:
-            nonlocal freed
-            if not freed:
-                freed = True
-                room.free(inputs)
+        # The room is freed when the engine no longer holds the call's inputs (its answer, or its word that
+        # it dropped a cancelled call), by this permit of its own: the core's release of `permit`, as its
+        # call ends, frees nothing once the call is sent.
+        held = Permit(permit.room, permit.inputs)
 
         def answer(results: list | None, error: Exception | None) -> None:
             nonlocal finished
             finished = True
-            free()
+            held.release()
             for k, future in enumerate(futures):
                 if not future.done():
                     if error is not None:
@@ -248,11 +240,14 @@ class RemoteBatcher:
                     else:
                         future.set_result(ItemResult(*results[k]))
 
+        call = self._link.call(message, answer)
+        permit.hand_over()
+
         def cancelled(future: asyncio.Future) -> None:  # the caller went away: the engine drops the call
             nonlocal finished
             if future.cancelled() and not finished:
                 finished = True
-                self._link.cancel(call, free)
+                self._link.cancel(call, held.release)
 
         for future in futures:
             future.add_done_callback(cancelled)
