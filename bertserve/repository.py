@@ -31,7 +31,7 @@ __all__ = [
     "SENTENCE_EMBEDDING", "TOKEN_INPUTS", "DECODER_WEIGHT", "DECODER_WEIGHT_FILE", "TiedDecoder",
     "CLASSIFIER_HEAD", "ENCODER", "ENCODER_ATTENTIONS", "ENCODER_BY_PRECISION", "ENCODER_FP16",
     "ENCODER_INT8", "ENCODER_KEYS", "HEAD_KEYS", "MANIFEST_FILE", "MLM_HEAD", "MODEL_SPEC", "NAME_PATTERN",
-    "SCHEMA_VERSION", "STAGING_PREFIX", "TOKENIZER_FILE", "ClassifyTask", "EmbedTask", "EncoderRef",
+    "SCHEMA_VERSION", "STAGING_PREFIX", "TOKENIZER_FILE", "ClassifyTask", "CrossEncoderSpec", "EmbedTask", "EncoderRef",
     "ExportInfo", "FillMaskTask", "GraphSpec", "Manifest", "ModelDimensions", "Parity", "Precision", "PretrainingInfo",
     "RepositoryError", "Tasks", "TensorSpec", "TokenizerSpec", "check_file", "graph_file", "is_staging",
     "is_version_name",
@@ -124,6 +124,9 @@ class TokenizerSpec(_Strict):
     pad_token_id: int = 0
     mask_token: str = "[MASK]"
     mask_token_id: int = 103
+    # the tokenizer's pair template (tokenizer.json's post_processor), e.g. "[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1";
+    # informational: the server applies tokenizer.json itself. None: recorded before pairs were served.
+    pair_template: str | None = None
 
 
 class EmbedTask(_Strict):
@@ -155,6 +158,13 @@ class FillMaskTask(_Strict):
     tied_decoder: TiedDecoder | None = None  # set: the head graph takes the decoder weight as an input
 
 
+class CrossEncoderSpec(_Strict):
+    """A sentence-transformers CrossEncoder checkpoint: how its logits become scores."""
+
+    activation: Literal["sigmoid", "identity", "softmax"] = "sigmoid"  # its activation_fn (num_labels 1: sigmoid)
+    max_length: int | None = None  # the CrossEncoder's own max_length, when its config names one
+
+
 class ClassifyTask(_Strict):
     id2label: dict[int, str]
     problem_type: Literal["single_label_classification", "multi_label_classification", "regression"] = (
@@ -164,6 +174,10 @@ class ClassifyTask(_Strict):
     # What the head graph takes, as its one input of that name, shape (B, H): the encoder's pooler_output,
     # or the [CLS] row of last_hidden_state (a head-only classifier, whose graph holds its own pooler).
     encoder_output: Literal["pooler_output", "cls_hidden_state"] = POOLER_OUTPUT
+    # Trained on sentence pairs (`bertserve export --pairs`, or a recognised CrossEncoder): a pair model.
+    # Any classifier takes pairs in Classify; Rerank and Score need one score per pair (len(id2label) 1).
+    pairs: bool = False
+    cross_encoder: CrossEncoderSpec | None = None
 
 
 class Tasks(_Strict):

@@ -103,18 +103,22 @@ class FillMaskResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[FillMaskResult, _Mapping]]] = ..., metadata: _Optional[_Union[ResponseMetadata, _Mapping]] = ...) -> None: ...
 
 class ClassifyRequest(_message.Message):
-    __slots__ = ("inputs", "model", "top_k", "raw_scores", "truncate")
+    __slots__ = ("inputs", "model", "top_k", "raw_scores", "truncate", "pairs", "truncation_strategy")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_STRATEGY_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedScalarFieldContainer[str]
     model: str
     top_k: int
     raw_scores: bool
     truncate: bool
-    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., top_k: _Optional[int] = ..., raw_scores: _Optional[bool] = ..., truncate: _Optional[bool] = ...) -> None: ...
+    pairs: _containers.RepeatedScalarFieldContainer[str]
+    truncation_strategy: str
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., top_k: _Optional[int] = ..., raw_scores: _Optional[bool] = ..., truncate: _Optional[bool] = ..., pairs: _Optional[_Iterable[str]] = ..., truncation_strategy: _Optional[str] = ...) -> None: ...
 
 class LabelScore(_message.Message):
     __slots__ = ("label", "index", "score")
@@ -139,6 +143,80 @@ class ClassifyResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[Classification]
     metadata: ResponseMetadata
     def __init__(self, results: _Optional[_Iterable[_Union[Classification, _Mapping]]] = ..., metadata: _Optional[_Union[ResponseMetadata, _Mapping]] = ...) -> None: ...
+
+class RerankRequest(_message.Message):
+    __slots__ = ("query", "documents", "model", "top_n", "return_documents", "raw_scores", "truncate")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOP_N_FIELD_NUMBER: _ClassVar[int]
+    RETURN_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    documents: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    top_n: int
+    return_documents: bool
+    raw_scores: bool
+    truncate: bool
+    def __init__(self, query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., top_n: _Optional[int] = ..., return_documents: _Optional[bool] = ..., raw_scores: _Optional[bool] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class RankedDocument(_message.Message):
+    __slots__ = ("index", "score", "document", "truncated")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    score: float
+    document: str
+    truncated: bool
+    def __init__(self, index: _Optional[int] = ..., score: _Optional[float] = ..., document: _Optional[str] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class RerankResponse(_message.Message):
+    __slots__ = ("results", "metadata", "method")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[RankedDocument]
+    metadata: ResponseMetadata
+    method: str
+    def __init__(self, results: _Optional[_Iterable[_Union[RankedDocument, _Mapping]]] = ..., metadata: _Optional[_Union[ResponseMetadata, _Mapping]] = ..., method: _Optional[str] = ...) -> None: ...
+
+class ScoreRequest(_message.Message):
+    __slots__ = ("texts_1", "texts_2", "model", "raw_scores", "truncate", "truncation_strategy")
+    TEXTS_1_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_2_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    texts_1: _containers.RepeatedScalarFieldContainer[str]
+    texts_2: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    raw_scores: bool
+    truncate: bool
+    truncation_strategy: str
+    def __init__(self, texts_1: _Optional[_Iterable[str]] = ..., texts_2: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., raw_scores: _Optional[bool] = ..., truncate: _Optional[bool] = ..., truncation_strategy: _Optional[str] = ...) -> None: ...
+
+class PairScore(_message.Message):
+    __slots__ = ("score", "truncated")
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    score: float
+    truncated: bool
+    def __init__(self, score: _Optional[float] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class ScoreResponse(_message.Message):
+    __slots__ = ("results", "metadata", "method")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PairScore]
+    metadata: ResponseMetadata
+    method: str
+    def __init__(self, results: _Optional[_Iterable[_Union[PairScore, _Mapping]]] = ..., metadata: _Optional[_Union[ResponseMetadata, _Mapping]] = ..., method: _Optional[str] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("inputs", "model", "truncate")
@@ -183,7 +261,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "tasks", "default_for", "dimension", "max_length", "vocab_size", "num_layers", "precision", "provider", "pooling", "normalize_default", "mask_token", "labels", "problem_type", "encoder")
+    __slots__ = ("name", "version", "tasks", "default_for", "dimension", "max_length", "vocab_size", "num_layers", "precision", "provider", "pooling", "normalize_default", "mask_token", "labels", "problem_type", "encoder", "pairs", "cross_encoder")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +278,8 @@ class ModelInfo(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_TYPE_FIELD_NUMBER: _ClassVar[int]
     ENCODER_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    CROSS_ENCODER_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     tasks: _containers.RepeatedScalarFieldContainer[str]
@@ -216,7 +296,9 @@ class ModelInfo(_message.Message):
     labels: _containers.RepeatedScalarFieldContainer[str]
     problem_type: str
     encoder: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., dimension: _Optional[int] = ..., max_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., pooling: _Optional[str] = ..., normalize_default: _Optional[bool] = ..., mask_token: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., problem_type: _Optional[str] = ..., encoder: _Optional[str] = ...) -> None: ...
+    pairs: bool
+    cross_encoder: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., dimension: _Optional[int] = ..., max_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., pooling: _Optional[str] = ..., normalize_default: _Optional[bool] = ..., mask_token: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., problem_type: _Optional[str] = ..., encoder: _Optional[str] = ..., pairs: _Optional[bool] = ..., cross_encoder: _Optional[bool] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("max_inputs_per_request", "max_input_chars", "max_message_bytes", "max_batch_size", "max_batch_tokens", "max_queue_inputs", "max_queue_delay_ms", "max_masks_per_input", "max_padding_ratio", "max_queue_attention")

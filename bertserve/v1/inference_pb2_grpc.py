@@ -49,6 +49,16 @@ class InferenceStub:
                 request_serializer=bertserve_dot_v1_dot_inference__pb2.ClassifyRequest.SerializeToString,
                 response_deserializer=bertserve_dot_v1_dot_inference__pb2.ClassifyResponse.FromString,
                 _registered_method=True)
+        self.Rerank = channel.unary_unary(
+                '/bertserve.v1.Inference/Rerank',
+                request_serializer=bertserve_dot_v1_dot_inference__pb2.RerankRequest.SerializeToString,
+                response_deserializer=bertserve_dot_v1_dot_inference__pb2.RerankResponse.FromString,
+                _registered_method=True)
+        self.Score = channel.unary_unary(
+                '/bertserve.v1.Inference/Score',
+                request_serializer=bertserve_dot_v1_dot_inference__pb2.ScoreRequest.SerializeToString,
+                response_deserializer=bertserve_dot_v1_dot_inference__pb2.ScoreResponse.FromString,
+                _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/bertserve.v1.Inference/Tokenize',
                 request_serializer=bertserve_dot_v1_dot_inference__pb2.TokenizeRequest.SerializeToString,
@@ -90,6 +100,20 @@ class InferenceServicer:
 
     def Classify(self, request, context):
         """Per input, labels with scores, best first (sequence classification head).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rerank(self, request, context):
+        """Documents scored against one query by a cross-encoder (or an embedding model's cosine), best first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Score(self, request, context):
+        """One score per pair of texts: a cross-encoder's score, or the cosine of an embedding model's vectors.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -148,6 +172,16 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Classify,
                     request_deserializer=bertserve_dot_v1_dot_inference__pb2.ClassifyRequest.FromString,
                     response_serializer=bertserve_dot_v1_dot_inference__pb2.ClassifyResponse.SerializeToString,
+            ),
+            'Rerank': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rerank,
+                    request_deserializer=bertserve_dot_v1_dot_inference__pb2.RerankRequest.FromString,
+                    response_serializer=bertserve_dot_v1_dot_inference__pb2.RerankResponse.SerializeToString,
+            ),
+            'Score': grpc.unary_unary_rpc_method_handler(
+                    servicer.Score,
+                    request_deserializer=bertserve_dot_v1_dot_inference__pb2.ScoreRequest.FromString,
+                    response_serializer=bertserve_dot_v1_dot_inference__pb2.ScoreResponse.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
@@ -251,6 +285,60 @@ class Inference:
             '/bertserve.v1.Inference/Classify',
             bertserve_dot_v1_dot_inference__pb2.ClassifyRequest.SerializeToString,
             bertserve_dot_v1_dot_inference__pb2.ClassifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rerank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bertserve.v1.Inference/Rerank',
+            bertserve_dot_v1_dot_inference__pb2.RerankRequest.SerializeToString,
+            bertserve_dot_v1_dot_inference__pb2.RerankResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Score(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bertserve.v1.Inference/Score',
+            bertserve_dot_v1_dot_inference__pb2.ScoreRequest.SerializeToString,
+            bertserve_dot_v1_dot_inference__pb2.ScoreResponse.FromString,
             options,
             channel_credentials,
             insecure,
