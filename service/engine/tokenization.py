@@ -72,6 +72,9 @@ class PairNames:
     second: str = "pairs[{i}]"
 
 
+INPUT_PAIRS = PairNames()  # Classify's: inputs[i] with pairs[i]
+
+
 def check_strategy(strategy: str) -> str:
     if strategy not in TRUNCATION_STRATEGIES:
         raise InvalidInput(
@@ -178,7 +181,7 @@ class ModelTokenizer:
         truncate: bool,
         strategy: str = "longest_first",
         detailed: bool = False,
-        names: PairNames = PairNames(),
+        names: PairNames = INPUT_PAIRS,
     ) -> list[EncodedInput]:
         """Blocking: each pair (firsts[i], seconds[i]) as the model reads it ([CLS] a [SEP] b [SEP], segment
         ids 0 then 1, as the tokenizer's post-processor writes it). Each text is tokenized without special
