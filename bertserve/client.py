@@ -37,6 +37,10 @@ from bertserve.client_results import (
     MaskPrediction,
     Metadata,
     ModelInfo,
+    PairScore,
+    PairScores,
+    RankedDocument,
+    Reranking,
     ServerInfo,
     Token,
     Tokenization,
@@ -66,6 +70,10 @@ __all__ = [
     "MaskPrediction",
     "Metadata",
     "ModelInfo",
+    "PairScore",
+    "PairScores",
+    "RankedDocument",
+    "Reranking",
     "ServerInfo",
     "Token",
     "TokenizedInput",
@@ -173,19 +181,78 @@ class Client:
         self,
         inputs: Sequence[str],
         *,
+        pairs: Sequence[str] = (),
         model: str = "",
         top_k: int | None = None,
         raw_scores: bool = False,
         truncate: bool = False,
+        truncation_strategy: str = "",
         timeout: float | None = None,
     ) -> Classifications:
-        """Per input, labels best first (top_k None: all of them)."""
+        """Per input, labels best first (top_k None: all of them). `pairs`: sentence pairs, the second
+        text of each input; `truncation_strategy` (with truncate): "longest_first" (the server's default),
+        "only_first" or "only_second"."""
         request = pb.ClassifyRequest(
-            inputs=list(inputs), model=model, raw_scores=raw_scores, truncate=truncate
+            inputs=list(inputs),
+            pairs=list(pairs),
+            model=model,
+            raw_scores=raw_scores,
+            truncate=truncate,
+            truncation_strategy=truncation_strategy,
         )
         if top_k is not None:
             request.top_k = top_k
         return results.classifications(self.stub.Classify(request, timeout=self._timeout(timeout)))
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_n: int | None = None,
+        return_documents: bool = False,
+        model: str = "",
+        *,
+        raw_scores: bool = False,
+        truncate: bool | None = None,
+        timeout: float | None = None,
+    ) -> Reranking:
+        """The documents by relevance to the query, best first, each with its index in `documents` (top_n
+        None: all). `model` "": the server's default reranker (a cross-encoder, else the embedding model's
+        cosine); `truncate` None: the server cuts long documents to fit."""
+        request = pb.RerankRequest(
+            query=query,
+            documents=list(documents),
+            model=model,
+            return_documents=return_documents,
+            raw_scores=raw_scores,
+        )
+        if top_n is not None:
+            request.top_n = top_n
+        if truncate is not None:
+            request.truncate = truncate
+        return results.reranking(self.stub.Rerank(request, timeout=self._timeout(timeout)))
+
+    def score(
+        self,
+        texts_1: Sequence[str],
+        texts_2: Sequence[str],
+        *,
+        model: str = "",
+        raw_scores: bool = False,
+        truncate: bool = False,
+        truncation_strategy: str = "",
+        timeout: float | None = None,
+    ) -> PairScores:
+        """One score per pair: one text of texts_1 against every texts_2, or texts_1[i] with texts_2[i]."""
+        request = pb.ScoreRequest(
+            texts_1=list(texts_1),
+            texts_2=list(texts_2),
+            model=model,
+            raw_scores=raw_scores,
+            truncate=truncate,
+            truncation_strategy=truncation_strategy,
+        )
+        return results.pair_scores(self.stub.Score(request, timeout=self._timeout(timeout)))
 
     def tokenize(
         self, inputs: Sequence[str], *, model: str = "", truncate: bool = False, timeout: float | None = None

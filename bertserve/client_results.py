@@ -117,6 +117,41 @@ class Classifications(_Result):
 
 
 @dataclass(frozen=True)
+class RankedDocument(_Result):
+    index: int  # the document's position in the request
+    score: float  # relevance; higher is better
+    document: str  # its text when return_documents was asked for, else ""
+    truncated: bool  # the pair (or, by cosine, a text) was cut to max_length
+
+
+@dataclass(frozen=True)
+class Reranking(_Result):
+    results: list[RankedDocument]  # best first, the top_n
+    method: str  # "cross_encoder" | "cosine"
+    model: str
+    metadata: Metadata  # per document, in request order
+
+
+@dataclass(frozen=True)
+class PairScore(_Result):
+    score: float
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class PairScores(_Result):
+    results: list[PairScore]  # one per pair, in order
+    method: str  # "cross_encoder" | "cosine"
+    model: str
+    metadata: Metadata
+
+    @property
+    def scores(self) -> np.ndarray:
+        """The scores as float32 [pairs]."""
+        return np.array([r.score for r in self.results], dtype=np.float32)
+
+
+@dataclass(frozen=True)
 class Token(_Result):
     text: str
     id: int
@@ -180,6 +215,8 @@ class ModelInfo(_Result):
     labels: list[str]
     problem_type: str
     encoder: str
+    pairs: bool  # a classifier trained on sentence pairs
+    cross_encoder: bool  # one score per pair: answers Rerank and Score
 
 
 @dataclass(frozen=True)
@@ -230,6 +267,16 @@ def filled_masks(reply) -> FilledMasks:
 def classifications(reply) -> Classifications:
     results = [Classification([_from_message(LabelScore, s) for s in r.labels]) for r in reply.results]
     return Classifications(results, reply.metadata.model, Metadata.from_proto(reply.metadata))
+
+
+def reranking(reply) -> Reranking:
+    results = [_from_message(RankedDocument, r) for r in reply.results]
+    return Reranking(results, reply.method, reply.metadata.model, Metadata.from_proto(reply.metadata))
+
+
+def pair_scores(reply) -> PairScores:
+    results = [_from_message(PairScore, r) for r in reply.results]
+    return PairScores(results, reply.method, reply.metadata.model, Metadata.from_proto(reply.metadata))
 
 
 def tokenization(reply) -> Tokenization:

@@ -29,6 +29,7 @@ COMMAND_MODULES: dict[str, dict[str, str]] = {
         "embed": "client: sentence embeddings of texts",
         "fill-mask": "client: the likeliest tokens for each mask in texts",
         "classify": "client: labels with scores for texts",
+        "rerank": "client: documents ranked by relevance to a query, best first",
         "tokenize": "client: the model's tokens of texts, with ids and offsets",
         "info": "client: the server's models, tasks, limits and versions",
     },

@@ -8,6 +8,7 @@ with `CrossEncoder.predict`, and (cosine) with the server's own normalized embed
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import grpc
@@ -372,3 +373,63 @@ def test_rerank_with_two_workers_equals_one_process(models, stub):
             assert len(score.results) == len(FIRSTS) and score.method == "cross_encoder"
     finally:
         server.kill()
+
+
+# --- the client and the CLI -----------------------------------------------------------------------------
+
+
+def test_client_classifies_reranks_and_scores_pairs(server, stub):
+    from bertserve.client import Client
+
+    with Client(server.address, timeout=30) as client:
+        classified = client.classify(FIRSTS, pairs=SECONDS, model=PAIR_CLASSIFIER, raw_scores=True)
+        direct = stub.Classify(
+            pb.ClassifyRequest(inputs=FIRSTS, pairs=SECONDS, model=PAIR_CLASSIFIER, raw_scores=True),
+            timeout=30,
+        )
+        assert [[s.score for s in r.labels] for r in classified.results] == [
+            [s.score for s in r.labels] for r in direct.results
+        ]
+        ranked = client.rerank(QUERY, DOCUMENTS, top_n=3, return_documents=True)
+        assert ranked.method == "cross_encoder" and ranked.model == CROSS_ENCODER and len(ranked.results) == 3
+        assert all(r.document == DOCUMENTS[r.index] for r in ranked.results)
+        scores = [r.score for r in ranked.results]
+        assert scores == sorted(scores, reverse=True)
+        assert len(ranked.metadata.input_tokens) == len(DOCUMENTS)
+        scored = client.score([QUERY], DOCUMENTS)
+        by_index = {r.index: r.score for r in client.rerank(QUERY, DOCUMENTS).results}
+        np.testing.assert_allclose(scored.scores, [by_index[i] for i in range(len(DOCUMENTS))], atol=1e-6)
+        with pytest.raises(grpc.RpcError) as info:
+            client.rerank(QUERY, [LONG], truncate=False)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        info = {m.name: m for m in client.info().models}
+        assert info[CROSS_ENCODER].cross_encoder and not info[PAIR_CLASSIFIER].cross_encoder
+
+
+def test_cli_reranks_and_classifies_pairs(server, stub, capsys):
+    from bertserve.cli import main
+
+    expected = stub.Rerank(pb.RerankRequest(query=QUERY, documents=DOCUMENTS, top_n=2), timeout=30).results
+    argv = ["rerank", "--address", server.address, "--query", QUERY, *DOCUMENTS, "--top-n", "2"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"{r.index}  {r.score:.4f}  {DOCUMENTS[r.index]!r}" for r in expected]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [(r["index"], r["document"]) for r in result["results"]] == [
+        (r.index, DOCUMENTS[r.index]) for r in expected
+    ]
+    assert result["method"] == "cross_encoder"
+
+    argv = ["classify", "--address", server.address, "--model", PAIR_CLASSIFIER, "--json", "a cat", "the dog"]
+    assert main([*argv, "--pair", "a dog", "--pair", "the cat"]) == 0
+    paired = json.loads(capsys.readouterr().out)
+    response = stub.Classify(
+        pb.ClassifyRequest(inputs=["a cat", "the dog"], pairs=["a dog", "the cat"], model=PAIR_CLASSIFIER),
+        timeout=30,
+    )
+    assert [[s["label"] for s in r["labels"]] for r in paired["results"]] == [
+        [s.label for s in r.labels] for r in response.results
+    ]
+    assert main([*argv, "--pair", "a dog"]) == 1  # one pair for two inputs: the server's refusal, one line
+    assert "pairs: 1 texts for 2 inputs" in capsys.readouterr().err

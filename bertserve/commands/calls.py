@@ -1,5 +1,5 @@
-"""The client's calls as commands: `bertserve embed|fill-mask|classify|tokenize|info [--address HOST[:PORT]]
-[--json [--pretty]] TEXT...|-`.
+"""The client's calls as commands: `bertserve embed|fill-mask|classify|rerank|tokenize|info
+[--address HOST[:PORT]] [--json [--pretty]] TEXT...|-` (rerank's texts are its documents, beside --query).
 
 `-` as an input reads the inputs from standard input, one per line; `--json` prints the whole typed
 result (bertserve/client_results.py), zero values included, on one line (indented with `--pretty`).
@@ -43,6 +43,11 @@ def _describe_classify(result, inputs) -> str:
     return "\n".join(lines)
 
 
+def _describe_rerank(result, inputs) -> str:
+    """One line per document, best first: its index in the request, its score, its text."""
+    return "\n".join(f"{r.index}  {r.score:.4f}  {inputs[r.index]!r}" for r in result.results)
+
+
 def _describe_tokenize(result, inputs) -> str:
     return "\n".join(
         f"{text!r}: " + " ".join(f"{t.text}({t.id})" for t in tokenized.tokens)
@@ -70,7 +75,18 @@ def _call_fill_mask(client, args, inputs):
 
 def _call_classify(client, args, inputs):
     return client.classify(
-        inputs, model=args.model, top_k=args.top_k, raw_scores=args.raw_scores, truncate=args.truncate
+        inputs,
+        pairs=args.pairs or (),
+        model=args.model,
+        top_k=args.top_k,
+        raw_scores=args.raw_scores,
+        truncate=args.truncate,
+    )
+
+
+def _call_rerank(client, args, inputs):
+    return client.rerank(
+        args.query, inputs, args.top_n, True, args.model, raw_scores=args.raw_scores, truncate=args.truncate
     )
 
 
@@ -87,6 +103,7 @@ CLIENT_COMMANDS = {
     "embed": (_call_embed, _describe_embed),
     "fill-mask": (_call_fill_mask, _describe_fill_mask),
     "classify": (_call_classify, _describe_classify),
+    "rerank": (_call_rerank, _describe_rerank),
     "tokenize": (_call_tokenize, _describe_tokenize),
     "info": (_call_info, _describe_info),
 }
@@ -164,11 +181,20 @@ def _register_client_command(subparsers, command: str) -> None:
             metavar="NAME",
             help="model to ask (default: the server's default for this task, see `bertserve info`)",
         )
-        parser.add_argument(
-            "--truncate",
-            action="store_true",
-            help="cut inputs longer than the model's max_length instead of refusing them",
-        )
+        if command == "rerank":
+            parser.add_argument(
+                "--truncate",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help="cut documents to fit the model's max_length beside the query, or refuse them "
+                "(default: cut)",
+            )
+        else:
+            parser.add_argument(
+                "--truncate",
+                action="store_true",
+                help="cut inputs longer than the model's max_length instead of refusing them",
+            )
         parser.add_argument(
             "inputs",
             nargs="+",
@@ -188,9 +214,30 @@ def _register_client_command(subparsers, command: str) -> None:
         )
     if command == "classify":
         parser.add_argument(
+            "--pair",
+            dest="pairs",
+            action="append",
+            metavar="TEXT",
+            help="the second text of a sentence pair, once per input in order (default: single texts)",
+        )
+    if command in ("classify", "rerank"):
+        parser.add_argument(
             "--raw-scores",
             action="store_true",
-            help="scores are the raw logits instead of softmax (single-label) or sigmoid (multi-label)",
+            help="scores are the raw logits instead of softmax (single-label) or sigmoid (multi-label, "
+            "a cross-encoder's one label)",
+        )
+    if command == "rerank":
+        parser.add_argument(
+            "--query", required=True, metavar="TEXT", help="the text to rank the documents by"
+        )
+        parser.add_argument(
+            "--top-n",
+            dest="top_n",
+            type=_positive,
+            default=None,
+            metavar="N",
+            help="the best N (default: all)",
         )
     parser.set_defaults(run=_run_client)
 
