@@ -17,6 +17,9 @@ Data path of a batched call (embed, fill_mask, classify)::
                 │  thread runs the encoder once per batch, then each model's head on its own rows
                 └─ typed result with CallMeta (queue = waiting, inference = compute)
 
+Classify takes sentence pairs (`pairs`), tokenized together (`ModelTokenizer.encode_pairs`); Rerank and
+Score (service/core/pairs.py, inherited) are Classify or Embed inputs of the same path.
+
 Attention calls are admitted by the same owner (a separate `max_queue_attention` limit, their place taken
 before tokenizing) and run on the same worker thread, alternating with batches: a batch waits behind at
 most one attention run.
@@ -49,9 +52,7 @@ from bertserve.service.core.results import (
     ServerInfo,
     TokenizeResult,
 )
-from bertserve.service.core.results import (
-    call_meta as _meta,
-)
+from bertserve.service.core.results import call_meta as _meta
 from bertserve.service.core.server_info import library_versions, limits_of, model_info_of
 from bertserve.service.core.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
 from bertserve.service.core.validation import (
