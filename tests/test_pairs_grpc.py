@@ -433,3 +433,28 @@ def test_cli_reranks_and_classifies_pairs(server, stub, capsys):
     ]
     assert main([*argv, "--pair", "a dog"]) == 1  # one pair for two inputs: the server's refusal, one line
     assert "pairs: 1 texts for 2 inputs" in capsys.readouterr().err
+
+
+def test_the_manifests_activation_scores_a_cross_encoder(models, tmp_path):
+    """`cross_encoder.activation` in the manifest (here identity: the logit) replaces the default sigmoid,
+    in Rerank, Score and Classify alike; raw_scores stays the logit."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(models.repo / CROSS_ENCODER, repo / CROSS_ENCODER)
+    manifest_path = repo / CROSS_ENCODER / "1" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["tasks"]["classify"]["cross_encoder"] = {"activation": "identity"}
+    manifest_path.write_text(json.dumps(manifest))
+    logits = models.cross_encoder.predict([(QUERY, d) for d in DOCUMENTS], activation_fn=torch.nn.Identity())
+    with (
+        ServerThread(model_repo=repo, max_queue_delay_ms=5) as server,
+        grpc.insecure_channel(server.address) as ch,
+    ):
+        stub = pb_grpc.InferenceStub(ch)
+        ranked = stub.Rerank(pb.RerankRequest(query=QUERY, documents=DOCUMENTS), timeout=30)
+        np.testing.assert_allclose([r.score for r in ranked.results], np.sort(logits)[::-1], atol=TOL)
+        scored = stub.Score(pb.ScoreRequest(texts_1=[QUERY], texts_2=DOCUMENTS), timeout=30)
+        np.testing.assert_allclose([r.score for r in scored.results], logits, atol=TOL)
+        classified = stub.Classify(pb.ClassifyRequest(inputs=[QUERY] * 5, pairs=DOCUMENTS), timeout=30)
+        np.testing.assert_allclose([r.labels[0].score for r in classified.results], logits, atol=TOL)
