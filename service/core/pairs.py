@@ -79,10 +79,13 @@ class PairCalls:
                 RERANK_NAMES,
             )
         else:
-            names = lambda k: "query" if k == 0 else f"documents[{k - 1}]"  # noqa: E731
+
+            def name(k: int) -> str:
+                return "query" if k == 0 else f"documents[{k - 1}]"
+
             left, right = [0] * n, list(range(1, n + 1))
             scores, meta = await self._cosine_scores(
-                served, lambda: [query, *texts()], left, right, truncate, deadline, names
+                served, lambda: [query, *texts()], left, right, truncate, deadline, name
             )
         order = np.argsort(-scores, kind="stable")[:top_n]
         ranked = [
@@ -134,7 +137,10 @@ class PairCalls:
             width = len(texts_1)
             left = [0] * n if one else list(range(n))
             right = list(range(width, width + n))
-            name = lambda k: f"texts_1[{k}]" if k < width else f"texts_2[{k - width}]"  # noqa: E731
+
+            def name(k: int) -> str:
+                return f"texts_1[{k}]" if k < width else f"texts_2[{k - width}]"
+
             scores, meta = await self._cosine_scores(
                 served, lambda: [t for side in checked() for t in side], left, right, truncate, deadline, name
             )
