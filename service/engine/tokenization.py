@@ -134,6 +134,8 @@ class ModelTokenizer:
             pair.no_padding()
             pair.enable_truncation(max_length, strategy=strategy)
         self._pair_specials = self._whole.num_special_tokens_to_add(is_pair=True)
+        # longest_first cuts two long texts to half the room each; an odd room's extra token goes to the longer
+        self._odd_room = (max_length - self._pair_specials) % 2 == 1
         self.spec = spec
         self.max_length = max_length
         self.vocab_size = self._whole.get_vocab_size(with_added_tokens=True)
@@ -236,7 +238,7 @@ class ModelTokenizer:
             )
         if cut and strategy != "longest_first":
             a, b = self._shortened(a, b, strategy)
-        elif cut and len(a.ids) == len(b.ids) and (a_cut or b_cut):
+        elif cut and len(a.ids) == len(b.ids) and (a_cut or b_cut) and self._odd_room:
             a, b = self._ordered(first, second, a, a_cut, b, b_cut)
         try:
             encoding = post.post_process(a, b)
@@ -273,7 +275,8 @@ class ModelTokenizer:
         """(a, b) cut to max_length tokens each, equally long, with at least one cut: longest_first then
         cuts both to half, and gives the odd token to the longer text, which these lengths no longer
         tell. The shorter whole text (counted when both were cut) is copied one token shorter; both keep
-        fewer than that, so the result is the whole texts' own."""
+        fewer than that, so the result is the whole texts' own. The one cost not bounded by max_length:
+        a pair of two texts over it is counted whole (each at most max_input_chars)."""
         la = self.count_tokens(first, special=False) if a_cut else len(a.ids)
         lb = self.count_tokens(second, special=False) if b_cut else len(b.ids)
         if la == lb:
@@ -329,9 +332,11 @@ class ModelTokenizer:
             pieces.append(text[start:end])
             start = end
         count = self._whole.num_special_tokens_to_add(is_pair=False) if special else 0
+        # ids only: the library skips token strings and offsets (0.20+)
+        count_batch = getattr(self._whole, "encode_batch_fast", self._whole.encode_batch)
         lengths = {k: len(piece) for k, piece in enumerate(pieces)}
         for chunk in _chunks(lengths):
-            encodings = self._whole.encode_batch([pieces[k] for k in chunk], add_special_tokens=False)
+            encodings = count_batch([pieces[k] for k in chunk], add_special_tokens=False)
             count += sum(len(e.ids) for e in encodings)
         return count
 
