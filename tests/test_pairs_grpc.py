@@ -253,6 +253,10 @@ def test_cosine_rerank_embeds_the_query_once(stub, server):
         before, "bertserve_inputs_total", model=EMBED, task="embed"
     )
     assert moved == len(DOCUMENTS) + 1
+    answered = metric(after, "bertserve_requests_total", rpc="Rerank", code="OK") - metric(
+        before, "bertserve_requests_total", rpc="Rerank", code="OK"
+    )
+    assert answered == 1  # counted under its own RPC name
 
 
 # --- Score ----------------------------------------------------------------------------------------------
