@@ -11,7 +11,8 @@ import random
 import pytest
 from transformers import BertTokenizerFast
 
-from bertserve.service.engine.tokenization import TRUNCATION_STRATEGIES, ModelTokenizer, PairNames
+from bertserve.service.engine.pair_truncation import TRUNCATION_STRATEGIES, PairNames
+from bertserve.service.engine.tokenization import ModelTokenizer
 from bertserve.service.errors import InvalidInput
 from tests.test_tokenization_bounded import random_texts, spec, tokenizer_files
 

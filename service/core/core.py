@@ -66,11 +66,12 @@ from bertserve.service.engine.attention import check_response_size, select_indic
 from bertserve.service.engine.batcher import ItemResult, Permit, WorkItem
 from bertserve.service.engine.encoders import EncoderGroup, attach_batchers, batch_limits
 from bertserve.service.engine.model_registry import ModelRegistry
+from bertserve.service.engine.pair_truncation import check_strategy
 from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tasks.classify import ranked
 from bertserve.service.engine.tasks.fill_mask import mask_positions
-from bertserve.service.engine.tokenization import EncodedInput, check_strategy
+from bertserve.service.engine.tokenization import EncodedInput
 from bertserve.service.errors import InvalidInput
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings

@@ -15,20 +15,17 @@ import functools
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bertserve.service.core.results import CallMeta, RankedDocument, RerankResult, ScoreResult, call_meta
 from bertserve.service.core.validation import check_count, check_text, check_texts
 from bertserve.service.engine.model_registry import CROSS_ENCODER
+from bertserve.service.engine.pair_truncation import INPUT_PAIRS, PairNames, check_strategy
 from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks import Task, TaskOptions
-from bertserve.service.engine.tokenization import INPUT_PAIRS, EncodedInput, PairNames, check_strategy
+from bertserve.service.engine.tokenization import EncodedInput
 from bertserve.service.errors import InvalidInput
-
-if TYPE_CHECKING:
-    from bertserve.service.core.core import InferenceCore
 
 RERANK_NAMES = PairNames(pair="documents[{i}]", first="query", second="documents[{i}]")
 ONE_TO_MANY_NAMES = PairNames(pair="texts_2[{i}]", first="texts_1[0]", second="texts_2[{i}]")
@@ -37,10 +34,12 @@ _INPUT = re.compile(r"^inputs\[(\d+)\]")
 
 
 class PairCalls:
-    """Rerank and Score; mixed into `InferenceCore`, whose admission, tokenization and runs they use."""
+    """Rerank and Score, mixed into `InferenceCore` (this module imports nothing of it): they use its
+    `registry`, `settings`, `metrics`, `off_loop`, `inline_tokenize_chars`, `_tokenize` and
+    `_admitted_run` (room in the queue first, then tokenization, then the run)."""
 
     async def rerank(
-        self: InferenceCore,
+        self,
         model: str,
         query: str,
         documents: Sequence[str],
@@ -95,7 +94,7 @@ class PairCalls:
         return RerankResult(ranked, method, meta)
 
     async def score(
-        self: InferenceCore,
+        self,
         model: str,
         texts_1: Sequence[str],
         texts_2: Sequence[str],
@@ -147,7 +146,7 @@ class PairCalls:
         return ScoreResult(scores, list(meta.truncated), method, meta)
 
     async def _tokenize_pairs(
-        self: InferenceCore,
+        self,
         model: ServedModel,
         firsts: list[str],
         seconds: list[str],
@@ -167,7 +166,7 @@ class PairCalls:
         return encoded, time.perf_counter() - started
 
     async def _cross_scores(
-        self: InferenceCore,
+        self,
         served: ServedModel,
         pairs: Callable[[], tuple[list[str], list[str]]],
         count: int,
@@ -189,7 +188,7 @@ class PairCalls:
         return scores, call_meta(served, encoded, tokenize_s, results)
 
     async def _cosine_scores(
-        self: InferenceCore,
+        self,
         served: ServedModel,
         texts: Callable[[], list[str]],
         left: list[int],

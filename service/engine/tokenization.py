@@ -17,8 +17,17 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from bertserve.manifest import TokenizerSpec
+from bertserve.service.engine.pair_truncation import (
+    INPUT_PAIRS,
+    PairNames,
+    check_strategy,
+    no_room,
+    ordered,
+    pair_tokenizers,
+    shortened,
+)
 from bertserve.service.engine.word_boundaries import WordBoundaries, supports_prefixes
-from bertserve.service.errors import InvalidInput, StartupError, quote
+from bertserve.service.errors import InvalidInput, StartupError
 
 
 @dataclass(frozen=True)
@@ -57,30 +66,6 @@ class EncodedInput:
         if self.details is None:
             raise ValueError("this input was tokenized for the graph alone (encode with detailed=True)")
         return self.details
-
-
-# The tokenizer's truncation strategies for a pair too long for max_length (as transformers names them).
-TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
-
-
-@dataclass(frozen=True)
-class PairNames:
-    """How a call's fields are named in `encode_pairs`' refusals; "{i}" is the pair's index."""
-
-    pair: str = "inputs[{i}]"
-    first: str = "inputs[{i}]"
-    second: str = "pairs[{i}]"
-
-
-INPUT_PAIRS = PairNames()  # Classify's: inputs[i] with pairs[i]
-
-
-def check_strategy(strategy: str) -> str:
-    if strategy not in TRUNCATION_STRATEGIES:
-        raise InvalidInput(
-            f"truncation_strategy: {quote(strategy)} is not one of {', '.join(TRUNCATION_STRATEGIES)}"
-        )
-    return strategy
 
 
 # The first prefix of a long text: this many characters per token the model can take (English averages
@@ -126,16 +111,8 @@ class ModelTokenizer:
         self._whole.no_padding()
         self._cutting.no_padding()
         self._cutting.enable_truncation(max_length)
-        # pairs: one tokenizer per truncation strategy, its post-processor adds the special tokens and
-        # segment ids and its truncation cuts the pair (never reconfigured: tokenization runs on threads)
-        self._pairs: dict[str, Tokenizer] = {}
-        for strategy in TRUNCATION_STRATEGIES:
-            pair = self._pairs[strategy] = Tokenizer.from_file(str(path))
-            pair.no_padding()
-            pair.enable_truncation(max_length, strategy=strategy)
+        self._pairs = pair_tokenizers(path, max_length)
         self._pair_specials = self._whole.num_special_tokens_to_add(is_pair=True)
-        # longest_first cuts two long texts to half the room each; an odd room's extra token goes to the longer
-        self._odd_room = (max_length - self._pair_specials) % 2 == 1
         self.spec = spec
         self.max_length = max_length
         self.vocab_size = self._whole.get_vocab_size(with_added_tokens=True)
@@ -228,62 +205,32 @@ class ModelTokenizer:
         (a, a_cut), (b, b_cut) = a_piece, b_piece
         cut = a_cut or b_cut or len(a.ids) + len(b.ids) + self._pair_specials > self.max_length
         if cut and not truncate:
-            count = self._pair_specials + sum(
-                self.count_tokens(text, special=False) if was_cut else len(piece.ids)
-                for text, piece, was_cut in ((first, a, a_cut), (second, b, b_cut))
+            count = (
+                self._pair_specials + self._whole_count(first, a, a_cut) + self._whole_count(second, b, b_cut)
             )
             raise InvalidInput(
                 f"{names.pair.format(i=i)}: {count} tokens (pair) is more than the model's max_length "
                 f"{self.max_length} (set truncate to cut it)"
             )
+        room = self.max_length - self._pair_specials
         if cut and strategy != "longest_first":
-            a, b = self._shortened(a, b, strategy)
-        elif cut and len(a.ids) == len(b.ids) and (a_cut or b_cut) and self._odd_room:
-            a, b = self._ordered(first, second, a, a_cut, b, b_cut)
+            a, b = shortened(a, b, strategy, room)
+        elif cut and len(a.ids) == len(b.ids) and (a_cut or b_cut) and room % 2:
+            # the one cost not bounded by max_length: two texts over it are counted whole
+            a, b = ordered(a, b, self._whole_count(first, a, a_cut), self._whole_count(second, b, b_cut))
         try:
             encoding = post.post_process(a, b)
         except Exception:  # the library's truncation error: the text kept whole leaves no room
-            kept = (first, a, a_cut, names.first, names.second)
-            if strategy == "only_first":
-                kept = (second, b, b_cut, names.second, names.first)
-            text, piece, was_cut, kept_name, cut_name = kept
-            count = self.count_tokens(text, special=False) if was_cut else len(piece.ids)
-            kept_name, cut_name = kept_name.format(i=i), cut_name.format(i=i)
+            kept = (first, a, a_cut) if strategy == "only_second" else (second, b, b_cut)
+            count = self._whole_count(*kept)
             raise InvalidInput(
-                f"{kept_name}: {count} tokens leave no room for {cut_name} within max_length "
-                f"{self.max_length} ({self._pair_specials} special tokens included); truncation_strategy "
-                f"{strategy} cuts only {cut_name}"
+                no_room(names, i, strategy, count, self.max_length, self._pair_specials)
             ) from None
         return _encoded(encoding, cut, detailed)
 
-    def _shortened(self, a: Encoding, b: Encoding, strategy: str) -> tuple[Encoding, Encoding]:
-        """(a, b) with the text that `strategy` cuts copied and pre-cut to one token more than it keeps:
-        the library splits what it cuts off into pieces the size of what it keeps, and its post-processor
-        joins the other text to every piece, so a long text cut to a few tokens would cost the square of
-        max_length in tokens. The result is the same: the kept length depends on the other text alone."""
-        cut, other = (b, a) if strategy == "only_second" else (a, b)
-        keep = self.max_length - self._pair_specials - len(other.ids)
-        if keep < 1 or len(cut.ids) <= keep + 1:
-            return a, b  # nothing to spare (or the library refuses the pair)
-        copy = Encoding.merge([cut], growing_offsets=False)
-        copy.truncate(keep + 1)
-        return (a, copy) if strategy == "only_second" else (copy, b)
-
-    def _ordered(
-        self, first: str, second: str, a: Encoding, a_cut: bool, b: Encoding, b_cut: bool
-    ) -> tuple[Encoding, Encoding]:
-        """(a, b) cut to max_length tokens each, equally long, with at least one cut: longest_first then
-        cuts both to half, and gives the odd token to the longer text, which these lengths no longer
-        tell. The shorter whole text (counted when both were cut) is copied one token shorter; both keep
-        fewer than that, so the result is the whole texts' own. The one cost not bounded by max_length:
-        a pair of two texts over it is counted whole (each at most max_input_chars)."""
-        la = self.count_tokens(first, special=False) if a_cut else len(a.ids)
-        lb = self.count_tokens(second, special=False) if b_cut else len(b.ids)
-        if la == lb:
-            return a, b
-        shorter = Encoding.merge([b if la > lb else a], growing_offsets=False)
-        shorter.truncate(len(shorter.ids) - 1)
-        return (a, shorter) if la > lb else (shorter, b)
+    def _whole_count(self, text: str, piece: Encoding, cut: bool) -> int:
+        """The tokens of a whole text (no special tokens), of which `piece` is the first (all unless `cut`)."""
+        return self.count_tokens(text, special=False) if cut else len(piece.ids)
 
     def _prefixes(
         self,
