@@ -25,8 +25,6 @@ from bertserve.service.core.results import (
     ClassifyResult,
     EmbedResult,
     FillMaskResult,
-    RerankResult,
-    ScoreResult,
     TokenizeResult,
 )
 from bertserve.service.engine.tokenization import EncodedInput
@@ -37,6 +35,7 @@ from bertserve.service.http.schema import Fields, json_object
 from bertserve.service.http.transport import Response, json_response
 
 if TYPE_CHECKING:
+    from bertserve.service.core.results import RerankResult, ScoreResult
     from bertserve.service.http.app import HttpFront
 
 PREFIX = "/bertserve/v1"

@@ -3,6 +3,7 @@ shapes): documents, top_n, the vLLM/Cohere token limits, and core errors renamed
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -91,12 +92,11 @@ def check_token_limit(front: HttpFront, model: str, tokens: int | None, field: s
 @contextmanager
 def renamed(names: dict[str, str]) -> Iterator[None]:
     """The core's messages name the bertserve.v1 fields (documents, texts_1...): a route whose fields are
-    named otherwise renames the one its message starts with."""
+    named otherwise gets them under its own names."""
     try:
         yield
     except InvalidInput as exc:
         text = str(exc)
         for old, new in names.items():
-            if text.startswith(old) and text[len(old) : len(old) + 1] in ("[", ":", "."):
-                raise InvalidInput(new + text[len(old) :]) from None
-        raise
+            text = re.sub(rf"\b{re.escape(old)}\b", new, text)
+        raise InvalidInput(text) from None

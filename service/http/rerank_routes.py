@@ -25,7 +25,6 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from bertserve.service.core.results import RerankResult, ScoreResult
 from bertserve.service.errors import InvalidInput
 from bertserve.service.http.json_body import off_loop_above
 from bertserve.service.http.pair_fields import (
@@ -41,6 +40,7 @@ from bertserve.service.http.schema import Fields, json_object, kind_of
 from bertserve.service.http.transport import Response, json_response
 
 if TYPE_CHECKING:
+    from bertserve.service.core.results import RerankResult, ScoreResult
     from bertserve.service.http.app import HttpFront
 
 JSON_RESULT_BYTES = (
