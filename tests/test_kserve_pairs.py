@@ -84,7 +84,11 @@ def test_rest_text_pair_bad_input(server):
         return {"inputs": [text, {"name": "text_pair", "datatype": "BYTES", **pair}]}
 
     cases = [
-        ({"shape": [3], "data": ["a", "b", "c"]}, "inputs['text_pair'].shape", "must match 'text'"),
+        (
+            {"shape": [3], "data": ["a", "b", "c"]},
+            "inputs['text_pair'].shape",
+            "must match the 2 elements of 'text'",
+        ),
         ({"shape": [2], "data": ["a", 1]}, "inputs['text_pair'].data[1]", "must be a string"),
         ({"shape": [2], "data": ["a"]}, "inputs['text_pair']", "needs 2 elements"),
     ]

@@ -43,9 +43,8 @@ if TYPE_CHECKING:
     from bertserve.service.core.results import RerankResult, ScoreResult
     from bertserve.service.http.app import HttpFront
 
-JSON_RESULT_BYTES = (
-    80  # a result entry without its document text: to decide which replies are built off the loop
-)
+# A result entry without its document, in JSON: to decide which replies are built off the loop.
+JSON_RESULT_BYTES = 80
 
 
 def _reply_size(result: RerankResult) -> int:
@@ -56,10 +55,16 @@ def _usage(tokens: int) -> dict:
     return {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
-async def _rerank(
-    front: HttpFront, call: Call, model: str, query: str, docs: list[str], **options
-) -> RerankResult:
-    return await front.core.rerank(model, query, docs, deadline=call.deadline, **options)
+def _ranked(result: RerankResult, score: str, document: bool) -> list[dict]:
+    """The results best first: index, the score under `score`, the text as {"text": ...} (`document`) or
+    as "text" (TEI's) when returned."""
+    entries = []
+    for r in result.results:
+        entry = {"index": r.index, score: float(r.score)}
+        if r.document is not None:
+            entry.update({"document": {"text": r.document}} if document else {"text": r.document})
+        entries.append(entry)
+    return entries
 
 
 def _prompt_tokens(fields: Fields) -> int | None:
@@ -71,17 +76,11 @@ def _prompt_tokens(fields: Fields) -> int | None:
 
 
 def _jina_reply(result: RerankResult) -> Response:
-    results = []
-    for r in result.results:
-        entry = {"index": r.index, "relevance_score": float(r.score)}
-        if r.document is not None:
-            entry["document"] = {"text": r.document}
-        results.append(entry)
     body = {
         "id": f"rerank-{uuid.uuid4().hex}",
         "model": result.meta.model,
         "usage": _usage(result.meta.total_tokens),
-        "results": results,
+        "results": _ranked(result, "relevance_score", document=True),
     }
     return json_response(200, body)
 
@@ -97,20 +96,15 @@ async def rerank_v1(front: HttpFront, call: Call) -> Response:
     if model:  # else checked against the model that answered
         check_token_limit(front, model, tokens, "truncate_prompt_tokens")
     options = {} if tokens is None else {"truncate": True}
-    result = await _rerank(
-        front, call, model, query, docs, top_n=count, return_documents=return_documents, **options
+    result = await front.core.rerank(
+        model, query, docs, top_n=count, return_documents=return_documents, deadline=call.deadline, **options
     )
     check_token_limit(front, result.meta.model, tokens, "truncate_prompt_tokens")
     return await off_loop_above(front, _reply_size(result), _jina_reply, result)
 
 
 def _cohere_reply(result: RerankResult) -> Response:
-    results = []
-    for r in result.results:
-        entry = {"index": r.index, "relevance_score": float(r.score)}
-        if r.document is not None:
-            entry["document"] = {"text": r.document}
-        results.append(entry)
+    results = _ranked(result, "relevance_score", document=True)
     meta = {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}}
     return json_response(200, {"id": str(uuid.uuid4()), "results": results, "meta": meta})
 
@@ -149,19 +143,15 @@ async def rerank_v2(front: HttpFront, call: Call) -> Response:
         raise InvalidInput(f"max_tokens_per_doc: must be at least 1 (got {per_doc})")
     if model:  # else checked against the model that answered
         check_token_limit(front, model, per_doc, "max_tokens_per_doc")
-    result = await _rerank(front, call, model, query, docs, top_n=count, return_documents=return_documents)
+    result = await front.core.rerank(
+        model, query, docs, top_n=count, return_documents=return_documents, deadline=call.deadline
+    )
     check_token_limit(front, result.meta.model, per_doc, "max_tokens_per_doc")
     return await off_loop_above(front, _reply_size(result), _cohere_reply, result)
 
 
 def _tei_reply(result: RerankResult) -> Response:
-    ranks = []
-    for r in result.results:
-        entry = {"index": r.index, "score": float(r.score)}
-        if r.document is not None:
-            entry["text"] = r.document
-        ranks.append(entry)
-    return json_response(200, ranks)
+    return json_response(200, _ranked(result, "score", document=False))
 
 
 async def rerank_tei(front: HttpFront, call: Call) -> Response:
@@ -173,19 +163,19 @@ async def rerank_tei(front: HttpFront, call: Call) -> Response:
     direction = fields.string("truncation_direction", "right")
     if direction.lower() != "right":
         raise InvalidInput(
-            f"truncation_direction: only 'right' is supported (documents are cut at their end; got {direction[:32]!r})"
+            "truncation_direction: only 'right' is supported (documents are cut at their end; "
+            f"got {direction[:32]!r})"
         )
     truncate = fields.boolean("truncate", None)
     options = {} if truncate is None else {"truncate": truncate}
     with renamed({"documents": "texts"}):
-        result = await _rerank(
-            front,
-            call,
+        result = await front.core.rerank(
             "",
             query,
             docs,
             return_documents=fields.boolean("return_text"),
             raw_scores=fields.boolean("raw_scores"),
+            deadline=call.deadline,
             **options,
         )
     return await off_loop_above(front, _reply_size(result), _tei_reply, result)

@@ -141,7 +141,7 @@ def _read_tensor(tensor: dict, binary: memoryview | None, max_inputs: int, count
     declared = _count(tensor, field, max_inputs)
     if count is not None and declared != count:
         raise InvalidInput(
-            f"{field}.shape: {quote(tensor['shape'])} must match {TEXT_INPUT!r}'s {count} elements"
+            f"{field}.shape: {quote(tensor['shape'])} must match the {count} elements of {TEXT_INPUT!r}"
         )
     if binary is not None:
         if "data" in tensor:

@@ -79,7 +79,7 @@ def _read_tensor(request: pb.ModelInferRequest, index: int, max_inputs: int, cou
         )
     if count is not None and declared != count:
         raise InvalidInput(
-            f"{field}.shape: {quote(list(tensor.shape))} must match {TEXT_INPUT!r}'s {count} elements"
+            f"{field}.shape: {quote(list(tensor.shape))} must match the {count} elements of {TEXT_INPUT!r}"
         )
     if request.raw_input_contents:
         if tensor.HasField("contents"):
