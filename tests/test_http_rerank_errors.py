@@ -177,7 +177,8 @@ def limits_server(pair_repo):
 
 def test_pair_routes_take_two_texts_per_input(limits_server):
     """A request of max_inputs_per_request pairs (or document objects: a key and a text each) holds twice
-    the strings of one of single texts; the body's count check allows it, and refuses one more."""
+    the strings of one of single texts; the body's count check allows it (JSON routes and KServe REST),
+    and the route refuses one document more."""
     docs = [{"text": f"d{i}"} for i in range(1100)]
     firsts = [f"a{i}" for i in range(1100)]
     with httpx.Client(base_url=limits_server.http_url, timeout=120) as client:
@@ -189,6 +190,14 @@ def test_pair_routes_take_two_texts_per_input(limits_server):
         )
         assert classified.status_code == 200, classified.text[:300]
         assert len(classified.json()["results"]) == 1100
+        tensors = [
+            {"name": name, "datatype": "BYTES", "shape": [1100], "data": firsts}
+            for name in ("text", "text_pair")
+        ]
+        kserve = client.post(
+            f"/v2/models/{CLASSIFIER}/infer", json={"inputs": tensors, "parameters": {"top_k": 1}}
+        )
+        assert kserve.status_code == 200, kserve.text[:300]
         over = client.post("/v1/rerank", json={"query": "a", "documents": [*docs, {"text": "x"}]})
         assert over.status_code == 400 and "1100" in over.json()["error"]["message"]
 
