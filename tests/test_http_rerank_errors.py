@@ -169,8 +169,8 @@ def limits_server(pair_repo):
         max_queue_delay_ms=5,
         max_inputs_per_request=1100,
         max_queue_inputs=2200,
-        max_message_bytes=64 * 1024,
-        http_max_body_bytes_in_flight=64 * 1024,
+        max_message_bytes=128 * 1024,
+        http_max_body_bytes_in_flight=128 * 1024,
     ) as server:
         yield server
 
@@ -200,11 +200,14 @@ def test_pair_routes_take_two_texts_per_input(limits_server):
         assert kserve.status_code == 200, kserve.text[:300]
         over = client.post("/v1/rerank", json={"query": "a", "documents": [*docs, {"text": "x"}]})
         assert over.status_code == 400 and "1100" in over.json()["error"]["message"]
+        padded = [{"text": f"d{i}", "x": "y"} for i in range(1100)]  # 4 strings a document: refused unparsed
+        over = client.post("/v1/rerank", json={"query": "a", "documents": padded})
+        assert over.status_code == 400 and "JSON strings" in over.json()["error"]["message"]
 
 
 def test_a_body_over_max_message_bytes_is_413(limits_server):
     with httpx.Client(base_url=limits_server.http_url, timeout=60) as client:
         for path in ("/v1/rerank", "/v2/rerank", "/rerank", "/v1/score"):
-            big = client.post(path, json={"query": "q", "documents": ["word " * 14_000]})
+            big = client.post(path, json={"query": "q", "documents": ["word " * 30_000]})
             assert big.status_code == 413, (path, big.status_code)
         assert client.post("/rerank", json={"query": "q", "texts": ["a"]}).status_code == 200
