@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from typing import TypeVar
 
@@ -37,10 +37,10 @@ import numpy as np
 
 from bertserve import __version__
 from bertserve.service.core.loop_lag import LoopLagMonitor
+from bertserve.service.core.pairs import PairCalls
 from bertserve.service.core.remote_engine import EngineLink, RemoteBatcher
 from bertserve.service.core.results import (
     AttentionResult,
-    CallMeta,
     ClassifyResult,
     EmbedResult,
     FillMaskResult,
@@ -49,11 +49,15 @@ from bertserve.service.core.results import (
     ServerInfo,
     TokenizeResult,
 )
+from bertserve.service.core.results import (
+    call_meta as _meta,
+)
 from bertserve.service.core.server_info import library_versions, limits_of, model_info_of
 from bertserve.service.core.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
 from bertserve.service.core.validation import (
     check_count,
     check_fill_mask_response_size,
+    check_pair_count,
     check_texts,
     check_top_k,
 )
@@ -65,7 +69,7 @@ from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tasks.classify import ranked
 from bertserve.service.engine.tasks.fill_mask import mask_positions
-from bertserve.service.engine.tokenization import EncodedInput
+from bertserve.service.engine.tokenization import EncodedInput, check_strategy
 from bertserve.service.errors import InvalidInput
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
@@ -87,23 +91,6 @@ def deadline_after(seconds: float | None) -> float | None:
     return None if seconds is None else time.monotonic() + seconds
 
 
-def _meta(
-    model: ServedModel, encoded: list[EncodedInput], tokenize_s: float, results: Sequence[ItemResult]
-) -> CallMeta:
-    batches = {r.batch_id: r.inference_s for r in results}
-    return CallMeta(
-        model=model.name,
-        version=model.version,
-        encoder=model.encoder.name,
-        input_tokens=[e.length for e in encoded],
-        truncated=[e.truncated for e in encoded],
-        queue_s=max((r.queue_s for r in results), default=0.0),
-        inference_s=sum(batches.values()),
-        tokenize_s=tokenize_s,
-        batches=len(batches),
-    )
-
-
 def _stacked(rows: list[np.ndarray]) -> np.ndarray:
     """(n, dimension): one input's row is viewed, not copied (most calls have one input)."""
     if len(rows) == 1:
@@ -111,9 +98,11 @@ def _stacked(rows: list[np.ndarray]) -> np.ndarray:
     return np.stack(rows) if rows else np.zeros((0, 0), np.float32)
 
 
-class InferenceCore:
+class InferenceCore(PairCalls):
     """One per server. Create it with the loaded models, `await start()`, call its methods from the event
     loop, `await close()` at the end."""
+
+    inline_tokenize_chars = INLINE_TOKENIZE_CHARS
 
     def __init__(
         self,
@@ -206,14 +195,25 @@ class InferenceCore:
         model: str,
         texts: Sequence[str],
         *,
+        pairs: Sequence[str] | None = None,
         truncate: bool = False,
+        truncation_strategy: str = "longest_first",
         top_k: int | None = None,
         raw_scores: bool = False,
         deadline: float | None = None,
     ) -> ClassifyResult:
-        """Per text, labels with scores best first: the `top_k` best (None: all labels)."""
+        """Per text, labels with scores best first: the `top_k` best (None: all labels). `pairs`: sentence
+        pairs, the second text of each input (cut by `truncation_strategy` when `truncate`)."""
         call = ClassifyCall(top_k, raw_scores)
-        (result,) = await self.infer(model, texts, [call], truncate=truncate, deadline=deadline)
+        (result,) = await self.infer(
+            model,
+            texts,
+            [call],
+            pairs=pairs,
+            truncate=truncate,
+            truncation_strategy=truncation_strategy,
+            deadline=deadline,
+        )
         return result
 
     async def infer(
@@ -222,34 +222,45 @@ class InferenceCore:
         texts: Sequence[str],
         calls: Sequence[TaskCall],
         *,
+        pairs: Sequence[str] | None = None,
         truncate: bool = False,
+        truncation_strategy: str = "longest_first",
         deadline: float | None = None,
         bulk: bool = False,
     ) -> list[EmbedResult | FillMaskResult | ClassifyResult]:
         """Several tasks of one model on the same texts (e.g. KServe outputs of two tasks): tokenized
         once, admitted together (all or none) and batched together, so one encoder run can serve them
-        all. One result per call, in order. `model` "" = the default model of the first call's task."""
+        all. One result per call, in order. `model` "" = the default model of the first call's task.
+        `pairs` (Classify only): the second text of each input, a sentence pair."""
         served = self._resolve(model, calls)
         options = [self._options(served, call) for call in calls]
         check_count(texts, self.settings.max_inputs_per_request)
-        batcher = served.encoder.batcher
-        inputs = len(texts) * len(calls)
-        # room in the queue first: a refused call costs no work on its texts (a stream's request waits)
-        permit = await batcher.wait_room(inputs, True) if bulk else batcher.reserve(inputs, False, deadline)
-        try:
+        if pairs:
+            check_pair_count(texts, pairs, ("inputs", "pairs"))
+            check_strategy(truncation_strategy)
+            if any(call.task is not Task.CLASSIFY for call in calls):
+                raise InvalidInput("pairs: only classify takes sentence pairs")
+
+        async def tokenize() -> tuple[list[EncodedInput], float]:
             checked = self._check_texts(texts)
-            encoded, tokenize_s = await self._tokenize(served, checked, truncate, detailed=False)
-            masks = None
-            if any(call.task is Task.FILL_MASK for call in calls):
-                masks = [self._masks(served, i, e) for i, e in enumerate(encoded)]
-                for call, option in zip(calls, options, strict=True):
-                    if call.task is Task.FILL_MASK and call.sequences:
-                        sizes = [len(m) for m in masks]
-                        limit = self.settings.max_message_bytes
-                        check_fill_mask_response_size(texts, sizes, option.top_k, limit)
-            results = await self._run(served, encoded, options, masks, deadline, bulk, permit)
-        finally:
-            permit.release()  # room not used (the call failed before it was queued)
+            if not pairs:
+                return await self._tokenize(served, checked, truncate, detailed=False)
+            seconds = check_texts(pairs, len(pairs), self.settings.max_input_chars, "pairs")
+            return await self._tokenize_pairs(served, checked, seconds, truncate, truncation_strategy)
+
+        def check(encoded: list[EncodedInput]) -> list[np.ndarray] | None:
+            if not any(call.task is Task.FILL_MASK for call in calls):
+                return None
+            masks = [self._masks(served, i, e) for i, e in enumerate(encoded)]
+            for call, option in zip(calls, options, strict=True):
+                if call.task is Task.FILL_MASK and call.sequences:
+                    sizes = [len(m) for m in masks]
+                    check_fill_mask_response_size(texts, sizes, option.top_k, self.settings.max_message_bytes)
+            return masks
+
+        encoded, tokenize_s, results = await self._admitted_run(
+            served, options, len(texts), tokenize, deadline, bulk, check
+        )
         n = len(encoded)
         out = []
         for k, (call, option) in enumerate(zip(calls, options, strict=True)):
@@ -270,6 +281,30 @@ class InferenceCore:
                 ]
                 out.append(ClassifyResult(labels, meta))
         return out
+
+    async def _admitted_run(
+        self,
+        served: ServedModel,
+        options: list[TaskOptions],
+        count: int,
+        tokenize: Callable[[], Awaitable[tuple[list[EncodedInput], float]]],
+        deadline: float | None,
+        bulk: bool = False,
+        check: Callable[[list[EncodedInput]], list[np.ndarray] | None] | None = None,
+    ) -> tuple[list[EncodedInput], float, list[ItemResult]]:
+        """Room in the encoder's queue for `count` inputs per option FIRST (a refused call costs no work on
+        its texts; a stream's request waits for it), then `tokenize()` (which checks the texts), `check`
+        (fill-mask's masks), and the run: (encoded, tokenize seconds, results task by task)."""
+        batcher = served.encoder.batcher
+        inputs = count * len(options)
+        permit = await batcher.wait_room(inputs, True) if bulk else batcher.reserve(inputs, False, deadline)
+        try:
+            encoded, tokenize_s = await tokenize()
+            masks = check(encoded) if check is not None else None
+            results = await self._run(served, encoded, options, masks, deadline, bulk, permit)
+        finally:
+            permit.release()  # room not used (the call failed before it was queued)
+        return encoded, tokenize_s, results
 
     async def tokenize(self, model: str, texts: Sequence[str], *, truncate: bool = False) -> TokenizeResult:
         """The model's tokenization of each text (`model` "" = the first model); runs no graph."""

@@ -6,12 +6,18 @@ are numpy; times are seconds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bertserve.service.engine.tasks.fill_mask import MaskPrediction
 from bertserve.service.engine.tokenization import EncodedInput
+
+if TYPE_CHECKING:
+    from bertserve.service.engine.batcher import ItemResult
+    from bertserve.service.engine.served_model import ServedModel
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,24 @@ class CallMeta:
     @property
     def total_tokens(self) -> int:
         return sum(self.input_tokens)
+
+
+def call_meta(
+    model: ServedModel, encoded: list[EncodedInput], tokenize_s: float, results: Sequence[ItemResult]
+) -> CallMeta:
+    """A call's metadata: its inputs' tokens and cuts, and the batches that computed them."""
+    batches = {r.batch_id: r.inference_s for r in results}
+    return CallMeta(
+        model=model.name,
+        version=model.version,
+        encoder=model.encoder.name,
+        input_tokens=[e.length for e in encoded],
+        truncated=[e.truncated for e in encoded],
+        queue_s=max((r.queue_s for r in results), default=0.0),
+        inference_s=sum(batches.values()),
+        tokenize_s=tokenize_s,
+        batches=len(batches),
+    )
 
 
 @dataclass(frozen=True)
@@ -60,6 +84,29 @@ class LabelScore:
 class ClassifyResult:
     labels: list[list[LabelScore]]  # per input, best first (top_k of them, or all)
     meta: CallMeta
+
+
+@dataclass(frozen=True)
+class RankedDocument:
+    index: int  # the document's position in the request
+    score: float  # relevance; higher is better
+    document: str | None  # its text, when asked for
+    truncated: bool  # its pair (cross-encoder) or its text or the query (cosine) was cut to max_length
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    results: list[RankedDocument]  # best first (ties: lower index first), the top_n
+    method: str  # "cross_encoder" | "cosine"
+    meta: CallMeta  # per document, in request order
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    scores: np.ndarray  # (N,) float32, one per pair, in order
+    truncated: list[bool]  # per pair
+    method: str  # "cross_encoder" | "cosine"
+    meta: CallMeta  # per pair, in order
 
 
 @dataclass(frozen=True)
@@ -98,6 +145,8 @@ class ModelInfo:
     mask_token: str  # "" without fill_mask
     labels: list[str]  # by index; [] without classify
     problem_type: str  # "" without classify
+    pairs: bool = False  # a classifier trained on sentence pairs (the manifest says)
+    cross_encoder: bool = False  # one score per pair (a classifier with one label): answers Rerank and Score
 
 
 @dataclass(frozen=True)

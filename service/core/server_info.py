@@ -34,6 +34,8 @@ def model_info_of(model: ServedModel, default_for: list[str]) -> ModelInfo:
         if tasks.classify
         else [],
         problem_type=tasks.classify.problem_type if tasks.classify else "",
+        pairs=bool(tasks.classify and tasks.classify.pairs),
+        cross_encoder=model.cross_encoder,
     )
 
 

@@ -11,28 +11,40 @@ from bertserve.service.errors import InvalidInput
 CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
-def check_count(inputs: Sequence[str], max_inputs: int) -> None:
+def check_count(inputs: Sequence[str], max_inputs: int, field: str = "inputs", noun: str = "input") -> None:
     """At least one input and at most `max_inputs`: checked before a call takes room in a queue."""
     if not inputs:
-        raise InvalidInput("inputs: at least one input is required")
+        raise InvalidInput(f"{field}: at least one {noun} is required")
     if len(inputs) > max_inputs:
-        raise InvalidInput(f"inputs: {len(inputs)} inputs is more than max_inputs_per_request {max_inputs}")
+        raise InvalidInput(f"{field}: {len(inputs)} {noun}s is more than max_inputs_per_request {max_inputs}")
 
 
-def check_texts(inputs: Sequence[str], max_inputs: int, max_chars: int) -> list[str]:
-    check_count(inputs, max_inputs)
+def check_pair_count(inputs: Sequence[str], pairs: Sequence[str], fields: tuple[str, str]) -> None:
+    """Sentence pairs: as many second texts as first texts."""
+    if len(pairs) != len(inputs):
+        first, second = fields
+        raise InvalidInput(
+            f"{second}: {len(pairs)} texts for {len(inputs)} {first}; give one per input (or none)"
+        )
+
+
+def check_text(text: str, name: str, max_chars: int) -> None:
+    """One text, named `name` in the refusal: within max_input_chars, not blank, no control characters."""
+    if len(text) > max_chars:
+        raise InvalidInput(f"{name}: {len(text)} characters is more than max_input_chars {max_chars}")
+    if not text.strip():
+        raise InvalidInput(f"{name}: empty or whitespace-only text")
+    if found := CONTROL_CHARACTER.search(text):
+        raise InvalidInput(
+            f"{name}: control character U+{ord(found.group()):04X} at character {found.start()}"
+        )
+
+
+def check_texts(inputs: Sequence[str], max_inputs: int, max_chars: int, field: str = "inputs") -> list[str]:
+    check_count(inputs, max_inputs, field)
     texts = list(inputs)
     for i, text in enumerate(texts):
-        if len(text) > max_chars:
-            raise InvalidInput(
-                f"inputs[{i}]: {len(text)} characters is more than max_input_chars {max_chars}"
-            )
-        if not text.strip():
-            raise InvalidInput(f"inputs[{i}]: empty or whitespace-only text")
-        if found := CONTROL_CHARACTER.search(text):
-            raise InvalidInput(
-                f"inputs[{i}]: control character U+{ord(found.group()):04X} at character {found.start()}"
-            )
+        check_text(text, f"{field}[{i}]", max_chars)
     return texts
 
 

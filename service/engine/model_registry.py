@@ -25,6 +25,8 @@ from bertserve.service.settings import Settings, shares_session
 
 log = logging.getLogger(__name__)
 
+CROSS_ENCODER, COSINE = "cross_encoder", "cosine"  # how Rerank and Score score a pair (their `method`)
+
 
 def _encoder_identity(files: ModelFiles) -> tuple[str, str, str]:
     """(graph path, sha256, name of the model the encoder belongs to) for the chosen precision."""
@@ -166,11 +168,17 @@ class ModelRegistry:
         self.ordered = list(models)  # the order of the `models` setting, else by name
         self.encoders = list(encoders or [])  # each distinct encoder graph once, in first-use order
         self.by_name = {m.name: m for m in models}
-        # The default for a task: the first model (in order) that has it.
+        # The default for a task: the first model (in order) that has it; for Classify, the first
+        # classifier that is not a cross-encoder (one score per input) when there is one.
         self.defaults: dict[Task, ServedModel] = {}
         for model in self.ordered:
             for task in model.tasks:
                 self.defaults.setdefault(task, model)
+        classifiers = [m for m in self.ordered if not m.cross_encoder and Task.CLASSIFY in m.tasks]
+        if classifiers:
+            self.defaults[Task.CLASSIFY] = classifiers[0]
+        # Rerank and Score: the first cross-encoder, else the default embedding model (cosine).
+        self.pairs_default = next((m for m in self.ordered if m.cross_encoder), self.defaults.get(Task.EMBED))
         # Attention: the first model (in order) whose repository holds the encoder_attentions graph.
         self.attention_default = next((m for m in self.ordered if m.attention is not None), None)
 
@@ -206,6 +214,31 @@ class ModelRegistry:
             )
         return model
 
+    def resolve_pairs(self, name: str) -> tuple[ServedModel, str]:
+        """The model that answers Rerank and Score (`name` "" = the default) and how it scores a pair:
+        "cross_encoder" (a classifier with one label) or "cosine" (an embedding model)."""
+        if not name:
+            model = self.pairs_default
+            if model is None:
+                raise TaskUnavailable("model: no loaded model is a cross-encoder or has an embed task")
+            return model, CROSS_ENCODER if model.cross_encoder else COSINE
+        model = self.resolve(name, None)
+        if model.cross_encoder:
+            return model, CROSS_ENCODER
+        if Task.CLASSIFY in model.tasks:
+            labels = len(model.manifest.tasks.classify.id2label)
+            raise TaskUnavailable(
+                f"model {model.name}: has {labels} labels; Rerank and Score need one score per pair "
+                "(a cross-encoder) or an embedding model"
+            )
+        if Task.EMBED in model.tasks:
+            return model, COSINE
+        have = ", ".join(t.value for t in model.tasks) or "none"
+        raise TaskUnavailable(
+            f"model {model.name}: is neither a cross-encoder nor an embedding model (tasks: {have}), which "
+            "Rerank and Score need"
+        )
+
     def default_rpcs(self, model: ServedModel) -> list[str]:
         rpc = {Task.EMBED: "Embed", Task.FILL_MASK: "FillMask", Task.CLASSIFY: "Classify"}
         names = [rpc[t] for t, m in self.defaults.items() if m is model]
@@ -213,4 +246,6 @@ class ModelRegistry:
             names.append("Tokenize")
         if model is self.attention_default:
             names.append("Attention")
+        if model is self.pairs_default:
+            names += ["Rerank", "Score"]
         return names

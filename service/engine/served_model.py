@@ -18,7 +18,7 @@ from bertserve.service.engine.batcher import Batcher, WorkItem
 from bertserve.service.engine.repository import ModelFiles
 from bertserve.service.engine.runtime import GraphSession
 from bertserve.service.engine.tasks import Task
-from bertserve.service.engine.tasks.classify import label_scores
+from bertserve.service.engine.tasks.classify import label_scores, one_label_activation
 from bertserve.service.engine.tasks.embed import finish_embeddings
 from bertserve.service.engine.tasks.fill_mask import MaskPrediction, MaskTop, gather_mask_states, top_k
 from bertserve.service.engine.tokenization import EncodedInput, ModelTokenizer
@@ -64,6 +64,7 @@ class ServedModel:
         # What the classifier head reads: the encoder's pooler_output, or (head-only classifiers that hold
         # their own pooler) the [CLS] row of last_hidden_state.
         self._classifier_input = getattr(tasks.classify, "encoder_output", "pooler_output")
+        self.one_label_activation = one_label_activation(tasks.classify)  # a cross-encoder's; None otherwise
         self.attention = attention  # the encoder_attentions graph, if any (see service/engine/attention.py)
         self.tasks = [t for t in Task if getattr(tasks, t.value) is not None]
         spec = self.manifest.tokenizer
@@ -76,6 +77,11 @@ class ServedModel:
             )
             if i is not None
         }
+
+    @property
+    def cross_encoder(self) -> bool:
+        """One score per input (a classifier with one label): answers Rerank and Score."""
+        return self.one_label_activation is not None
 
     @property
     def batcher(self) -> Batcher:
@@ -125,7 +131,9 @@ class ServedModel:
         logits = self.classifier_head.run(feed, ["logits"])["logits"]  # (n, L)
         problem_type = self.manifest.tasks.classify.problem_type
         for logit_row, row in zip(logits, rows, strict=True):
-            results[row] = label_scores(logit_row, problem_type, batch[row].options.raw_scores)
+            results[row] = label_scores(
+                logit_row, problem_type, batch[row].options.raw_scores, self.one_label_activation
+            )
 
     def _fill_masks(self, batch: list[WorkItem], rows: list[int], hidden: np.ndarray, results: list) -> None:
         owners = np.concatenate([np.full(len(batch[r].mask_positions), r) for r in rows])  # (N,)

@@ -8,6 +8,8 @@ the length of the text (see `ModelTokenizer.encode`).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from tokenizers import Encoding, Tokenizer
 
 from bertserve.manifest import TokenizerSpec
 from bertserve.service.engine.word_boundaries import WordBoundaries, supports_prefixes
-from bertserve.service.errors import InvalidInput, StartupError
+from bertserve.service.errors import InvalidInput, StartupError, quote
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,30 @@ class EncodedInput:
         if self.details is None:
             raise ValueError("this input was tokenized for the graph alone (encode with detailed=True)")
         return self.details
+
+
+# The tokenizer's truncation strategies for a pair too long for max_length (as transformers names them).
+TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
+
+
+@dataclass(frozen=True)
+class PairNames:
+    """How a call's fields are named in `encode_pairs`' refusals; "{i}" is the pair's index."""
+
+    pair: str = "inputs[{i}]"
+    first: str = "inputs[{i}]"
+    second: str = "pairs[{i}]"
+
+
+INPUT_PAIRS = PairNames()  # Classify's: inputs[i] with pairs[i]
+
+
+def check_strategy(strategy: str) -> str:
+    if strategy not in TRUNCATION_STRATEGIES:
+        raise InvalidInput(
+            f"truncation_strategy: {quote(strategy)} is not one of {', '.join(TRUNCATION_STRATEGIES)}"
+        )
+    return strategy
 
 
 # The first prefix of a long text: this many characters per token the model can take (English averages
@@ -100,6 +126,14 @@ class ModelTokenizer:
         self._whole.no_padding()
         self._cutting.no_padding()
         self._cutting.enable_truncation(max_length)
+        # pairs: one tokenizer per truncation strategy, its post-processor adds the special tokens and
+        # segment ids and its truncation cuts the pair (never reconfigured: tokenization runs on threads)
+        self._pairs: dict[str, Tokenizer] = {}
+        for strategy in TRUNCATION_STRATEGIES:
+            pair = self._pairs[strategy] = Tokenizer.from_file(str(path))
+            pair.no_padding()
+            pair.enable_truncation(max_length, strategy=strategy)
+        self._pair_specials = self._whole.num_special_tokens_to_add(is_pair=True)
         self.spec = spec
         self.max_length = max_length
         self.vocab_size = self._whole.get_vocab_size(with_added_tokens=True)
@@ -122,26 +156,15 @@ class ModelTokenizer:
         most CHUNK_CHARS characters, each turned into bounded `EncodedInput`s before the next.
         """
         results: dict[int, EncodedInput] = {}
-        # encode_batch_fast: the same ids, type ids and cuts, without token strings and offsets (0.20+)
-        fast = None if detailed else getattr(self._cutting, "encode_batch_fast", None)
-        encode_batch = fast or self._cutting.encode_batch
-        prefix_chars = {i: PREFIX_CHARS_PER_TOKEN * self.max_length for i in range(len(texts))}
-        while prefix_chars:
-            ends = {i: self._prefix_end(texts[i], chars) for i, chars in prefix_chars.items()}
-            longer: dict[int, int] = {}
-            for chunk in _chunks(ends):
-                encodings = encode_batch([texts[i][: ends[i]] for i in chunk])
-                for i, encoding in zip(chunk, encodings, strict=True):
-                    cut = bool(encoding.overflowing)  # more than max_length tokens: so is the whole text
-                    if cut or ends[i] == len(texts[i]):
-                        results[i] = _encoded(encoding, cut, detailed)
-                    else:
-                        longer[i] = 2 * ends[i]
-                del encodings
-            prefix_chars = longer
-            refused = [i for i, r in results.items() if r.truncated]
-            if refused and not truncate:  # only inputs before the first too-long one still matter
-                prefix_chars = {i: c for i, c in prefix_chars.items() if i < min(refused)}
+        first_cut = [len(texts)]
+
+        def keep(i: int, encoding: Encoding, cut: bool) -> None:
+            results[i] = _encoded(encoding, cut, detailed)
+            if cut:
+                first_cut[0] = min(first_cut[0], i)
+
+        # without truncate, only inputs before the first too-long one still matter
+        self._prefixes(texts, True, detailed, keep, None if truncate else lambda i: i < first_cut[0])
         refused = sorted(i for i, r in results.items() if r.truncated)
         if refused and not truncate:
             i = refused[0]
@@ -151,13 +174,151 @@ class ModelTokenizer:
             )
         return [results[i] for i in range(len(texts))]
 
+    def encode_pairs(
+        self,
+        firsts: Sequence[str],
+        seconds: Sequence[str],
+        truncate: bool,
+        strategy: str = "longest_first",
+        detailed: bool = False,
+        names: PairNames = INPUT_PAIRS,
+    ) -> list[EncodedInput]:
+        """Blocking: each pair (firsts[i], seconds[i]) as the model reads it ([CLS] a [SEP] b [SEP], segment
+        ids 0 then 1, as the tokenizer's post-processor writes it). Each text is tokenized without special
+        tokens as a bounded prefix of at most max_length tokens (see `encode`; a text shared by several pairs
+        once per group), then the tokenizer's own truncation (`strategy`) and post-processor combine the
+        two. Without `truncate`, a pair over max_length is refused with its token count."""
+        post = self._pairs[check_strategy(strategy)]
+        pair = functools.partial(self._pair, post, strategy, truncate, detailed, names)
+        results: list[EncodedInput] = []
+        for chunk in _chunks({i: len(firsts[i]) + len(seconds[i]) for i in range(len(firsts))}):
+            pieces = self._pieces([t for i in chunk for t in (firsts[i], seconds[i])], detailed)
+            for i in chunk:
+                first, second = firsts[i], seconds[i]
+                results.append(pair(i, first, second, pieces[first], pieces[second]))
+            del pieces
+        return results
+
+    def _pieces(self, texts: list[str], detailed: bool) -> dict[str, tuple[Encoding, bool]]:
+        """Each distinct text without special tokens, at most max_length tokens: (encoding, cut)."""
+        distinct = list(dict.fromkeys(texts))
+        pieces: dict[str, tuple[Encoding, bool]] = {}
+
+        def keep(k: int, encoding: Encoding, cut: bool) -> None:
+            pieces[distinct[k]] = (encoding, cut)
+
+        self._prefixes(distinct, False, detailed, keep)
+        return pieces
+
+    def _pair(
+        self,
+        post: Tokenizer,
+        strategy: str,
+        truncate: bool,
+        detailed: bool,
+        names: PairNames,
+        i: int,
+        first: str,
+        second: str,
+        a_piece: tuple[Encoding, bool],
+        b_piece: tuple[Encoding, bool],
+    ) -> EncodedInput:
+        (a, a_cut), (b, b_cut) = a_piece, b_piece
+        cut = a_cut or b_cut or len(a.ids) + len(b.ids) + self._pair_specials > self.max_length
+        if cut and not truncate:
+            count = self._pair_specials + sum(
+                self.count_tokens(text, special=False) if was_cut else len(piece.ids)
+                for text, piece, was_cut in ((first, a, a_cut), (second, b, b_cut))
+            )
+            raise InvalidInput(
+                f"{names.pair.format(i=i)}: {count} tokens (pair) is more than the model's max_length "
+                f"{self.max_length} (set truncate to cut it)"
+            )
+        if cut and strategy != "longest_first":
+            a, b = self._shortened(a, b, strategy)
+        elif cut and len(a.ids) == len(b.ids) and (a_cut or b_cut):
+            a, b = self._ordered(first, second, a, a_cut, b, b_cut)
+        try:
+            encoding = post.post_process(a, b)
+        except Exception:  # the library's truncation error: the text kept whole leaves no room
+            kept = (first, a, a_cut, names.first, names.second)
+            if strategy == "only_first":
+                kept = (second, b, b_cut, names.second, names.first)
+            text, piece, was_cut, kept_name, cut_name = kept
+            count = self.count_tokens(text, special=False) if was_cut else len(piece.ids)
+            kept_name, cut_name = kept_name.format(i=i), cut_name.format(i=i)
+            raise InvalidInput(
+                f"{kept_name}: {count} tokens leave no room for {cut_name} within max_length "
+                f"{self.max_length} ({self._pair_specials} special tokens included); truncation_strategy "
+                f"{strategy} cuts only {cut_name}"
+            ) from None
+        return _encoded(encoding, cut, detailed)
+
+    def _shortened(self, a: Encoding, b: Encoding, strategy: str) -> tuple[Encoding, Encoding]:
+        """(a, b) with the text that `strategy` cuts copied and pre-cut to one token more than it keeps:
+        the library splits what it cuts off into pieces the size of what it keeps, and its post-processor
+        joins the other text to every piece, so a long text cut to a few tokens would cost the square of
+        max_length in tokens. The result is the same: the kept length depends on the other text alone."""
+        cut, other = (b, a) if strategy == "only_second" else (a, b)
+        keep = self.max_length - self._pair_specials - len(other.ids)
+        if keep < 1 or len(cut.ids) <= keep + 1:
+            return a, b  # nothing to spare (or the library refuses the pair)
+        copy = Encoding.merge([cut], growing_offsets=False)
+        copy.truncate(keep + 1)
+        return (a, copy) if strategy == "only_second" else (copy, b)
+
+    def _ordered(
+        self, first: str, second: str, a: Encoding, a_cut: bool, b: Encoding, b_cut: bool
+    ) -> tuple[Encoding, Encoding]:
+        """(a, b) cut to max_length tokens each, equally long, with at least one cut: longest_first then
+        cuts both to half, and gives the odd token to the longer text, which these lengths no longer
+        tell. The shorter whole text (counted when both were cut) is copied one token shorter; both keep
+        fewer than that, so the result is the whole texts' own."""
+        la = self.count_tokens(first, special=False) if a_cut else len(a.ids)
+        lb = self.count_tokens(second, special=False) if b_cut else len(b.ids)
+        if la == lb:
+            return a, b
+        shorter = Encoding.merge([b if la > lb else a], growing_offsets=False)
+        shorter.truncate(len(shorter.ids) - 1)
+        return (a, shorter) if la > lb else (shorter, b)
+
+    def _prefixes(
+        self,
+        texts: list[str],
+        special: bool,
+        detailed: bool,
+        keep: Callable[[int, Encoding, bool], None],
+        needed: Callable[[int], bool] | None = None,
+    ) -> None:
+        """The bounded-prefix tokenization of `texts` (see `encode`): `keep(i, encoding, cut)` once per text,
+        at most max_length tokens each (`special`: special tokens included), `cut` when the text has more.
+        `needed(i)` False: text i is given up (its call is refused anyway)."""
+        # encode_batch_fast: the same ids, type ids and cuts, without token strings and offsets (0.20+)
+        fast = None if detailed else getattr(self._cutting, "encode_batch_fast", None)
+        encode_batch = fast or self._cutting.encode_batch
+        prefix_chars = {i: PREFIX_CHARS_PER_TOKEN * self.max_length for i in range(len(texts))}
+        while prefix_chars:
+            ends = {i: self._prefix_end(texts[i], chars) for i, chars in prefix_chars.items()}
+            longer: dict[int, int] = {}
+            for chunk in _chunks(ends):
+                encodings = encode_batch([texts[i][: ends[i]] for i in chunk], add_special_tokens=special)
+                for i, encoding in zip(chunk, encodings, strict=True):
+                    cut = bool(encoding.overflowing)  # more than max_length tokens: so is the whole text
+                    if cut or ends[i] == len(texts[i]):
+                        keep(i, encoding, cut)
+                    else:
+                        longer[i] = 2 * ends[i]
+                del encodings
+            prefix_chars = {i: c for i, c in longer.items() if needed is None or needed(i)}
+
     def _prefix_end(self, text: str, chars: int) -> int:
         if self._boundaries is None or chars >= len(text):
             return len(text)
         return self._boundaries.next_cut(text, chars)
 
-    def count_tokens(self, text: str) -> int:
-        """The whole text's tokens (special tokens included), counted in pieces cut at word boundaries."""
+    def count_tokens(self, text: str, special: bool = True) -> int:
+        """The whole text's tokens (`special`: special tokens included), counted in pieces cut at word
+        boundaries."""
         pieces, start = [], 0
         while start < len(text):
             end = (
@@ -167,7 +328,7 @@ class ModelTokenizer:
             )
             pieces.append(text[start:end])
             start = end
-        count = self._whole.num_special_tokens_to_add(is_pair=False)
+        count = self._whole.num_special_tokens_to_add(is_pair=False) if special else 0
         lengths = {k: len(piece) for k, piece in enumerate(pieces)}
         for chunk in _chunks(lengths):
             encodings = self._whole.encode_batch([pieces[k] for k in chunk], add_special_tokens=False)

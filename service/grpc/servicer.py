@@ -20,6 +20,7 @@ from bertserve.service.grpc.rpc_status import deadline_of, rpc
 from bertserve.v1 import inference_pb2 as pb
 
 SERVICE_FULL_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name  # bertserve.v1.Inference
+DEFAULT_STRATEGY = "longest_first"  # a request's empty truncation_strategy
 # Responses estimated above this many bytes are built and serialized off the event loop.
 OFF_LOOP_BYTES = 64 * 1024
 
@@ -67,12 +68,42 @@ class InferenceServicer:
         result = await self.core.classify(
             request.model,
             request.inputs,
+            pairs=request.pairs,
             truncate=request.truncate,
+            truncation_strategy=request.truncation_strategy or DEFAULT_STRATEGY,
             top_k=top_k,
             raw_scores=request.raw_scores,
             deadline=deadline_of(context),
         )
         return await self._reply(messages.classify, result, 32 * sum(len(labels) for labels in result.labels))
+
+    @rpc("Rerank", pb.RerankRequest)
+    async def Rerank(self, request: pb.RerankRequest, context) -> bytes:
+        result = await self.core.rerank(
+            request.model,
+            request.query,
+            request.documents,
+            top_n=request.top_n if request.HasField("top_n") else None,
+            return_documents=request.return_documents,
+            raw_scores=request.raw_scores,
+            truncate=request.truncate if request.HasField("truncate") else True,
+            deadline=deadline_of(context),
+        )
+        texts = sum(len(r.document or "") for r in result.results)
+        return await self._reply(messages.rerank, result, 32 * len(result.results) + 4 * texts)
+
+    @rpc("Score", pb.ScoreRequest)
+    async def Score(self, request: pb.ScoreRequest, context) -> bytes:
+        result = await self.core.score(
+            request.model,
+            request.texts_1,
+            request.texts_2,
+            raw_scores=request.raw_scores,
+            truncate=request.truncate,
+            truncation_strategy=request.truncation_strategy or DEFAULT_STRATEGY,
+            deadline=deadline_of(context),
+        )
+        return await self._reply(messages.score, result, 32 * len(result.truncated))
 
     @rpc("Tokenize", pb.TokenizeRequest)
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> bytes:
@@ -100,6 +131,8 @@ RESPONSE_TYPES = {
     "Embed": pb.EmbedResponse,
     "FillMask": pb.FillMaskResponse,
     "Classify": pb.ClassifyResponse,
+    "Rerank": pb.RerankResponse,
+    "Score": pb.ScoreResponse,
     "Tokenize": pb.TokenizeResponse,
     "Info": pb.InfoResponse,
     "Attention": pb.AttentionResponse,

@@ -12,6 +12,8 @@ from bertserve.service.core.results import (
     ClassifyResult,
     EmbedResult,
     FillMaskResult,
+    RerankResult,
+    ScoreResult,
     ServerInfo,
     TokenizeResult,
 )
@@ -91,6 +93,24 @@ def classify(result: ClassifyResult) -> bytes:
     return pb.ClassifyResponse(results=results, metadata=metadata(result.meta)).SerializeToString()
 
 
+def rerank(result: RerankResult) -> bytes:
+    results = [
+        pb.RankedDocument(index=r.index, score=r.score, document=r.document or "", truncated=r.truncated)
+        for r in result.results
+    ]
+    response = pb.RerankResponse(results=results, metadata=metadata(result.meta), method=result.method)
+    return response.SerializeToString()
+
+
+def score(result: ScoreResult) -> bytes:
+    results = [
+        pb.PairScore(score=s, truncated=t)
+        for s, t in zip(result.scores.tolist(), result.truncated, strict=True)
+    ]
+    response = pb.ScoreResponse(results=results, metadata=metadata(result.meta), method=result.method)
+    return response.SerializeToString()
+
+
 def tokenize(result: TokenizeResult) -> bytes:
     results = [pb.TokenizedInput(tokens=tokens(e)) for e in result.inputs]
     return pb.TokenizeResponse(results=results, metadata=metadata(result.meta)).SerializeToString()
@@ -135,6 +155,8 @@ def info(server: ServerInfo) -> bytes:
             mask_token=m.mask_token,
             labels=m.labels,
             problem_type=m.problem_type,
+            pairs=m.pairs,
+            cross_encoder=m.cross_encoder,
         )
         for m in server.models
     ]

@@ -1,4 +1,5 @@
-"""Classify: the classifier head's logits -> softmax (single-label) or sigmoid (multi-label), best first."""
+"""Classify: the classifier head's logits -> softmax (single-label) or sigmoid (multi-label), best first; a
+one-label model (a cross-encoder) -> its activation of the one logit (sigmoid unless the manifest says)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,28 @@ import numpy as np
 from bertserve.service.engine.tasks.fill_mask import softmax
 
 
-def label_scores(logits: np.ndarray, problem_type: str, raw_scores: bool) -> np.ndarray:
-    """logits (L,) -> scores (L,): raw logits, sigmoid for multi-label, softmax otherwise."""
+def one_label_activation(classify) -> str | None:
+    """A ClassifyTask's activation of its one logit: the CrossEncoder's own (manifest `cross_encoder`),
+    else sigmoid (sentence-transformers' default for one label); None with several labels."""
+    if classify is None or len(classify.id2label) != 1:
+        return None
+    return classify.cross_encoder.activation if classify.cross_encoder else "sigmoid"
+
+
+def sigmoid(values: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * values))  # no overflow warning for large negative logits
+
+
+def label_scores(
+    logits: np.ndarray, problem_type: str, raw_scores: bool, activation: str | None = None
+) -> np.ndarray:
+    """logits (L,) -> scores (L,): raw logits, the one-label `activation`, sigmoid for multi-label,
+    softmax otherwise."""
     values = logits.astype(np.float64)
-    if raw_scores or problem_type == "regression":
+    if raw_scores or activation == "identity" or (activation is None and problem_type == "regression"):
         scores = values
-    elif problem_type == "multi_label_classification":
-        scores = 1.0 / (1.0 + np.exp(-values))
+    elif activation == "sigmoid" or problem_type == "multi_label_classification":
+        scores = sigmoid(values)
     else:
         scores = softmax(values)
     return scores.astype(np.float32)

@@ -1,0 +1,218 @@
+"""Rerank and Score (sentence pairs): methods of the inference core (`InferenceCore` inherits them).
+
+A cross-encoder (a classifier with one label; see `ModelRegistry.resolve_pairs`) reads each pair as one
+input of its Classify task ([CLS] a [SEP] b [SEP], `ModelTokenizer.encode_pairs`); its score is the model's
+activation of the logit (`raw_scores`: the logit). An embedding model scores the cosine of the two texts'
+normalized embeddings, each distinct side embedded once (Rerank's query once). Either way the inputs are
+ordinary work items of the model's encoder: counted against max_inputs_per_request and admitted before
+any work on the texts (`InferenceCore._admitted_run`), then batched with every other call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from bertserve.service.core.results import CallMeta, RankedDocument, RerankResult, ScoreResult, call_meta
+from bertserve.service.core.validation import check_count, check_text, check_texts
+from bertserve.service.engine.model_registry import CROSS_ENCODER
+from bertserve.service.engine.served_model import ServedModel
+from bertserve.service.engine.tasks import Task, TaskOptions
+from bertserve.service.engine.tokenization import INPUT_PAIRS, EncodedInput, PairNames, check_strategy
+from bertserve.service.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from bertserve.service.core.core import InferenceCore
+
+RERANK_NAMES = PairNames(pair="documents[{i}]", first="query", second="documents[{i}]")
+ONE_TO_MANY_NAMES = PairNames(pair="texts_2[{i}]", first="texts_1[0]", second="texts_2[{i}]")
+PAIRWISE_NAMES = PairNames(pair="texts_1[{i}] with texts_2[{i}]", first="texts_1[{i}]", second="texts_2[{i}]")
+_INPUT = re.compile(r"^inputs\[(\d+)\]")
+
+
+class PairCalls:
+    """Rerank and Score; mixed into `InferenceCore`, whose admission, tokenization and runs they use."""
+
+    async def rerank(
+        self: InferenceCore,
+        model: str,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        return_documents: bool = False,
+        raw_scores: bool = False,
+        truncate: bool = True,
+        deadline: float | None = None,
+    ) -> RerankResult:
+        """The documents by relevance to the query, best first (ties: lower index first), the first `top_n`
+        (None, or more than the documents: all). A cross-encoder reads each (query, document) pair, the
+        document cut ("only_second") when `truncate`; an embedding model scores the cosine. `model` "": the
+        first cross-encoder, else the default embedding model."""
+        served, method = self.registry.resolve_pairs(model)
+        if top_n is not None and top_n < 1:
+            raise InvalidInput(f"top_n: must be at least 1 (got {top_n})")
+        check_count(documents, self.settings.max_inputs_per_request, "documents", "document")
+        limit = self.settings.max_input_chars
+        docs = list(documents)
+
+        def texts() -> list[str]:
+            check_text(query, "query", limit)
+            return check_texts(docs, len(docs), limit, "documents")
+
+        n = len(docs)
+        if method == CROSS_ENCODER:
+            scores, meta = await self._cross_scores(
+                served,
+                lambda: ([query] * n, texts()),
+                n,
+                truncate,
+                "only_second",
+                raw_scores,
+                deadline,
+                RERANK_NAMES,
+            )
+        else:
+            names = lambda k: "query" if k == 0 else f"documents[{k - 1}]"  # noqa: E731
+            left, right = [0] * n, list(range(1, n + 1))
+            scores, meta = await self._cosine_scores(
+                served, lambda: [query, *texts()], left, right, truncate, deadline, names
+            )
+        order = np.argsort(-scores, kind="stable")[:top_n]
+        ranked = [
+            RankedDocument(int(i), float(scores[i]), docs[i] if return_documents else None, meta.truncated[i])
+            for i in order
+        ]
+        return RerankResult(ranked, method, meta)
+
+    async def score(
+        self: InferenceCore,
+        model: str,
+        texts_1: Sequence[str],
+        texts_2: Sequence[str],
+        *,
+        raw_scores: bool = False,
+        truncate: bool = False,
+        truncation_strategy: str = "longest_first",
+        deadline: float | None = None,
+    ) -> ScoreResult:
+        """One score per pair: texts_1 of one text against every texts_2, else texts_1[i] with texts_2[i]."""
+        served, method = self.registry.resolve_pairs(model)
+        limit_inputs = self.settings.max_inputs_per_request
+        check_count(texts_1, limit_inputs, "texts_1", "text")
+        check_count(texts_2, limit_inputs, "texts_2", "text")
+        n = len(texts_2)
+        if len(texts_1) not in (1, n):
+            raise InvalidInput(
+                f"texts_1: {len(texts_1)} texts for {n} texts_2; give one text (scored against every "
+                "texts_2) or as many as texts_2"
+            )
+        check_strategy(truncation_strategy)
+        one = len(texts_1) == 1
+        limit = self.settings.max_input_chars
+
+        def checked() -> tuple[list[str], list[str]]:
+            return check_texts(texts_1, n, limit, "texts_1"), check_texts(texts_2, n, limit, "texts_2")
+
+        if method == CROSS_ENCODER:
+
+            def pairs() -> tuple[list[str], list[str]]:
+                firsts, seconds = checked()
+                return (firsts * n if one else firsts), seconds
+
+            names = ONE_TO_MANY_NAMES if one else PAIRWISE_NAMES
+            scores, meta = await self._cross_scores(
+                served, pairs, n, truncate, truncation_strategy, raw_scores, deadline, names
+            )
+        else:
+            width = len(texts_1)
+            left = [0] * n if one else list(range(n))
+            right = list(range(width, width + n))
+            name = lambda k: f"texts_1[{k}]" if k < width else f"texts_2[{k - width}]"  # noqa: E731
+            scores, meta = await self._cosine_scores(
+                served, lambda: [t for side in checked() for t in side], left, right, truncate, deadline, name
+            )
+        return ScoreResult(scores, list(meta.truncated), method, meta)
+
+    async def _tokenize_pairs(
+        self: InferenceCore,
+        model: ServedModel,
+        firsts: list[str],
+        seconds: list[str],
+        truncate: bool,
+        strategy: str,
+        names: PairNames = INPUT_PAIRS,
+    ) -> tuple[list[EncodedInput], float]:
+        """Checked sentence pairs tokenized for the graph (`ModelTokenizer.encode_pairs`), as `_tokenize`:
+        counted in bertserve_tokenized_inputs_total; small calls on the event loop, others on the CPU pool."""
+        self.metrics.tokenized_of(model.name).inc(len(firsts))
+        started = time.perf_counter()
+        encode = functools.partial(
+            model.tokenizer.encode_pairs, firsts, seconds, truncate, strategy, False, names
+        )
+        chars = sum(len(text) for text in firsts) + sum(len(text) for text in seconds)
+        encoded = encode() if chars <= self.inline_tokenize_chars else await self.off_loop(encode)
+        return encoded, time.perf_counter() - started
+
+    async def _cross_scores(
+        self: InferenceCore,
+        served: ServedModel,
+        pairs: Callable[[], tuple[list[str], list[str]]],
+        count: int,
+        truncate: bool,
+        strategy: str,
+        raw_scores: bool,
+        deadline: float | None,
+        names: PairNames,
+    ) -> tuple[np.ndarray, CallMeta]:
+        """A cross-encoder's score of each of `count` pairs (`pairs()` gives them checked): (N,) float32."""
+        options = [TaskOptions(Task.CLASSIFY, top_k=0, raw_scores=raw_scores)]
+
+        async def tokenize():
+            firsts, seconds = pairs()
+            return await self._tokenize_pairs(served, firsts, seconds, truncate, strategy, names)
+
+        encoded, tokenize_s, results = await self._admitted_run(served, options, count, tokenize, deadline)
+        scores = np.array([r.value[0] for r in results], dtype=np.float32)
+        return scores, call_meta(served, encoded, tokenize_s, results)
+
+    async def _cosine_scores(
+        self: InferenceCore,
+        served: ServedModel,
+        texts: Callable[[], list[str]],
+        left: list[int],
+        right: list[int],
+        truncate: bool,
+        deadline: float | None,
+        name: Callable[[int], str],
+    ) -> tuple[np.ndarray, CallMeta]:
+        """The cosine of texts[left[i]] and texts[right[i]] per pair, each text embedded once (normalized).
+        The metadata is per pair: its tokens are those of its own texts, a text shared by several pairs
+        counted with the first; cut if either text was. `name(k)`: the field of text k, for refusals."""
+        options = [TaskOptions(Task.EMBED, normalize=True)]
+
+        async def tokenize():
+            try:
+                return await self._tokenize(served, texts(), truncate, detailed=False)
+            except InvalidInput as exc:  # the tokenizer names inputs[k]: name the request's field
+                message = _INPUT.sub(lambda m: name(int(m[1])), str(exc), count=1)
+                raise InvalidInput(message) from None
+
+        count = max(left + right) + 1
+        encoded, tokenize_s, results = await self._admitted_run(served, options, count, tokenize, deadline)
+        vectors = np.stack([r.value for r in results])  # (texts, dimension), rows normalized
+        scores = np.einsum("ij,ij->i", vectors[left], vectors[right]).astype(np.float32)
+        seen: set[int] = set()
+        tokens = []
+        for pair in zip(left, right, strict=True):
+            tokens.append(sum(encoded[k].length for k in pair if k not in seen))
+            seen.update(pair)
+        truncated = [encoded[a].truncated or encoded[b].truncated for a, b in zip(left, right, strict=True)]
+        meta = call_meta(served, encoded, tokenize_s, results)
+        return scores, dataclasses.replace(meta, input_tokens=tokens, truncated=truncated)

@@ -1,0 +1,145 @@
+"""`ModelTokenizer.encode_pairs` (sentence pairs) equals transformers' `BertTokenizerFast(a, b,
+truncation=strategy, max_length=M)` for every truncation strategy: ids, segment ids and the truncated flag,
+on random texts and on texts far longer than max_length (each text tokenized as a bounded prefix). Pairs
+too long without truncate, pairs that cannot fit, and unknown strategies are refused naming the field."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from transformers import BertTokenizerFast
+
+from bertserve.service.engine.tokenization import TRUNCATION_STRATEGIES, ModelTokenizer, PairNames
+from bertserve.service.errors import InvalidInput
+from tests.test_tokenization_bounded import random_texts, spec, tokenizer_files
+
+
+def long_texts() -> list[str]:
+    """Texts around and far over the limits, of different and of equal token counts."""
+    return [
+        "the cat sat on the mat " * 2,
+        "paris is the capital " * 50,  # 200 tokens
+        "the dog " * 100,  # 200 tokens: as long as the one above
+        "a " * 2000,
+        "! " * 41,
+        " ".join(["word1"] * 63),
+        "x",
+    ]
+
+
+def reference(hf: BertTokenizerFast, a: str, b: str, strategy: str, max_length: int) -> dict | None:
+    """transformers' encoding, or None where the tokenizer refuses (the pair cannot fit)."""
+    try:
+        return hf(a, b, truncation=strategy, max_length=max_length)
+    except Exception:
+        return None
+
+
+@pytest.mark.parametrize("max_length", [16, 64])  # 13 and 61 tokens for the texts: odd, as BERT's 509
+@pytest.mark.parametrize("vocab", ["minilm", "tiny"])
+def test_pairs_equal_transformers_for_each_strategy(make_tiny_checkpoint, vocab, max_length):
+    path = tokenizer_files(make_tiny_checkpoint)[vocab]
+    ours = ModelTokenizer(path, spec(path), max_length)
+    hf = BertTokenizerFast(tokenizer_file=str(path))
+    rng = random.Random(max_length)
+    texts = long_texts()
+    pairs = list(itertools.product(texts, texts)) + [tuple(rng.sample(random_texts(3), 2)) for _ in range(60)]
+    firsts, seconds = [a for a, _ in pairs], [b for _, b in pairs]
+    whole = [len(hf(a, b)["input_ids"]) for a, b in pairs]
+    assert min(whole) <= max_length < max(whole)
+    for strategy in TRUNCATION_STRATEGIES:
+        expected = [reference(hf, a, b, strategy, max_length) for a, b in pairs]
+        fits = [i for i, e in enumerate(expected) if e is not None]
+        assert len(fits) < len(pairs) or strategy == "longest_first"
+        got = ours.encode_pairs([firsts[i] for i in fits], [seconds[i] for i in fits], True, strategy)
+        for i, encoded in zip(fits, got, strict=True):
+            where = (strategy, pairs[i][0][:40], pairs[i][1][:40])
+            assert encoded.ids.tolist() == expected[i]["input_ids"], where
+            assert encoded.type_ids.tolist() == expected[i]["token_type_ids"], where
+            assert encoded.truncated == (whole[i] > max_length), where
+        for i in set(range(len(pairs))) - set(fits):  # the text kept whole leaves no room for the other
+            with pytest.raises(InvalidInput, match="tokens leave no room for"):
+                ours.encode_pairs([firsts[i]], [seconds[i]], True, strategy)
+        fitting = [i for i in range(len(pairs)) if whole[i] <= max_length]
+        untouched = ours.encode_pairs(
+            [firsts[i] for i in fitting], [seconds[i] for i in fitting], False, strategy
+        )
+        assert [e.ids.tolist() for e in untouched] == [
+            hf(firsts[i], seconds[i])["input_ids"] for i in fitting
+        ]
+
+
+def test_detailed_pairs_carry_tokens_and_special_flags(make_tiny_checkpoint):
+    path = tokenizer_files(make_tiny_checkpoint)["tiny"]
+    ours = ModelTokenizer(path, spec(path), 16)
+    (pair,) = ours.encode_pairs(["the cat"], ["a dog sat"], False, detailed=True)
+    assert pair.tokens == ["[CLS]", "the", "cat", "[SEP]", "a", "dog", "sat", "[SEP]"]
+    assert pair.special == [True, False, False, True, False, False, False, True]
+    assert pair.type_ids.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_a_pair_too_long_is_refused_without_truncate(make_tiny_checkpoint):
+    path = tokenizer_files(make_tiny_checkpoint)["tiny"]
+    ours = ModelTokenizer(path, spec(path), 16)
+    firsts, seconds = ["the cat", "the cat", "a " * 3000], ["fine", "a dog " * 10, "x"]
+    with pytest.raises(
+        InvalidInput,
+        match=r"^inputs\[1\]: 25 tokens \(pair\) is more than the model's max_length 16 \(set truncate",
+    ):
+        ours.encode_pairs(firsts, seconds, False)
+    # a text cut to its prefix still has its whole count named
+    with pytest.raises(InvalidInput, match=r"^inputs\[0\]: 3004 tokens \(pair\) is more than"):
+        ours.encode_pairs(firsts[2:], seconds[2:], False)
+
+
+def test_a_pair_that_cannot_fit_names_the_text(make_tiny_checkpoint):
+    path = tokenizer_files(make_tiny_checkpoint)["tiny"]
+    ours = ModelTokenizer(path, spec(path), 16)
+    rerank = PairNames(pair="documents[{i}]", first="query", second="documents[{i}]")
+    query = "the cat " * 20  # 40 tokens alone
+    with pytest.raises(
+        InvalidInput,
+        match=r"^query: 40 tokens leave no room for documents\[1\] within max_length 16 \(3 special tokens"
+        r" included\); truncation_strategy only_second cuts only documents\[1\]",
+    ):
+        ours.encode_pairs(["x", query], ["a dog", "a dog"], True, "only_second", names=rerank)
+    with pytest.raises(InvalidInput, match=r"^pairs\[0\]: 13 tokens leave no room for inputs\[0\]"):
+        ours.encode_pairs(["a dog"], ["the " * 13], True, "only_first")
+
+
+@pytest.mark.parametrize("strategy", ["", "longest-first", "ONLY_FIRST", "do_not_truncate"])
+def test_unknown_strategies_are_refused(make_tiny_checkpoint, strategy):
+    path = tokenizer_files(make_tiny_checkpoint)["tiny"]
+    ours = ModelTokenizer(path, spec(path), 16)
+    with pytest.raises(
+        InvalidInput, match=r"^truncation_strategy: .* is not one of longest_first, only_first, only_second$"
+    ):
+        ours.encode_pairs(["a"], ["b"], False, strategy)
+
+
+@pytest.mark.parametrize("strategy", ["only_first", "only_second"])
+def test_cutting_a_text_to_a_few_tokens_costs_no_square_of_max_length(make_tiny_checkpoint, strategy):
+    """The library splits what it cuts off into pieces the size of what it keeps and joins the other
+    text to each: a long text kept to one token beside a text of max_length - 4 tokens would make
+    max_length pieces of max_length tokens. The text to cut is pre-cut, so the pieces stay few."""
+    path = tokenizer_files(make_tiny_checkpoint)["tiny"]
+    max_length = 64
+    ours = ModelTokenizer(path, spec(path), max_length)
+    post = ours._pairs[strategy]
+    pieces: list[int] = []
+
+    class Recording:
+        def post_process(self, *args, **kwargs):
+            encoding = post.post_process(*args, **kwargs)
+            pieces.append(sum(len(o.ids) for o in encoding.overflowing))
+            return encoding
+
+    ours._pairs[strategy] = Recording()
+    kept, cut = "the " * (max_length - 4), "a " * 500
+    a, b = (kept, cut) if strategy == "only_second" else (cut, kept)
+    (pair,) = ours.encode_pairs([a], [b], True, strategy)
+    hf = BertTokenizerFast(tokenizer_file=str(path))
+    assert pair.ids.tolist() == hf(a, b, truncation=strategy, max_length=max_length)["input_ids"]
+    assert pieces and max(pieces) <= 2 * max_length, pieces
