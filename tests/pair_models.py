@@ -43,10 +43,14 @@ def make_cross_encoder(directory: Path, scratch: Path, seed: int = 12, **options
     """`options`: CrossEncoder's own (activation_fn, max_length...); num_labels 1 unless given."""
     from sentence_transformers import CrossEncoder
 
-    base = make_checkpoint(
-        scratch, "BertForSequenceClassification", num_labels=1, seed=seed, initializer_range=INIT_RANGE
-    )
     options = {"num_labels": 1, "max_length": CROSS_ENCODER_MAX_LENGTH, **options}
+    base = make_checkpoint(
+        scratch,
+        "BertForSequenceClassification",
+        num_labels=options["num_labels"],
+        seed=seed,
+        initializer_range=INIT_RANGE,
+    )
     CrossEncoder(str(base), device="cpu", **options).save(str(directory))
     return Path(directory)
 
