@@ -77,15 +77,16 @@ def top_n(fields: Fields) -> int | None:
 
 def check_token_limit(front: HttpFront, model: str, tokens: int | None, field: str) -> None:
     """A client's own token limit (vLLM's truncate_prompt_tokens, Cohere's max_tokens_per_doc) is taken when
-    it cuts nothing that max_length would not: pairs are cut to the model's max_length only. None or -1
-    (vLLM's "max_length"): nothing to check."""
+    it cuts nothing that max_length would not: pairs are cut to the answering model's max_length only.
+    None or -1 (vLLM's "max_length"): nothing to check. `model` "": the default for rerank and score."""
     if tokens is None or tokens == -1:
         return
-    max_length = front.core.model_info(model).max_length
+    served, _ = front.core.registry.resolve_pairs(model)
+    max_length = front.core.model_info(served.name).max_length
     if tokens < max_length:
         raise InvalidInput(
-            f"{field}: {tokens} tokens is less than model {model}'s max_length {max_length}; bertserve cuts "
-            f"pairs to max_length only (leave {field} out, or send at least {max_length})"
+            f"{field}: {tokens} tokens is less than model {served.name}'s max_length {max_length}; bertserve "
+            f"cuts pairs to max_length only (leave {field} out, or send at least {max_length})"
         )
 
 

@@ -93,13 +93,11 @@ async def rerank_v1(front: HttpFront, call: Call) -> Response:
     docs = documents(front, body, "documents")
     count, return_documents = top_n(fields), fields.boolean("return_documents", True)
     tokens = _prompt_tokens(fields)
-    if model:  # else checked against the model that answered
-        check_token_limit(front, model, tokens, "truncate_prompt_tokens")
+    check_token_limit(front, model, tokens, "truncate_prompt_tokens")
     options = {} if tokens is None else {"truncate": True}
     result = await front.core.rerank(
         model, query, docs, top_n=count, return_documents=return_documents, deadline=call.deadline, **options
     )
-    check_token_limit(front, result.meta.model, tokens, "truncate_prompt_tokens")
     return await off_loop_above(front, _reply_size(result), _jina_reply, result)
 
 
@@ -141,12 +139,10 @@ async def rerank_v2(front: HttpFront, call: Call) -> Response:
     per_doc = fields.integer("max_tokens_per_doc")
     if per_doc is not None and per_doc < 1:
         raise InvalidInput(f"max_tokens_per_doc: must be at least 1 (got {per_doc})")
-    if model:  # else checked against the model that answered
-        check_token_limit(front, model, per_doc, "max_tokens_per_doc")
+    check_token_limit(front, model, per_doc, "max_tokens_per_doc")
     result = await front.core.rerank(
         model, query, docs, top_n=count, return_documents=return_documents, deadline=call.deadline
     )
-    check_token_limit(front, result.meta.model, per_doc, "max_tokens_per_doc")
     return await off_loop_above(front, _reply_size(result), _cohere_reply, result)
 
 
@@ -200,12 +196,10 @@ async def score_v1(front: HttpFront, call: Call) -> Response:
     model = fields.string("model")
     first, second = texts(front, body, "text_1"), texts(front, body, "text_2")
     tokens = _prompt_tokens(fields)
-    if model:  # else checked against the model that answered
-        check_token_limit(front, model, tokens, "truncate_prompt_tokens")
+    check_token_limit(front, model, tokens, "truncate_prompt_tokens")
     truncate = tokens is not None
     with renamed({"texts_1": "text_1", "texts_2": "text_2"}):
         result = await front.core.score(model, first, second, truncate=truncate, deadline=call.deadline)
-    check_token_limit(front, result.meta.model, tokens, "truncate_prompt_tokens")
     return await off_loop_above(front, JSON_RESULT_BYTES * len(result.scores), _score_reply, result)
 
 
