@@ -196,3 +196,20 @@ def test_rerank_with_an_embedding_model_is_cosine(http):
     check_ranking(body["results"], unit[1:] @ unit[0], "score")
     jina = ok(http.post("/v1/rerank", json={"model": EMBED, "query": QUERY, "documents": DOCS, "top_n": 1}))
     assert jina["results"][0]["index"] == body["results"][0]["index"] and jina["model"] == EMBED
+
+
+def test_openapi_describes_the_pair_routes(http):
+    paths = ok(http.get("/openapi.json"))["paths"]
+    required = {
+        "/v1/rerank": ["query", "documents"],
+        "/v2/rerank": ["query", "documents"],
+        "/rerank": ["query", "texts"],
+        "/v1/score": ["text_1", "text_2"],
+        "/bertserve/v1/rerank": ["query", "documents"],
+        "/bertserve/v1/score": ["texts_1", "texts_2"],
+    }
+    for path, fields in required.items():
+        schema = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert schema["required"] == fields, path
+    classify = paths["/bertserve/v1/classify"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert {"pairs", "truncation_strategy"} <= set(classify["properties"])

@@ -153,6 +153,34 @@ def test_grpc_text_pair_typed_and_raw(server, expected, tiny_pair_classifier):
         labels = np.array(decode_bytes_elements(labels_raw, "labels"), dtype=object).reshape(3, 3)
         assert np.abs(by_label(labels, scores, names) - expected).max() <= TOLERANCE
 
+        metadata = stub.ModelMetadata(pb.ModelMetadataRequest(name=CLASSIFIER), timeout=60)
+        assert [i.name for i in metadata.inputs] == ["text", "text_pair"]
+        # both texts long: only_first cuts the first alone, longest_first would cut both
+        long, second = "the cat sat on the mat and the dog sat in paris " * 6, "a dog sat on the mat " * 6
+        cut = pb.ModelInferRequest(
+            model_name=CLASSIFIER,
+            inputs=[
+                tensor(
+                    name="text", datatype="BYTES", shape=[1], contents={"bytes_contents": [long.encode()]}
+                ),
+                tensor(
+                    name="text_pair",
+                    datatype="BYTES",
+                    shape=[1],
+                    contents={"bytes_contents": [second.encode()]},
+                ),
+            ],
+            outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="label_scores")],
+        )
+        cut.parameters["truncate"].bool_param = True
+        cut.parameters["raw_scores"].bool_param = True
+        cut.parameters["top_k"].int64_param = 1
+        cut.parameters["truncation_strategy"].string_param = "only_first"
+        (best,) = stub.ModelInfer(cut, timeout=60).outputs[0].contents.fp32_contents
+        logits = tiny_pair_classifier.expected_logits([long], [second], truncation="only_first")[0]
+        other = tiny_pair_classifier.expected_logits([long], [second], truncation="longest_first")[0]
+        assert abs(best - logits.max()) <= TOLERANCE < abs(best - other.max())
+
         del raw.raw_input_contents[1]
         with pytest.raises(grpc.RpcError) as caught:
             stub.ModelInfer(raw, timeout=60)
