@@ -44,10 +44,9 @@ from bertserve.service.kserve.http_json import (
 )
 from bertserve.service.kserve.servicer import DEFAULT_TASKS, EXTENSIONS, PLATFORM, SERVER_NAME, model_outputs
 from bertserve.service.kserve.tensors import (
-    PAIR_INPUT,
-    TEXT_INPUT,
     OutputTensor,
     classify_tensors,
+    input_names,
     pair_tasks,
     task_tensors,
 )
@@ -127,7 +126,7 @@ async def model_metadata(front: HttpFront, call: Call) -> Response:
         "platform": PLATFORM,
         "inputs": [
             {"name": name, "datatype": "BYTES", "shape": [-1]}
-            for name in ((TEXT_INPUT, PAIR_INPUT) if model.manifest.tasks.classify else (TEXT_INPUT,))
+            for name in input_names(model.manifest.tasks.classify is not None)
         ],
         "outputs": _tensor_metadata(model),
     }

@@ -49,14 +49,14 @@ from bertserve.service.grpc.rpc_status import (
     status_message,
 )
 from bertserve.service.kserve.tensors import (
-    PAIR_INPUT,
-    TEXT_INPUT,
     OutputTensor,
     classify_tensors,
+    input_names,
     pair_tasks,
     parameter,
     read_texts,
     task_tensors,
+    tensor_metadata,
     write_outputs,
 )
 
@@ -103,26 +103,6 @@ def probe(name: str, request_type: type):
         return handler
 
     return wrap
-
-
-def tensor_metadata(model: ModelInfo) -> list[pb.ModelMetadataResponse.TensorMetadata]:
-    meta = pb.ModelMetadataResponse.TensorMetadata
-    outputs = []
-    if Task.EMBED.value in model.tasks:
-        outputs.append(meta(name="embedding", datatype="FP32", shape=[-1, model.dimension]))
-    if Task.CLASSIFY.value in model.tasks:
-        outputs.append(meta(name="labels", datatype="BYTES", shape=[-1, -1]))
-        outputs.append(meta(name="label_scores", datatype="FP32", shape=[-1, -1]))
-    if Task.FILL_MASK.value in model.tasks:
-        outputs.append(meta(name="mask_tokens", datatype="BYTES", shape=[-1, -1]))
-        outputs.append(meta(name="mask_scores", datatype="FP32", shape=[-1, -1]))
-        outputs.append(meta(name="mask_sequences", datatype="BYTES", shape=[-1, -1]))
-    return outputs
-
-
-def input_names(tasks: list[str]) -> list[str]:
-    """ "text", and "text_pair" (optional: sentence pairs) for a model with the classify task."""
-    return [TEXT_INPUT, PAIR_INPUT] if Task.CLASSIFY.value in tasks else [TEXT_INPUT]
 
 
 def model_outputs(model: ModelInfo) -> dict[str, Task]:
@@ -198,7 +178,7 @@ class OpenInferenceServicer:
             platform=PLATFORM,
             inputs=[
                 pb.ModelMetadataResponse.TensorMetadata(name=name, datatype="BYTES", shape=[-1])
-                for name in input_names(model.tasks)
+                for name in input_names(Task.CLASSIFY.value in model.tasks)
             ],
             outputs=tensor_metadata(model),
             properties=properties,

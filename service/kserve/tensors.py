@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertserve.kserve import open_inference_pb2 as pb
-from bertserve.service.core.results import ClassifyResult, EmbedResult, FillMaskResult
+from bertserve.service.core.results import ClassifyResult, EmbedResult, FillMaskResult, ModelInfo
 from bertserve.service.engine.tasks import Task
 from bertserve.service.errors import InvalidInput, quote
 
@@ -56,6 +56,26 @@ def _element_count(shape: Sequence[int], field: str) -> int:
             raise InvalidInput(f"{field}.shape: needs at least one element (got {quote(list(shape))})")
         return int(shape[0])
     raise InvalidInput(f"{field}.shape: must be [n] or [n, 1] (got {quote(list(shape))})")
+
+
+def tensor_metadata(model: ModelInfo) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+    meta = pb.ModelMetadataResponse.TensorMetadata
+    outputs = []
+    if Task.EMBED.value in model.tasks:
+        outputs.append(meta(name="embedding", datatype="FP32", shape=[-1, model.dimension]))
+    if Task.CLASSIFY.value in model.tasks:
+        outputs.append(meta(name="labels", datatype="BYTES", shape=[-1, -1]))
+        outputs.append(meta(name="label_scores", datatype="FP32", shape=[-1, -1]))
+    if Task.FILL_MASK.value in model.tasks:
+        outputs.append(meta(name="mask_tokens", datatype="BYTES", shape=[-1, -1]))
+        outputs.append(meta(name="mask_scores", datatype="FP32", shape=[-1, -1]))
+        outputs.append(meta(name="mask_sequences", datatype="BYTES", shape=[-1, -1]))
+    return outputs
+
+
+def input_names(classify: bool) -> list[str]:
+    """The input tensors of a model: "text", and for one with the classify task the optional "text_pair"."""
+    return [TEXT_INPUT, PAIR_INPUT] if classify else [TEXT_INPUT]
 
 
 def input_names_error(names: list) -> InvalidInput:
