@@ -3,6 +3,7 @@ shapes): documents, top_n, the vLLM/Cohere token limits, and core errors renamed
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ def documents(front: HttpFront, body: dict, field: str, objects: bool = True) ->
         if isinstance(item, dict) and objects:
             text = item.get("text")
             if not isinstance(text, str) or len(item) != 1:
-                keys = ", ".join(str(k)[:32] for k in list(item)[:4])
+                keys = ", ".join(str(k)[:32] for k in itertools.islice(item, 4))
                 raise InvalidInput(
                     f'{field}[{i}]: a document object must be {{"text": string}} (keys: {keys})'
                 )
