@@ -50,6 +50,14 @@ def register(subparsers) -> None:
         ),
     )
     parser.add_argument(
+        "--pairs",
+        action="store_true",
+        help=(
+            "the checkpoint is a sequence classifier trained on sentence pairs (recorded in the manifest; "
+            "a sentence-transformers CrossEncoder is recognised without it)"
+        ),
+    )
+    parser.add_argument(
         "--tolerance", type=float, default=1e-4, help="max |ONNX Runtime - PyTorch| (default 1e-4)"
     )
     parser.set_defaults(run=run)
@@ -99,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             log=lambda line: print(line, flush=True),
             source=source,
             encoder=args.encoder,
+            pairs=args.pairs,
         )
     except ExportError as e:
         print(f"bertserve export: error: {e}", file=sys.stderr)

@@ -7,14 +7,17 @@ import importlib.metadata
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from bertserve import __version__
 from bertserve.export.checkpoint import MASKED_LM, SEQUENCE_CLASSIFICATION, Checkpoint
 from bertserve.export.embedding_defaults import EmbeddingDefaults
 from bertserve.export.onnx_export import GraphIO
 from bertserve.export.optimize import opset_of
-from bertserve.export.tokenizer_files import SpecialTokens
+from bertserve.export.tokenizer_files import SpecialTokens, pair_template
 from bertserve.repository import (
     ClassifyTask,
+    CrossEncoderSpec,
     EmbedTask,
     EncoderRef,
     ExportInfo,
@@ -60,7 +63,10 @@ def tasks_for(
     defaults: EmbeddingDefaults,
     specials: SpecialTokens,
     classifier_input: str = "pooler_output",
+    pairs: bool = False,
+    cross_encoder: CrossEncoderSpec | None = None,
 ) -> Tasks:
+    """`pairs`: a classifier trained on sentence pairs (--pairs); a recognised cross-encoder is one too."""
     config = checkpoint.config
     embed = EmbedTask(pooling=defaults.pooling, normalize=defaults.normalize, dimension=config.hidden_size)
     fill_mask = classify = None
@@ -71,7 +77,11 @@ def tasks_for(
         if problem not in PROBLEM_TYPES:
             problem = "regression" if config.num_labels == 1 else "single_label_classification"
         classify = ClassifyTask(
-            id2label=config.id2label, problem_type=problem, encoder_output=classifier_input
+            id2label=config.id2label,
+            problem_type=problem,
+            encoder_output=classifier_input,
+            pairs=pairs or cross_encoder is not None,
+            cross_encoder=cross_encoder,
         )
     return Tasks(embed=embed, fill_mask=fill_mask, classify=classify)
 
@@ -95,6 +105,7 @@ def tokenizer_spec(specials: SpecialTokens, tokenizer_path: Path) -> TokenizerSp
         pad_token_id=specials.pad_token_id,
         mask_token=specials.mask_token,
         mask_token_id=specials.mask_token_id if specials.mask_token_id is not None else -1,
+        pair_template=pair_template(Tokenizer.from_file(str(tokenizer_path))),
     )
 
 

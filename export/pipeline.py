@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bertserve.export import shared_encoder
-from bertserve.export.checkpoint import BASE, MASKED_LM, load_checkpoint
-from bertserve.export.embedding_defaults import read_embedding_defaults
+from bertserve.export import pair_check, shared_encoder
+from bertserve.export.checkpoint import BASE, MASKED_LM, SEQUENCE_CLASSIFICATION, load_checkpoint
+from bertserve.export.cross_encoder import read_cross_encoder
+from bertserve.export.embedding_defaults import EmbeddingDefaults, read_embedding_defaults
 from bertserve.export.errors import ExportError
 from bertserve.export.manifest_builder import (
     build_manifest,
@@ -31,7 +32,14 @@ from bertserve.export.pretrain.output import pretraining_info
 from bertserve.export.staging import check_name, choose_version, remove_stale_staging, staged_version
 from bertserve.export.tokenizer_files import for_repository, load_tokenizer, special_tokens
 from bertserve.export.variants import VARIANTS, ExportContext, ExportOptions, Variant
-from bertserve.repository import CLS_HIDDEN_STATE, TOKENIZER_FILE, GraphSpec, Parity, graph_file
+from bertserve.repository import (
+    CLASSIFIER_HEAD,
+    CLS_HIDDEN_STATE,
+    TOKENIZER_FILE,
+    GraphSpec,
+    Parity,
+    graph_file,
+)
 
 __all__ = ["ExportError", "export_model"]
 
@@ -75,6 +83,28 @@ def build_variant(variant: Variant, ctx: ExportContext, stages: StageLog) -> Gra
     return graph_spec(path, io, parity, variant.precision, variant.fused, fusions)
 
 
+def check_pairs(ctx: ExportContext, stages: StageLog) -> None:
+    """The encoder and classifier_head graphs, chained, against the classifier module on sentence pairs."""
+    c, specials = ctx.checkpoint.config, ctx.specials
+    encoder = ctx.shared.fp32_path if ctx.shared is not None else ctx.fp32_path
+    cls_id, sep_id = (ctx.tokenizer.token_to_id(t) for t in (specials.cls_token, specials.sep_token))
+    with stages.stage(
+        "verify_pairs", "classifier: encoder + head against PyTorch on sentence pairs"
+    ) as notes:
+        feeds = pair_check.pair_feeds(
+            ctx.tokenizer, ctx.defaults.max_length, c.vocab_size, cls_id, sep_id, specials.pad_token_id
+        )
+        worst = pair_check.check_classifier_pairs(
+            encoder,
+            ctx.stage_dir / graph_file(CLASSIFIER_HEAD),
+            ctx.classifier_input,
+            ctx.checkpoint.model,
+            feeds,
+            ctx.options.tolerance,
+        )
+        notes.append(f"max |ORT - torch| {worst:.2e} over {len(feeds)} pair batches")
+
+
 def export_model(
     checkpoint_dir: Path | str,
     out_repo: Path | str,
@@ -87,11 +117,13 @@ def export_model(
     log: Callable[[str], None] = print,
     source: str | None = None,
     encoder: str | None = None,
+    pairs: bool = False,
 ) -> Path:
     """Exports, verifies and writes REPO/NAME/VERSION; returns that directory. Raises ExportError.
 
     `encoder` (NAME or NAME:VERSION of an encoder model in `out_repo`): write a head-only model that runs
-    on that encoder model, after proving it computes this checkpoint's encoder."""
+    on that encoder model, after proving it computes this checkpoint's encoder. `pairs`: the checkpoint is
+    a sequence classifier trained on sentence pairs (a sentence-transformers CrossEncoder is recognised)."""
     checkpoint_dir, out_repo = Path(checkpoint_dir), Path(out_repo)
     options = ExportOptions(int8=int8, fp16=fp16, attentions=attentions, tolerance=tolerance)
     if encoder is not None and (int8 or fp16 or attentions):
@@ -107,6 +139,26 @@ def export_model(
             f"{c.num_attention_heads} heads, vocab {c.vocab_size}"
         )
         defaults = read_embedding_defaults(checkpoint_dir, c.max_position_embeddings)
+        cross_encoder = read_cross_encoder(checkpoint_dir, c.num_labels, defaults.max_length)
+        if cross_encoder is not None:
+            if checkpoint.architecture != SEQUENCE_CLASSIFICATION:
+                raise ExportError(
+                    f"{checkpoint_dir}: a cross-encoder's checkpoint is a {checkpoint.architecture}, "
+                    f"not a {SEQUENCE_CLASSIFICATION}"
+                )
+            # its modules.json describes scoring, not embedding: the embed task keeps bertserve's defaults
+            defaults = EmbeddingDefaults(
+                "mean", True, cross_encoder.max_length or defaults.max_length, "cross-encoder config"
+            )
+            notes.append(
+                f"a sentence-transformers CrossEncoder ({cross_encoder.activation}, max_length "
+                f"{defaults.max_length})"
+            )
+        if pairs and checkpoint.architecture != SEQUENCE_CLASSIFICATION:
+            raise ExportError(
+                f"--pairs marks a sequence classifier trained on sentence pairs; {checkpoint_dir} is a "
+                f"{checkpoint.architecture} checkpoint (no classify head)"
+            )
         tokenizer = for_repository(load_tokenizer(checkpoint_dir), defaults.max_length)
         specials = special_tokens(checkpoint_dir, tokenizer)
         if checkpoint.architecture == MASKED_LM and specials.mask_token_id is None:
@@ -126,7 +178,7 @@ def export_model(
         with tempfile.TemporaryDirectory(prefix="bertserve-tokenizer-") as scratch:
             tokenizer.save(str(Path(scratch) / TOKENIZER_FILE))
             spec = tokenizer_spec(specials, Path(scratch) / TOKENIZER_FILE)
-        tasks = tasks_for(checkpoint, defaults, specials, CLS_HIDDEN_STATE)
+        tasks = tasks_for(checkpoint, defaults, specials, CLS_HIDDEN_STATE, pairs, cross_encoder)
         shared_encoder.check_compatible(shared, dimensions_of(checkpoint), defaults.max_length, spec, tasks)
         with stages.stage(
             "shared_encoder", f"checking that {shared.label}'s encoder is this checkpoint's"
@@ -142,13 +194,15 @@ def export_model(
     ):
         ctx = ExportContext(checkpoint, defaults, tokenizer, specials, options, Path(work), stage_dir, shared)
         graphs = {v.key: build_variant(v, ctx, stages) for v in VARIANTS if v.wanted(ctx)}
+        if checkpoint.architecture == SEQUENCE_CLASSIFICATION:
+            check_pairs(ctx, stages)
         with stages.stage("write", "writing tokenizer and manifest"):
             if shared is None:
                 tokenizer.save(str(stage_dir / TOKENIZER_FILE))
                 spec = tokenizer_spec(specials, stage_dir / TOKENIZER_FILE)
             else:  # a head-only model uses its encoder model's tokenizer (equal, checked above)
                 spec = shared.manifest.tokenizer
-            tasks = tasks_for(checkpoint, defaults, specials, ctx.classifier_input)
+            tasks = tasks_for(checkpoint, defaults, specials, ctx.classifier_input, pairs, cross_encoder)
             if ctx.tied_decoder is not None:  # the mlm_head takes the encoder's table as an input
                 fill_mask = tasks.fill_mask.model_copy(update={"tied_decoder": ctx.tied_decoder})
                 tasks = tasks.model_copy(update={"fill_mask": fill_mask})

@@ -34,6 +34,9 @@ from bertserve.repository import (
 )
 
 COMPARED_OUTPUTS = [LAST_HIDDEN_STATE, SENTENCE_EMBEDDING]  # a head checkpoint's pooler may be its own
+# Tokenizer fields not compared: the file name, and the pair template, which the compared sha256 of the file
+# already determines (an encoder model exported before pair templates were recorded has None).
+_DERIVED = {"file", "pair_template"}
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def check_compatible(
         "dimensions": (dimensions.model_dump(), theirs.dimensions.model_dump()),
         "max_length": ({"max_length": max_length}, {"max_length": theirs.max_length}),
         "embed task": (_dump(tasks.embed), _dump(theirs.tasks.embed)),
-        "tokenizer": (tokenizer.model_dump(exclude={"file"}), theirs.tokenizer.model_dump(exclude={"file"})),
+        "tokenizer": (tokenizer.model_dump(exclude=_DERIVED), theirs.tokenizer.model_dump(exclude=_DERIVED)),
     }
     for what, (mine, other) in pairs.items():
         if differing := [

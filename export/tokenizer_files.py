@@ -86,6 +86,34 @@ def special_tokens(directory: Path, tokenizer: Tokenizer) -> SpecialTokens:
     )
 
 
+def pair_template(tokenizer: Tokenizer) -> str | None:
+    """How the tokenizer's post-processor joins two texts, as "[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1" (each piece
+    a special token or a sequence, with its segment id); None when it has no pair template."""
+    return _template_of(json.loads(tokenizer.to_str()).get("post_processor"))
+
+
+def _template_of(processor) -> str | None:
+    if not isinstance(processor, dict):
+        return None
+    kind = processor.get("type")
+    if kind == "TemplateProcessing":
+        pieces = []
+        for piece in processor.get("pair") or []:
+            if "SpecialToken" in piece:
+                pieces.append("{id}:{type_id}".format(**piece["SpecialToken"]))
+            elif "Sequence" in piece:
+                pieces.append("${id}:{type_id}".format(**piece["Sequence"]))
+        return " ".join(pieces) or None
+    if kind == "BertProcessing":  # [CLS] A [SEP] segment 0, B [SEP] segment 1
+        cls, sep = processor["cls"][0], processor["sep"][0]
+        return f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1"
+    if kind == "Sequence":  # e.g. a byte-level step then the template: the first that joins pairs
+        for step in processor.get("processors") or []:
+            if (template := _template_of(step)) is not None:
+                return template
+    return None
+
+
 def for_repository(tokenizer: Tokenizer, max_length: int) -> Tokenizer:
     """A copy that truncates at max_length and does not pad."""
     copy = Tokenizer.from_str(tokenizer.to_str())

@@ -11,6 +11,11 @@
   encoder_int8, encoder_fp16, encoder_attentions) and two head-only models on it, exported with
   `encoder="tiny-encoder"`: `tiny-shared-mlm` (mlm_head) and `tiny-shared-classifier` (classifier_head holding
   its own pooler, input cls_hidden_state). Their checkpoints take tiny-encoder's embeddings and layers.
+- `pair_repo` (tests/pair_models.py): sentence-pair models exported through `bertserve export` (fp32 graphs,
+  version 1): `tiny-pair-classifier` (BertForSequenceClassification, 3 labels, `--pairs`), `tiny-cross-encoder`
+  (a sentence-transformers CrossEncoder, num_labels 1, max_length 40, saved by `CrossEncoder.save`) and
+  `tiny-embed` (BertModel). `tiny_pair_classifier` and `tiny_cross_encoder` are the first two as `PairModel`s
+  (their directory and manifest, transformers' model and tokenizer, and the CrossEncoder, for expected outputs).
 
 The repositories are shared by every test of the session: treat them as read-only (copy one with
 shutil.copytree before tampering with it).
@@ -98,6 +103,34 @@ def shared_repo(tmp_path_factory, make_tiny_checkpoint) -> Path:
         checkpoint = make_tiny_checkpoint(kind, seed=1, encoder_from=base)
         export_model(checkpoint, repo, name=name, version=1, encoder=SHARED_ENCODER, **quiet)
     return repo
+
+
+@pytest.fixture(scope="session")
+def _pair_models(tmp_path_factory):
+    from tests.pair_models import export_pair_repo
+
+    return export_pair_repo(tmp_path_factory.mktemp("pair-repo"), tmp_path_factory.mktemp("pair-checkpoints"))
+
+
+@pytest.fixture(scope="session")
+def pair_repo(_pair_models) -> Path:
+    from tests.pair_models import PAIR_CLASSIFIER
+
+    return _pair_models[PAIR_CLASSIFIER].repo
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_classifier(_pair_models):
+    from tests.pair_models import PAIR_CLASSIFIER
+
+    return _pair_models[PAIR_CLASSIFIER]
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(_pair_models):
+    from tests.pair_models import CROSS_ENCODER
+
+    return _pair_models[CROSS_ENCODER]
 
 
 # --- serving side (added by the server's engineer) --------------------------------------------------

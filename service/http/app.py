@@ -2,9 +2,10 @@
 the request timeout, error mapping via `status.py`, metrics, call tracking for the drain).
 
 Each route only translates JSON <-> one call of the inference core (`service/core/core.py`), so HTTP and gRPC
-calls share batches, limits and error messages. Route tables live in `openai_routes.py`,
-`bertserve_routes.py` and `probes.py` (the KServe v2 routes, `service/kserve/http_routes.py`, are passed in by
-the supervisor); `routing.py` defines a route; `openapi.py` describes them.
+calls share batches, limits and error messages. Route tables live in `openai_routes.py`, `rerank_routes.py`
+(rerank and score in Jina's, Cohere's, TEI's and vLLM's shapes), `bertserve_routes.py` and `probes.py` (the
+KServe v2 routes, `service/kserve/http_routes.py`, are passed in by the supervisor); `routing.py` defines a
+route; `openapi.py` describes them.
 
 Metrics: `bertserve_requests_total{rpc="http:<path template>", code=<gRPC status name>}` and
 `bertserve_request_duration_seconds{rpc="http:<path template>"}`, e.g. rpc="http:/v1/embeddings"; requests
@@ -28,7 +29,7 @@ from urllib.parse import unquote
 from bertserve.service import errors
 from bertserve.service.core.core import InferenceCore, deadline_after
 from bertserve.service.core.lifecycle import Lifecycle
-from bertserve.service.http import bertserve_routes, openai_routes, probes
+from bertserve.service.http import bertserve_routes, openai_routes, probes, rerank_routes
 from bertserve.service.http.accept import raise_fd_limit
 from bertserve.service.http.connections import HttpEvents, HttpServer
 from bertserve.service.http.routing import TIMEOUT_HEADER, Call, Route, request_timeout
@@ -98,6 +99,7 @@ class HttpFront:
         self.routes: list[Route] = [
             *probes.ROUTES,
             *openai_routes.ROUTES,
+            *rerank_routes.ROUTES,
             *bertserve_routes.ROUTES,
             *extra_routes,  # the KServe v2 REST routes: the supervisor passes them (service/kserve/)
         ]

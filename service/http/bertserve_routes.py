@@ -3,7 +3,12 @@ protos/bertserve/v1/inference.proto), limits and error messages; the answers mir
 
     POST /bertserve/v1/embed      {"inputs": [...], "model"?, "normalize"?, "truncate"?}
     POST /bertserve/v1/fill-mask  {"inputs": [...], "model"?, "top_k"?, "truncate"?}
-    POST /bertserve/v1/classify   {"inputs": [...], "model"?, "top_k"?, "raw_scores"?, "truncate"?}
+    POST /bertserve/v1/classify   {"inputs": [...], "pairs"?: [...], "model"?, "top_k"?, "raw_scores"?,
+                                   "truncate"?, "truncation_strategy"?}
+    POST /bertserve/v1/rerank     {"query", "documents": [...], "model"?, "top_n"?, "return_documents"?,
+                                   "raw_scores"?, "truncate"? (default true)}
+    POST /bertserve/v1/score      {"texts_1": [...], "texts_2": [...], "model"?, "raw_scores"?, "truncate"?,
+                                   "truncation_strategy"?}
     POST /bertserve/v1/tokenize   {"inputs": [...], "model"?, "truncate"?}
     POST /bertserve/v1/attention  {"input": "...", "model"?, "layers"?, "heads"?, "truncate"?}
     GET  /bertserve/v1/info       (POST {} too)
@@ -24,11 +29,13 @@ from bertserve.service.core.results import (
 )
 from bertserve.service.engine.tokenization import EncodedInput
 from bertserve.service.http.json_body import JSON_FLOAT_BYTES, off_loop_above
+from bertserve.service.http.pair_fields import PAIR_TEXTS, documents, top_n
 from bertserve.service.http.routing import Call, Route
 from bertserve.service.http.schema import Fields, json_object
 from bertserve.service.http.transport import Response, json_response
 
 if TYPE_CHECKING:
+    from bertserve.service.core.results import RerankResult, ScoreResult
     from bertserve.service.http.app import HttpFront
 
 PREFIX = "/bertserve/v1"
@@ -62,8 +69,11 @@ def tokens(encoded: EncodedInput) -> list[dict]:
     ]
 
 
-async def _request(front: HttpFront, call: Call, *extra: str) -> tuple[Fields, list[str], str, bool]:
-    fields = Fields(await json_object(front, call.request), ("inputs", "model", "truncate", *extra))
+async def _request(
+    front: HttpFront, call: Call, *extra: str, texts_per_input: int = 1
+) -> tuple[Fields, list[str], str, bool]:
+    body = await json_object(front, call.request, texts_per_input)
+    fields = Fields(body, ("inputs", "model", "truncate", *extra))
     return fields, fields.strings("inputs"), fields.string("model"), fields.boolean("truncate")
 
 
@@ -134,17 +144,77 @@ def _classify_reply(result: ClassifyResult) -> Response:
 
 
 async def classify(front: HttpFront, call: Call) -> Response:
-    fields, inputs, model, truncate = await _request(front, call, "top_k", "raw_scores")
+    extra = ("top_k", "raw_scores", "pairs", "truncation_strategy")
+    fields, inputs, model, truncate = await _request(front, call, *extra, texts_per_input=PAIR_TEXTS)
     result = await front.core.classify(
         model,
         inputs,
+        pairs=fields.strings("pairs", required=False) or None,
         truncate=truncate,
+        truncation_strategy=fields.string("truncation_strategy") or "longest_first",
         top_k=fields.integer("top_k"),
         raw_scores=fields.boolean("raw_scores"),
         deadline=call.deadline,
     )
     labels = sum(len(row) for row in result.labels)
     return await off_loop_above(front, JSON_ENTRY_BYTES * labels, _classify_reply, result)
+
+
+def _rerank_reply(result: RerankResult) -> Response:
+    results = []
+    for r in result.results:
+        entry = {"index": r.index, "score": float(r.score), "truncated": r.truncated}
+        if r.document is not None:
+            entry["document"] = r.document
+        results.append(entry)
+    return json_response(
+        200, {"results": results, "method": result.method, "metadata": metadata(result.meta)}
+    )
+
+
+async def rerank(front: HttpFront, call: Call) -> Response:
+    body = await json_object(front, call.request, PAIR_TEXTS)
+    allowed = ("query", "documents", "model", "top_n", "return_documents", "raw_scores", "truncate")
+    fields = Fields(body, allowed)
+    query, docs = fields.required_string("query"), documents(front, body, "documents", objects=False)
+    result = await front.core.rerank(
+        fields.string("model"),
+        query,
+        docs,
+        top_n=top_n(fields),
+        return_documents=fields.boolean("return_documents"),
+        raw_scores=fields.boolean("raw_scores"),
+        truncate=fields.boolean("truncate", True),
+        deadline=call.deadline,
+    )
+    size = sum(JSON_ENTRY_BYTES + 6 * len(r.document or "") for r in result.results)
+    return await off_loop_above(front, size, _rerank_reply, result)
+
+
+def _score_reply(result: ScoreResult) -> Response:
+    results = [
+        {"score": score, "truncated": truncated}
+        for score, truncated in zip(result.scores.tolist(), result.truncated, strict=True)
+    ]
+    return json_response(
+        200, {"results": results, "method": result.method, "metadata": metadata(result.meta)}
+    )
+
+
+async def score(front: HttpFront, call: Call) -> Response:
+    body = await json_object(front, call.request, PAIR_TEXTS)
+    allowed = ("texts_1", "texts_2", "model", "raw_scores", "truncate", "truncation_strategy")
+    fields = Fields(body, allowed)
+    result = await front.core.score(
+        fields.string("model"),
+        fields.strings("texts_1"),
+        fields.strings("texts_2"),
+        raw_scores=fields.boolean("raw_scores"),
+        truncate=fields.boolean("truncate"),
+        truncation_strategy=fields.string("truncation_strategy") or "longest_first",
+        deadline=call.deadline,
+    )
+    return await off_loop_above(front, JSON_ENTRY_BYTES * len(result.scores), _score_reply, result)
 
 
 def _tokenize_reply(result: TokenizeResult) -> Response:
@@ -214,6 +284,8 @@ ROUTES = [
     Route("POST", f"{PREFIX}/embed", embed, summary="bertserve.v1 Embed"),
     Route("POST", f"{PREFIX}/fill-mask", fill_mask, summary="bertserve.v1 FillMask"),
     Route("POST", f"{PREFIX}/classify", classify, summary="bertserve.v1 Classify"),
+    Route("POST", f"{PREFIX}/rerank", rerank, summary="bertserve.v1 Rerank"),
+    Route("POST", f"{PREFIX}/score", score, summary="bertserve.v1 Score"),
     Route("POST", f"{PREFIX}/tokenize", tokenize, summary="bertserve.v1 Tokenize"),
     Route("POST", f"{PREFIX}/attention", attention, summary="bertserve.v1 Attention"),
     Route("GET", f"{PREFIX}/info", info, summary="bertserve.v1 Info"),

@@ -35,10 +35,12 @@ SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def check_counts(data: bytes, max_inputs: int, what: str = "body") -> None:
-    """Refuses a body with more JSON strings, or values, than a request of `max_inputs` inputs holds."""
-    strings_limit = max_inputs + STRUCTURE_ALLOWANCE
-    values_limit = 2 * max_inputs + STRUCTURE_ALLOWANCE
+def check_counts(data: bytes, max_inputs: int, what: str = "body", texts_per_input: int = 1) -> None:
+    """Refuses a body with more JSON strings, or values, than a request of `max_inputs` inputs holds;
+    `texts_per_input` 2: each input is a pair of texts (or a document object's key and text)."""
+    strings_limit = texts_per_input * max_inputs + STRUCTURE_ALLOWANCE
+    values_limit = 2 * texts_per_input * max_inputs + STRUCTURE_ALLOWANCE
+    inputs = "inputs" if texts_per_input == 1 else "inputs (pairs)"
     text = data
     if b"\\" in text:  # escapes occur only inside strings: drop escaped backslashes, then escaped quotes
         text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
@@ -46,7 +48,7 @@ def check_counts(data: bytes, max_inputs: int, what: str = "body") -> None:
     if strings > strings_limit:
         raise InvalidInput(
             f"{what}: {strings} JSON strings is more than a request of max_inputs_per_request {max_inputs} "
-            f"inputs holds (at most {strings_limit}); send at most {max_inputs} inputs in one request"
+            f"{inputs} holds (at most {strings_limit}); send at most {max_inputs} inputs in one request"
         )
     if text.count(b",") + text.count(b"[") + text.count(b"{") <= values_limit:
         return
@@ -55,7 +57,7 @@ def check_counts(data: bytes, max_inputs: int, what: str = "body") -> None:
     if values > values_limit:
         raise InvalidInput(
             f"{what}: {values} JSON values is more than a request of max_inputs_per_request {max_inputs} "
-            f"inputs holds (at most {values_limit}); send at most {max_inputs} inputs in one request"
+            f"{inputs} holds (at most {values_limit}); send at most {max_inputs} inputs in one request"
         )
 
 
@@ -97,9 +99,9 @@ def check_surrogates(value: object, what: str = "body") -> None:
             stack.extend((v, _field(path, k)) for k, v in reversed(entries))
 
 
-def parse_json(data: bytes, max_inputs: int, what: str = "body") -> object:
+def parse_json(data: bytes, max_inputs: int, what: str = "body", texts_per_input: int = 1) -> object:
     """The JSON value of `data` (blocking: a large body goes through `off_loop_above`)."""
-    check_counts(data, max_inputs, what)
+    check_counts(data, max_inputs, what, texts_per_input)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

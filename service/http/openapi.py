@@ -14,6 +14,22 @@ MODEL = {"type": "string", "description": "a served model; absent: the default m
 TRUNCATE = {"type": "boolean", "default": False, "description": "cut inputs longer than max_length"}
 TOP_K = {"type": "integer", "minimum": 1}
 INDICES = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+TOP_N = {"type": "integer", "minimum": 1, "description": "the best top_n results; absent: every document"}
+DOCUMENTS = {
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        "oneOf": [
+            {"type": "string"},
+            {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
+        ]
+    },
+}
+TOKEN_LIMIT = {
+    "type": "integer",
+    "description": "accepted when at least the model's max_length (pairs are cut to max_length)",
+}
+STRATEGY = {"enum": ["longest_first", "only_first", "only_second"], "default": "longest_first"}
 
 
 def _object(required: list[str], **properties) -> dict:
@@ -43,6 +59,65 @@ REQUEST_SCHEMAS = {
         top_k=TOP_K,
         raw_scores={"type": "boolean"},
         truncate=TRUNCATE,
+        pairs={**STRINGS, "description": "the second text of each input (sentence pairs)"},
+        truncation_strategy=STRATEGY,
+    ),
+    "/bertserve/v1/rerank": _object(
+        ["query", "documents"],
+        query={"type": "string"},
+        documents=STRINGS,
+        model=MODEL,
+        top_n=TOP_N,
+        return_documents={"type": "boolean", "default": False},
+        raw_scores={"type": "boolean"},
+        truncate={"type": "boolean", "default": True},
+    ),
+    "/bertserve/v1/score": _object(
+        ["texts_1", "texts_2"],
+        texts_1={**STRINGS, "description": "one text (scored against every texts_2) or as many as texts_2"},
+        texts_2=STRINGS,
+        model=MODEL,
+        raw_scores={"type": "boolean"},
+        truncate=TRUNCATE,
+        truncation_strategy=STRATEGY,
+    ),
+    "/v1/rerank": _object(
+        ["query", "documents"],
+        query={"type": "string"},
+        documents=DOCUMENTS,
+        model=MODEL,
+        top_n=TOP_N,
+        return_documents={"type": "boolean", "default": True},
+        truncate_prompt_tokens={**TOKEN_LIMIT, "description": "-1, or at least the model's max_length"},
+        user={"type": "string", "description": "ignored"},
+    ),
+    "/v2/rerank": _object(
+        ["query", "documents"],
+        query={"type": "string"},
+        documents=DOCUMENTS,
+        model=MODEL,
+        top_n=TOP_N,
+        max_tokens_per_doc=TOKEN_LIMIT,
+        return_documents={"type": "boolean", "default": False},
+        priority={"type": "integer", "description": "ignored"},
+        relevant_spans={"type": "object", "description": 'only {"mode": "disabled"}'},
+    ),
+    "/rerank": _object(
+        ["query", "texts"],
+        query={"type": "string"},
+        texts=STRINGS,
+        raw_scores={"type": "boolean", "default": False},
+        return_text={"type": "boolean", "default": False},
+        truncate={"type": "boolean", "default": True},
+        truncation_direction={"enum": ["right", "Right"], "default": "right"},
+    ),
+    "/v1/score": _object(
+        ["text_1", "text_2"],
+        text_1=STRING_OR_STRINGS,
+        text_2=STRING_OR_STRINGS,
+        model=MODEL,
+        truncate_prompt_tokens={**TOKEN_LIMIT, "description": "-1, or at least the model's max_length"},
+        user={"type": "string", "description": "ignored"},
     ),
     "/bertserve/v1/tokenize": _object(["inputs"], inputs=STRINGS, model=MODEL, truncate=TRUNCATE),
     "/bertserve/v1/attention": _object(
@@ -57,11 +132,12 @@ KSERVE_INFER = {
         "id": {"type": "string"},
         "parameters": {
             "type": "object",
-            "description": "normalize, truncate, top_k, raw_scores, binary_data_output",
+            "description": "normalize, truncate, top_k, raw_scores, truncation_strategy, binary_data_output",
         },
         "inputs": {
             "type": "array",
-            "description": 'exactly one tensor: {"name": "text", "datatype": "BYTES", "shape": [n], "data": [...]}',
+            "description": 'one tensor {"name": "text", "datatype": "BYTES", "shape": [n], "data": [...]}, '
+            'and for classify outputs optionally a second "text_pair" of the same shape (sentence pairs)',
             "items": {"type": "object"},
         },
         "outputs": {"type": "array", "items": {"type": "object"}},
@@ -139,7 +215,8 @@ def document(routes: list[Route]) -> dict:
         "info": {
             "title": "bertserve HTTP API",
             "version": __version__,
-            "description": "OpenAI-compatible embeddings, bertserve.v1 over JSON, KServe v2 REST, probes. "
+            "description": "OpenAI-compatible embeddings; rerank and score in Jina's, Cohere's, TEI's and "
+            "vLLM's shapes; bertserve.v1 over JSON, KServe v2 REST, probes. "
             "Errors: status codes as in docs/architecture.md (HTTP).",
         },
         "paths": paths,

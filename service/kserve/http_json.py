@@ -14,7 +14,13 @@ from bertserve.service.http.json_body import parse_json
 from bertserve.service.http.schema import check_content_type, kind_of
 from bertserve.service.http.status import HttpError
 from bertserve.service.http.transport import Request
-from bertserve.service.kserve.tensors import TEXT_INPUT, decode_bytes_elements, encode_bytes_elements
+from bertserve.service.kserve.tensors import (
+    PAIR_INPUT,
+    TEXT_INPUT,
+    decode_bytes_elements,
+    encode_bytes_elements,
+    input_names_error,
+)
 
 HEADER_LENGTH = "inference-header-content-length"
 INFER_MEDIA_TYPES = ("application/json", "application/octet-stream")
@@ -24,6 +30,7 @@ PARAMETER_KINDS = {
     "raw_scores": bool,
     "top_k": int,
     "binary_data_output": bool,
+    "truncation_strategy": str,
 }
 INT64 = range(-(1 << 63), 1 << 63)
 ASCII_DIGITS = re.compile(r"[0-9]{1,15}")  # str.isdigit() and int() also take other scripts' digits
@@ -44,18 +51,20 @@ def header_length(request: Request) -> int | None:
     return length
 
 
-def decode_request(request: Request, max_inputs: int) -> tuple[dict, list[str]]:
-    """An infer request's JSON header and texts (blocking: a large body is decoded off the event loop)."""
+def decode_request(request: Request, max_inputs: int) -> tuple[dict, list[str], list[str] | None]:
+    """An infer request's JSON header, texts and pairs' second texts (None without "text_pair"); blocking:
+    a large body is decoded off the event loop."""
     check_content_type(request, INFER_MEDIA_TYPES)
     length = header_length(request)
     if length is None:
         header, binary = request.body, b""
     else:
         header, binary = request.body[:length], request.body[length:]
-    body = parse_json(header, max_inputs, "body" if length is None else "body (JSON header)")
+    what = "body" if length is None else "body (JSON header)"
+    body = parse_json(header, max_inputs, what, texts_per_input=2)  # "text" and "text_pair"
     if not isinstance(body, dict):
         raise HttpError(400, f"body: must be a JSON object (got {kind_of(body)})")
-    return body, read_texts(body, binary, max_inputs)
+    return (body, *read_texts(body, binary, max_inputs))
 
 
 def parameters_of(value: object, field: str) -> dict:
@@ -71,7 +80,7 @@ def parameter(parameters: dict, name: str, default):
         return default
     value, kind = parameters[name], PARAMETER_KINDS[name]
     if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value not in INT64)):
-        expected = "true or false" if kind is bool else "a 64-bit integer"
+        expected = {bool: "true or false", int: "a 64-bit integer", str: "a string"}[kind]
         raise InvalidInput(f"parameters[{name!r}]: must be {expected} (got {quote(value, 32)})")
     return value
 
@@ -111,47 +120,41 @@ def _count(tensor: dict, field: str, max_inputs: int) -> int:
     return count
 
 
-def read_texts(body: dict, binary: bytes, max_inputs: int) -> list[str]:
-    """The texts of the single BYTES input "text": JSON strings in `data`, or binary tensor data. The
-    element count comes from the shape and is checked before any element is decoded."""
-    inputs = body.get("inputs")
-    if not isinstance(inputs, list):
+def _binary_size(tensor: dict, field: str) -> int | None:
+    size = parameters_of(tensor.get("parameters"), f"{field}.parameters").get("binary_data_size")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
         raise InvalidInput(
-            f"inputs: must be an array holding one tensor {TEXT_INPUT!r} (got {kind_of(inputs)})"
+            f"{field}.parameters.binary_data_size: must be a byte count (got {quote(size, 32)})"
         )
-    names = [t.get("name") if isinstance(t, dict) else None for t in inputs[:8]]
-    if names != [TEXT_INPUT]:
-        shown = quote(names) if len(inputs) <= 8 else f"{len(inputs)} tensors"
-        raise InvalidInput(f"inputs: expected exactly one input tensor {TEXT_INPUT!r} (BYTES), got {shown}")
-    tensor = inputs[0]
-    field = f"inputs[{TEXT_INPUT!r}]"
+    return size
+
+
+def _read_tensor(tensor: dict, binary: memoryview | None, max_inputs: int, count: int | None) -> list[str]:
+    """The texts of one BYTES input tensor: JSON strings in `data`, or `binary` (its binary tensor data;
+    None: it has none). `count`: the element count its shape must declare. The count comes from the shape
+    and is checked before any element is decoded."""
+    field = f"inputs[{tensor['name']!r}]"
     if tensor.get("datatype") != "BYTES":
         raise InvalidInput(
             f"{field}.datatype: must be BYTES (UTF-8 text), got {quote(tensor.get('datatype'))}"
         )
-    count = _count(tensor, field, max_inputs)
-    size = parameters_of(tensor.get("parameters"), f"{field}.parameters").get("binary_data_size")
-    if size is not None:
+    declared = _count(tensor, field, max_inputs)
+    if count is not None and declared != count:
+        raise InvalidInput(
+            f"{field}.shape: {quote(tensor['shape'])} must match the {count} elements of {TEXT_INPUT!r}"
+        )
+    if binary is not None:
         if "data" in tensor:
             raise InvalidInput(f"{field}.data: must be absent when parameters.binary_data_size is given")
-        if not isinstance(size, int) or isinstance(size, bool) or size != len(binary):
-            raise InvalidInput(
-                f"{field}.parameters.binary_data_size: {quote(size, 32)} does not match the "
-                f"{len(binary)} binary bytes"
-            )
-        elements = decode_bytes_elements(binary, f"{field} binary data", count)
+        elements = decode_bytes_elements(binary, f"{field} binary data", declared)
     else:
-        if binary:
-            raise InvalidInput(
-                f"body: {len(binary)} binary bytes after the JSON header, but no input has binary_data_size"
-            )
-        elements = flatten(tensor.get("data"), field, count)
+        elements = flatten(tensor.get("data"), field, declared)
         for i, element in enumerate(elements):
             if not isinstance(element, str):
                 raise InvalidInput(f"{field}.data[{i}]: must be a string (got {kind_of(element)})")
-    if len(elements) != count:
+    if len(elements) != declared:
         raise InvalidInput(
-            f"{field}: shape {quote(tensor['shape'])} needs {count} elements, got {len(elements)}"
+            f"{field}: shape {quote(tensor['shape'])} needs {declared} elements, got {len(elements)}"
         )
     texts = []
     for i, element in enumerate(elements):
@@ -162,6 +165,39 @@ def read_texts(body: dict, binary: bytes, max_inputs: int) -> list[str]:
                 raise InvalidInput(f"{field}[{i}]: not valid UTF-8 at byte {exc.start}") from None
         texts.append(element)
     return texts
+
+
+def read_texts(body: dict, binary: bytes, max_inputs: int) -> tuple[list[str], list[str] | None]:
+    """The texts of the BYTES input "text", and of the optional "text_pair" (the second text of each pair;
+    None without it). Binary tensor data holds the inputs' in their order, as tritonclient sends it."""
+    inputs = body.get("inputs")
+    if not isinstance(inputs, list):
+        raise InvalidInput(
+            f"inputs: must be an array holding one tensor {TEXT_INPUT!r} (got {kind_of(inputs)})"
+        )
+    names = [t.get("name") if isinstance(t, dict) else None for t in inputs[:8]]
+    if len(inputs) > 2 or sorted(map(str, names)) not in ([TEXT_INPUT], sorted([TEXT_INPUT, PAIR_INPUT])):
+        raise input_names_error(names if len(inputs) <= 8 else [f"{len(inputs)} tensors"])
+    sizes = [_binary_size(t, f"inputs[{t['name']!r}]") for t in inputs]
+    total = sum(size or 0 for size in sizes)
+    if total != len(binary):
+        if all(size is None for size in sizes):
+            raise InvalidInput(
+                f"body: {len(binary)} binary bytes after the JSON header, but no input has binary_data_size"
+            )
+        raise InvalidInput(
+            f"inputs: binary_data_size adds up to {total}, which does not match the {len(binary)} binary "
+            "bytes after the JSON header"
+        )
+    chunks, start, view = {}, 0, memoryview(binary)
+    for tensor, size in zip(inputs, sizes, strict=True):
+        chunks[tensor["name"]] = None if size is None else view[start : start + size]
+        start += size or 0
+    by_name = {t["name"]: t for t in inputs}
+    texts = _read_tensor(by_name[TEXT_INPUT], chunks[TEXT_INPUT], max_inputs, None)
+    if PAIR_INPUT not in by_name:
+        return texts, None
+    return texts, _read_tensor(by_name[PAIR_INPUT], chunks[PAIR_INPUT], max_inputs, len(texts))
 
 
 def output_tensor(name: str, datatype: str, values, binary: bool) -> tuple[dict, bytes]:

@@ -10,11 +10,13 @@ tensors, parameters and messages), so `tritonclient.http` works.
 
 Infer takes one BYTES input "text" of shape [n] or [n, 1] (JSON strings in "data", or the binary tensor
 data extension: `parameters.binary_data_size` and the bytes after the JSON header, whose length the
-`Inference-Header-Content-Length` header gives). Outputs as on gRPC: "embedding" FP32 [n, dimension];
-"labels" BYTES + "label_scores" FP32 [n, k]; "mask_tokens"/"mask_sequences" BYTES + "mask_scores" FP32
-[n, k] (fill-mask: exactly one mask per input; only when named). Request parameters: normalize, truncate
-(bool), top_k (int), raw_scores (bool), binary_data_output (bool). An output is sent binary when its
-request entry has `parameters.binary_data` true, or `binary_data_output` is true.
+`Inference-Header-Content-Length` header gives), and for the classify outputs only an optional second
+BYTES input "text_pair" of the same shape (sentence pairs). Outputs as on gRPC: "embedding" FP32
+[n, dimension]; "labels" BYTES + "label_scores" FP32 [n, k]; "mask_tokens"/"mask_sequences" BYTES +
+"mask_scores" FP32 [n, k] (fill-mask: exactly one mask per input; only when named). Request parameters:
+normalize, truncate (bool), top_k (int), raw_scores (bool), truncation_strategy (string), binary_data_output
+(bool). An output is sent binary when its request entry has `parameters.binary_data` true, or
+`binary_data_output` is true.
 """
 
 from __future__ import annotations
@@ -41,7 +43,13 @@ from bertserve.service.kserve.http_json import (
     parameters_of,
 )
 from bertserve.service.kserve.servicer import DEFAULT_TASKS, EXTENSIONS, PLATFORM, SERVER_NAME, model_outputs
-from bertserve.service.kserve.tensors import TEXT_INPUT, OutputTensor, task_tensors
+from bertserve.service.kserve.tensors import (
+    OutputTensor,
+    classify_tensors,
+    input_names,
+    pair_tasks,
+    task_tensors,
+)
 
 if TYPE_CHECKING:
     from bertserve.service.http.app import HttpFront
@@ -116,7 +124,10 @@ async def model_metadata(front: HttpFront, call: Call) -> Response:
         "name": model.name,
         "versions": [str(model.version)],
         "platform": PLATFORM,
-        "inputs": [{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1]}],
+        "inputs": [
+            {"name": name, "datatype": "BYTES", "shape": [-1]}
+            for name in input_names(model.manifest.tasks.classify is not None)
+        ],
         "outputs": _tensor_metadata(model),
     }
     return json_response(200, body)
@@ -125,11 +136,14 @@ async def model_metadata(front: HttpFront, call: Call) -> Response:
 # --- infer ---------------------------------------------------------------------------------------------
 
 
-def _requested(model: ServedModel, body: dict) -> list[tuple[str, bool | None]]:
-    """The outputs asked for, each with its own binary_data flag (None: not said)."""
+def _requested(model: ServedModel, body: dict, pairs: bool) -> list[tuple[str, bool | None]]:
+    """The outputs asked for, each with its own binary_data flag (None: not said); with `pairs`, only
+    the classify outputs."""
     available = model_outputs(model)
     outputs = body.get("outputs")
     if outputs is None:
+        if pairs:
+            return [(name, None) for name in pair_tasks(model.name, available, None)]
         return [(name, None) for name, task in available.items() if task in DEFAULT_TASKS]
     if not isinstance(outputs, list):
         raise InvalidInput(f"outputs: must be an array (got {kind_of(outputs)})")
@@ -161,6 +175,8 @@ def _requested(model: ServedModel, body: dict) -> list[tuple[str, bool | None]]:
     names = [name for name, _ in requested]
     if len(set(names)) != len(names):
         raise InvalidInput(f"outputs: an output is requested twice ({names})")
+    if pairs:
+        pair_tasks(model.name, available, names)
     return requested
 
 
@@ -205,25 +221,37 @@ async def infer(front: HttpFront, call: Call) -> Response:
     model = _model(front, call)
     limit = front.settings.max_inputs_per_request
     size = len(call.request.body)
-    body, texts = await off_loop_above(front, size, decode_request, call.request, limit)
+    body, texts, pairs = await off_loop_above(front, size, decode_request, call.request, limit)
     parameters = parameters_of(body.get("parameters"), "parameters")
     request_id = body.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInput(f"id: must be a string (got {kind_of(request_id)})")
-    requested = _requested(model, body)
+    requested = _requested(model, body, pairs is not None)
     binary_default = parameter(parameters, "binary_data_output", False)
     available = model_outputs(model)
     names = [name for name, _ in requested]
     tasks = list(dict.fromkeys(available[name] for name in names))
     calls = [_task_call(task, parameters, names) for task in tasks]
-    # One core call for every task: tokenized once, batched together (one encoder run).
-    outcomes = await front.core.infer(
-        model.name, texts, calls, truncate=parameter(parameters, "truncate", False), deadline=call.deadline
-    )
+    truncate = parameter(parameters, "truncate", False)
     tensors: dict = {}
-    mask_token = model.manifest.tasks.fill_mask.mask_token if model.manifest.tasks.fill_mask else ""
-    for task, outcome in zip(tasks, outcomes, strict=True):
-        tensors.update(task_tensors(task, outcome, mask_token, "mask_sequences" in names))
+    if pairs is not None:  # classify only (_requested)
+        (classify,) = calls
+        outcome = await front.core.classify(
+            model.name,
+            texts,
+            pairs=pairs,
+            truncate=truncate,
+            truncation_strategy=parameter(parameters, "truncation_strategy", "longest_first"),
+            top_k=classify.top_k,
+            raw_scores=classify.raw_scores,
+            deadline=call.deadline,
+        )
+        tensors.update(classify_tensors(outcome))
+    else:  # one core call for every task: tokenized once, batched together (one encoder run)
+        outcomes = await front.core.infer(model.name, texts, calls, truncate=truncate, deadline=call.deadline)
+        mask_token = model.manifest.tasks.fill_mask.mask_token if model.manifest.tasks.fill_mask else ""
+        for task, outcome in zip(tasks, outcomes, strict=True):
+            tensors.update(task_tensors(task, outcome, mask_token, "mask_sequences" in names))
     size = JSON_FLOAT_BYTES * sum(tensors[name].values.size for name in names)
     return await off_loop_above(front, size, _answer, model, requested, tensors, binary_default, request_id)
 

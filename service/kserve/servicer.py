@@ -1,9 +1,10 @@
 """The KServe v2 / Open Inference Protocol servicer (`inference.GRPCInferenceService`), served on the same
 port as bertserve.v1.Inference.
 
-ModelInfer takes the texts of a BYTES tensor "text" and makes one inference-core call per task it needs
-(service/core/core.py: validation, tokenization, the encoder's shared batches, the tasks), so every protocol
-shares batches, limits and metrics; domain errors are mapped by `rpc_status`. Outputs by task:
+ModelInfer takes the texts of a BYTES tensor "text" (and, for the classify outputs only, an optional second
+BYTES tensor "text_pair" of the same shape: sentence pairs; request parameter "truncation_strategy": string)
+and makes one inference-core call for the tasks it needs (service/core/core.py: validation, tokenization,
+the encoder's shared batches, the tasks), so every protocol shares batches, limits and metrics; domain errors are mapped by `rpc_status`. Outputs by task:
 
     embed     "embedding"       FP32  [n, dimension]  (request parameter "normalize": bool)
     classify  "labels"          BYTES [n, k]          best first (request parameters "top_k": int64,
@@ -48,11 +49,14 @@ from bertserve.service.grpc.rpc_status import (
     status_message,
 )
 from bertserve.service.kserve.tensors import (
-    TEXT_INPUT,
     OutputTensor,
+    classify_tensors,
+    input_names,
+    pair_tasks,
     parameter,
     read_texts,
     task_tensors,
+    tensor_metadata,
     write_outputs,
 )
 
@@ -99,21 +103,6 @@ def probe(name: str, request_type: type):
         return handler
 
     return wrap
-
-
-def tensor_metadata(model: ModelInfo) -> list[pb.ModelMetadataResponse.TensorMetadata]:
-    meta = pb.ModelMetadataResponse.TensorMetadata
-    outputs = []
-    if Task.EMBED.value in model.tasks:
-        outputs.append(meta(name="embedding", datatype="FP32", shape=[-1, model.dimension]))
-    if Task.CLASSIFY.value in model.tasks:
-        outputs.append(meta(name="labels", datatype="BYTES", shape=[-1, -1]))
-        outputs.append(meta(name="label_scores", datatype="FP32", shape=[-1, -1]))
-    if Task.FILL_MASK.value in model.tasks:
-        outputs.append(meta(name="mask_tokens", datatype="BYTES", shape=[-1, -1]))
-        outputs.append(meta(name="mask_scores", datatype="FP32", shape=[-1, -1]))
-        outputs.append(meta(name="mask_sequences", datatype="BYTES", shape=[-1, -1]))
-    return outputs
 
 
 def model_outputs(model: ModelInfo) -> dict[str, Task]:
@@ -187,7 +176,10 @@ class OpenInferenceServicer:
             name=model.name,
             versions=[str(model.version)],
             platform=PLATFORM,
-            inputs=[pb.ModelMetadataResponse.TensorMetadata(name=TEXT_INPUT, datatype="BYTES", shape=[-1])],
+            inputs=[
+                pb.ModelMetadataResponse.TensorMetadata(name=name, datatype="BYTES", shape=[-1])
+                for name in input_names(Task.CLASSIFY.value in model.tasks)
+            ],
             outputs=tensor_metadata(model),
             properties=properties,
         )
@@ -205,9 +197,11 @@ class OpenInferenceServicer:
         ]
         return pb.RepositoryIndexResponse(models=models)
 
-    def _requested(self, model: ModelInfo, request: pb.ModelInferRequest) -> list[str]:
+    def _requested(self, model: ModelInfo, request: pb.ModelInferRequest, pairs: bool) -> list[str]:
         available = model_outputs(model)
         if not request.outputs:
+            if pairs:
+                return pair_tasks(model.name, available, None)
             return [name for name, task in available.items() if task in DEFAULT_TASKS]
         names = [output.name for output in request.outputs]
         for i, name in enumerate(names):
@@ -224,7 +218,7 @@ class OpenInferenceServicer:
                     f"outputs[{i}].parameters['classification']: the classification extension is not "
                     "supported; request the labels and label_scores outputs (parameter top_k) instead"
                 )
-        return names
+        return pair_tasks(model.name, available, names) if pairs else names
 
     def _task_call(self, model: ModelInfo, task: Task, request: pb.ModelInferRequest, names) -> TaskCall:
         """The core's call for `task`, with the request parameters checked (named as this protocol does)."""
@@ -242,19 +236,32 @@ class OpenInferenceServicer:
     @rpc("ModelInfer", pb.ModelInferRequest)
     async def ModelInfer(self, request: pb.ModelInferRequest, context) -> bytes:
         model = self._model(request.model_name, request.model_version)
-        texts = read_texts(request, self.settings.max_inputs_per_request)
-        names = self._requested(model, request)
+        texts, pairs = read_texts(request, self.settings.max_inputs_per_request)
+        names = self._requested(model, request, pairs is not None)
         available = model_outputs(model)
         tasks = list(dict.fromkeys(available[name] for name in names))
         calls = [self._task_call(model, task, request, names) for task in tasks]
         truncate = parameter(request, "truncate", bool, False)
-        # One core call for every task: tokenized once, batched together (one encoder run).
-        outcomes = await self.core.infer(
-            model.name, texts, calls, truncate=truncate, deadline=deadline_of(context)
-        )
         tensors: dict[str, OutputTensor] = {}
-        for task, outcome in zip(tasks, outcomes, strict=True):
-            tensors.update(task_tensors(task, outcome, model.mask_token, "mask_sequences" in names))
+        if pairs is not None:  # classify only (pair_tasks)
+            (call,) = calls
+            outcome = await self.core.classify(
+                model.name,
+                texts,
+                pairs=pairs,
+                truncate=truncate,
+                truncation_strategy=parameter(request, "truncation_strategy", str, "longest_first"),
+                top_k=call.top_k,
+                raw_scores=call.raw_scores,
+                deadline=deadline_of(context),
+            )
+            tensors.update(classify_tensors(outcome))
+        else:  # one core call for every task: tokenized once, batched together (one encoder run)
+            outcomes = await self.core.infer(
+                model.name, texts, calls, truncate=truncate, deadline=deadline_of(context)
+            )
+            for task, outcome in zip(tasks, outcomes, strict=True):
+                tensors.update(task_tensors(task, outcome, model.mask_token, "mask_sequences" in names))
         outputs = [tensors[name] for name in names]
         reply = functools.partial(_response, model, request.id, outputs, bool(request.raw_input_contents))
         if sum(t.values.size for t in outputs) * 4 > OFF_LOOP_BYTES:

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertserve.kserve import open_inference_pb2 as pb
-from bertserve.service.core.results import ClassifyResult, EmbedResult, FillMaskResult
+from bertserve.service.core.results import ClassifyResult, EmbedResult, FillMaskResult, ModelInfo
 from bertserve.service.engine.tasks import Task
 from bertserve.service.errors import InvalidInput, quote
 
 TEXT_INPUT = "text"
+PAIR_INPUT = "text_pair"  # optional, for classify: the second text of each input (sentence pairs)
 LENGTH_PREFIX = struct.Struct("<I")  # BYTES elements in raw contents: uint32 little-endian length, then bytes
 
 
@@ -57,33 +58,64 @@ def _element_count(shape: Sequence[int], field: str) -> int:
     raise InvalidInput(f"{field}.shape: must be [n] or [n, 1] (got {quote(list(shape))})")
 
 
-def read_texts(request: pb.ModelInferRequest, max_inputs: int) -> list[str]:
-    """The texts of the request's single BYTES input tensor "text", from typed or raw contents."""
-    names = [tensor.name for tensor in request.inputs]
-    if names != [TEXT_INPUT]:
-        raise InvalidInput(
-            f"inputs: expected exactly one input tensor {TEXT_INPUT!r} (BYTES), got {quote(names)}"
-        )
-    tensor = request.inputs[0]
-    field = f"inputs[{TEXT_INPUT!r}]"
+def tensor_metadata(model: ModelInfo) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+    meta = pb.ModelMetadataResponse.TensorMetadata
+    outputs = []
+    if Task.EMBED.value in model.tasks:
+        outputs.append(meta(name="embedding", datatype="FP32", shape=[-1, model.dimension]))
+    if Task.CLASSIFY.value in model.tasks:
+        outputs.append(meta(name="labels", datatype="BYTES", shape=[-1, -1]))
+        outputs.append(meta(name="label_scores", datatype="FP32", shape=[-1, -1]))
+    if Task.FILL_MASK.value in model.tasks:
+        outputs.append(meta(name="mask_tokens", datatype="BYTES", shape=[-1, -1]))
+        outputs.append(meta(name="mask_scores", datatype="FP32", shape=[-1, -1]))
+        outputs.append(meta(name="mask_sequences", datatype="BYTES", shape=[-1, -1]))
+    return outputs
+
+
+def input_names(classify: bool) -> list[str]:
+    """The input tensors of a model: "text", and for one with the classify task the optional "text_pair"."""
+    return [TEXT_INPUT, PAIR_INPUT] if classify else [TEXT_INPUT]
+
+
+def input_names_error(names: list) -> InvalidInput:
+    return InvalidInput(
+        f"inputs: expected exactly one input tensor {TEXT_INPUT!r} (BYTES), and optionally {PAIR_INPUT!r} "
+        f"of the same shape (the second texts of sentence pairs, for classify outputs), got {quote(names)}"
+    )
+
+
+def _read_tensor(request: pb.ModelInferRequest, index: int, max_inputs: int, count: int | None) -> list[str]:
+    """The texts of the BYTES input tensor `request.inputs[index]`; `count`: the element count its shape
+    must declare (the first tensor's)."""
+    tensor = request.inputs[index]
+    field = f"inputs[{tensor.name!r}]"
     if tensor.datatype != "BYTES":
         raise InvalidInput(f"{field}.datatype: must be BYTES (UTF-8 text), got {quote(tensor.datatype)}")
-    count = _element_count(tensor.shape, field)
-    if count > max_inputs:
-        raise InvalidInput(f"{field}.shape: {count} inputs is more than max_inputs_per_request {max_inputs}")
+    declared = _element_count(tensor.shape, field)
+    if declared > max_inputs:
+        raise InvalidInput(
+            f"{field}.shape: {declared} inputs is more than max_inputs_per_request {max_inputs}"
+        )
+    if count is not None and declared != count:
+        raise InvalidInput(
+            f"{field}.shape: {quote(list(tensor.shape))} must match the {count} elements of {TEXT_INPUT!r}"
+        )
     if request.raw_input_contents:
         if tensor.HasField("contents"):
             raise InvalidInput(f"{field}.contents: must be empty when raw_input_contents is used")
-        if len(request.raw_input_contents) != 1:
+        if len(request.raw_input_contents) != len(request.inputs):
             raise InvalidInput(
-                f"raw_input_contents: {len(request.raw_input_contents)} entries for 1 input tensor"
+                f"raw_input_contents: {len(request.raw_input_contents)} entries for "
+                f"{len(request.inputs)} input tensors"
             )
-        elements = decode_bytes_elements(request.raw_input_contents[0], "raw_input_contents[0]", count)
+        raw_field = f"raw_input_contents[{index}]"
+        elements = decode_bytes_elements(request.raw_input_contents[index], raw_field, declared)
     else:
         elements = list(tensor.contents.bytes_contents)
-    if len(elements) != count:
+    if len(elements) != declared:
         raise InvalidInput(
-            f"{field}: shape {quote(list(tensor.shape))} needs {count} elements, got {len(elements)}"
+            f"{field}: shape {quote(list(tensor.shape))} needs {declared} elements, got {len(elements)}"
         )
     texts = []
     for i, element in enumerate(elements):
@@ -94,11 +126,41 @@ def read_texts(request: pb.ModelInferRequest, max_inputs: int) -> list[str]:
     return texts
 
 
-_PARAMETER_KIND = {bool: "bool_param", int: "int64_param"}
+def read_texts(request: pb.ModelInferRequest, max_inputs: int) -> tuple[list[str], list[str] | None]:
+    """The texts of the request's BYTES input tensor "text", from typed or raw contents, and those of
+    "text_pair" (None without it): the second text of each pair, as many as "text" holds."""
+    names = [tensor.name for tensor in request.inputs]
+    if sorted(names) not in ([TEXT_INPUT], sorted([TEXT_INPUT, PAIR_INPUT])):
+        raise input_names_error(names)
+    first = names.index(TEXT_INPUT)
+    texts = _read_tensor(request, first, max_inputs, None)
+    if len(names) == 1:
+        return texts, None
+    return texts, _read_tensor(request, 1 - first, max_inputs, len(texts))
+
+
+def pair_tasks(model: str, available: dict[str, Task], names: list[str] | None) -> list[str]:
+    """The outputs a request with "text_pair" gets: the classify outputs only (`names` None: all of them)."""
+    field = f"inputs[{PAIR_INPUT!r}]"
+    classify = [name for name, task in available.items() if task is Task.CLASSIFY]
+    if not classify:
+        raise InvalidInput(f"{field}: model {model} has no classify task; only classify takes sentence pairs")
+    if names is None:
+        return classify
+    others = [name for name in names if available[name] is not Task.CLASSIFY]
+    if others:
+        raise InvalidInput(
+            f"{field}: only classify takes sentence pairs (outputs {', '.join(classify)}); "
+            f"also requested: {', '.join(others)}"
+        )
+    return names
+
+
+_PARAMETER_KIND = {bool: "bool_param", int: "int64_param", str: "string_param"}
 
 
 def parameter(request: pb.ModelInferRequest, name: str, kind: type, default):
-    """The request parameter `name` (bool or int), or `default` when absent."""
+    """The request parameter `name` (bool, int or str), or `default` when absent."""
     if name not in request.parameters:
         return default
     value = request.parameters[name]
