@@ -197,3 +197,19 @@ def test_head_only_pair_classifier(tmp_path, make_tiny_checkpoint):
     assert read_manifest(pairs).tasks.classify.pairs is True
     assert read_manifest(single).tasks.classify.pairs is False  # not marked without --pairs
     assert read_manifest(pairs).tokenizer.pair_template == PAIR_TEMPLATE
+
+
+def test_one_segment_embedding(tmp_path, make_tiny_checkpoint, capsys):
+    """type_vocab_size 1: --pairs is refused (a second text needs segment id 1); without it the classifier
+    exports, and its export skips the pair check rather than feed it segment ids it has no embedding for."""
+    checkpoint = make_tiny_checkpoint("BertForSequenceClassification", type_vocab_size=1)
+    repo = tmp_path / "repo"
+    capsys.readouterr()
+    assert (
+        main(["export", "--checkpoint", str(checkpoint), "--out", str(repo), "--name", "m", "--pairs"]) == 1
+    )
+    err = capsys.readouterr().err
+    assert "error: --pairs: " in err and "has type_vocab_size 1 (pairs need 2)" in err
+    written = export_model(checkpoint, repo, name="m", version=1, log=lambda _: None)
+    manifest = read_manifest(written)
+    assert manifest.tasks.classify.pairs is False and "verify_pairs" not in manifest.export.seconds
