@@ -111,8 +111,15 @@ def pair_model(
 
 
 def check_pairs(ctx: ExportContext, stages: StageLog) -> None:
-    """The encoder and classifier_head graphs, chained, against the classifier module on sentence pairs."""
+    """A classifier's encoder and classifier_head graphs, chained, against its module on sentence pairs
+    (not for a model that cannot take a second text: one segment embedding, or too short for two)."""
     c, specials = ctx.checkpoint.config, ctx.specials
+    if (
+        ctx.checkpoint.architecture != SEQUENCE_CLASSIFICATION
+        or c.type_vocab_size < 2
+        or ctx.defaults.max_length < 5
+    ):
+        return
     encoder = ctx.shared.fp32_path if ctx.shared is not None else ctx.fp32_path
     cls_id, sep_id = (ctx.tokenizer.token_to_id(t) for t in (specials.cls_token, specials.sep_token))
     with stages.stage(
@@ -204,8 +211,7 @@ def export_model(
     ):
         ctx = ExportContext(checkpoint, defaults, tokenizer, specials, options, Path(work), stage_dir, shared)
         graphs = {v.key: build_variant(v, ctx, stages) for v in VARIANTS if v.wanted(ctx)}
-        if checkpoint.architecture == SEQUENCE_CLASSIFICATION and c.type_vocab_size >= 2:
-            check_pairs(ctx, stages)  # (one segment embedding: the model cannot take a second text)
+        check_pairs(ctx, stages)
         with stages.stage("write", "writing tokenizer and manifest"):
             if shared is None:
                 tokenizer.save(str(stage_dir / TOKENIZER_FILE))
