@@ -22,7 +22,8 @@ from bertserve.export.sentences import SENTENCES
 from bertserve.export.verify import session
 from bertserve.repository import CLS_HIDDEN_STATE, LAST_HIDDEN_STATE, POOLER_OUTPUT, TOKEN_INPUTS
 
-PAIR_BATCHES = ((1, 1), (4, 0.5), (8, 1.0))  # (rows, longest row as a share of max_length)
+PAIR_BATCHES = ((1, 1.0), (3, 0.25))  # (rows, longest row as a share of max_length)
+TOKENIZED_PAIRS = 8  # built-in sentences, each paired with another
 
 
 def random_pairs(
@@ -45,7 +46,7 @@ def random_pairs(
 
 def tokenized_pairs(tokenizer: Tokenizer, pad_id: int) -> dict[str, np.ndarray]:
     """The built-in sentences paired with each other, encoded by the repository's tokenizer."""
-    pairs = list(zip(SENTENCES, reversed(SENTENCES), strict=True))
+    pairs = list(zip(SENTENCES[:TOKENIZED_PAIRS], SENTENCES[::-1][:TOKENIZED_PAIRS], strict=True))
     encodings = tokenizer.encode_batch(pairs)
     length = max(len(e.ids) for e in encodings)
     feed = {name: np.zeros((len(pairs), length), dtype=np.int64) for name in TOKEN_INPUTS}

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bertserve.export import pair_check, shared_encoder
-from bertserve.export.checkpoint import BASE, MASKED_LM, SEQUENCE_CLASSIFICATION, load_checkpoint
+from bertserve.export.checkpoint import BASE, MASKED_LM, SEQUENCE_CLASSIFICATION, Checkpoint, load_checkpoint
 from bertserve.export.cross_encoder import read_cross_encoder
 from bertserve.export.embedding_defaults import EmbeddingDefaults, read_embedding_defaults
 from bertserve.export.errors import ExportError
@@ -36,6 +36,7 @@ from bertserve.repository import (
     CLASSIFIER_HEAD,
     CLS_HIDDEN_STATE,
     TOKENIZER_FILE,
+    CrossEncoderSpec,
     GraphSpec,
     Parity,
     graph_file,
@@ -83,9 +84,42 @@ def build_variant(variant: Variant, ctx: ExportContext, stages: StageLog) -> Gra
     return graph_spec(path, io, parity, variant.precision, variant.fused, fusions)
 
 
+def pair_model(
+    checkpoint: Checkpoint, defaults: EmbeddingDefaults, pairs: bool
+) -> tuple[CrossEncoderSpec | None, EmbeddingDefaults]:
+    """(the CrossEncoder spec when the checkpoint is one, the defaults with its max_length); refuses
+    --pairs, or a cross-encoder, on a model that cannot be one."""
+    directory, c = checkpoint.directory, checkpoint.config
+    cross_encoder = read_cross_encoder(directory, c.num_labels, defaults.max_length)
+    if pairs and checkpoint.architecture != SEQUENCE_CLASSIFICATION:
+        raise ExportError(
+            f"--pairs marks a sequence classifier trained on sentence pairs; {directory} is a "
+            f"{checkpoint.architecture} checkpoint (no classify head)"
+        )
+    if cross_encoder is None:
+        if pairs and c.type_vocab_size < 2:
+            raise ExportError(f"--pairs: {directory} has type_vocab_size {c.type_vocab_size} (pairs need 2)")
+        return None, defaults
+    if checkpoint.architecture != SEQUENCE_CLASSIFICATION or c.type_vocab_size < 2:
+        raise ExportError(
+            f"{directory}: a cross-encoder needs a {SEQUENCE_CLASSIFICATION} with type_vocab_size 2 or more "
+            f"(this is a {checkpoint.architecture}, type_vocab_size {c.type_vocab_size})"
+        )
+    # its modules.json describes scoring, not embedding: the embed task keeps bertserve's defaults
+    max_length = cross_encoder.max_length or defaults.max_length
+    return cross_encoder, EmbeddingDefaults("mean", True, max_length, "cross-encoder config")
+
+
 def check_pairs(ctx: ExportContext, stages: StageLog) -> None:
-    """The encoder and classifier_head graphs, chained, against the classifier module on sentence pairs."""
+    """A classifier's encoder and classifier_head graphs, chained, against its module on sentence pairs
+    (not for a model that cannot take a second text: one segment embedding, or too short for two)."""
     c, specials = ctx.checkpoint.config, ctx.specials
+    if (
+        ctx.checkpoint.architecture != SEQUENCE_CLASSIFICATION
+        or c.type_vocab_size < 2
+        or ctx.defaults.max_length < 5
+    ):
+        return
     encoder = ctx.shared.fp32_path if ctx.shared is not None else ctx.fp32_path
     cls_id, sep_id = (ctx.tokenizer.token_to_id(t) for t in (specials.cls_token, specials.sep_token))
     with stages.stage(
@@ -139,26 +173,9 @@ def export_model(
             f"{c.num_attention_heads} heads, vocab {c.vocab_size}"
         )
         defaults = read_embedding_defaults(checkpoint_dir, c.max_position_embeddings)
-        cross_encoder = read_cross_encoder(checkpoint_dir, c.num_labels, defaults.max_length)
+        cross_encoder, defaults = pair_model(checkpoint, defaults, pairs)
         if cross_encoder is not None:
-            if checkpoint.architecture != SEQUENCE_CLASSIFICATION:
-                raise ExportError(
-                    f"{checkpoint_dir}: a cross-encoder's checkpoint is a {checkpoint.architecture}, "
-                    f"not a {SEQUENCE_CLASSIFICATION}"
-                )
-            # its modules.json describes scoring, not embedding: the embed task keeps bertserve's defaults
-            defaults = EmbeddingDefaults(
-                "mean", True, cross_encoder.max_length or defaults.max_length, "cross-encoder config"
-            )
-            notes.append(
-                f"a sentence-transformers CrossEncoder ({cross_encoder.activation}, max_length "
-                f"{defaults.max_length})"
-            )
-        if pairs and checkpoint.architecture != SEQUENCE_CLASSIFICATION:
-            raise ExportError(
-                f"--pairs marks a sequence classifier trained on sentence pairs; {checkpoint_dir} is a "
-                f"{checkpoint.architecture} checkpoint (no classify head)"
-            )
+            notes.append(f"a CrossEncoder ({cross_encoder.activation}, max_length {defaults.max_length})")
         tokenizer = for_repository(load_tokenizer(checkpoint_dir), defaults.max_length)
         specials = special_tokens(checkpoint_dir, tokenizer)
         if checkpoint.architecture == MASKED_LM and specials.mask_token_id is None:
@@ -194,8 +211,7 @@ def export_model(
     ):
         ctx = ExportContext(checkpoint, defaults, tokenizer, specials, options, Path(work), stage_dir, shared)
         graphs = {v.key: build_variant(v, ctx, stages) for v in VARIANTS if v.wanted(ctx)}
-        if checkpoint.architecture == SEQUENCE_CLASSIFICATION:
-            check_pairs(ctx, stages)
+        check_pairs(ctx, stages)
         with stages.stage("write", "writing tokenizer and manifest"):
             if shared is None:
                 tokenizer.save(str(stage_dir / TOKENIZER_FILE))

@@ -3,7 +3,7 @@ exported graphs with transformers / sentence-transformers on pair inputs (tests/
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
 
 import numpy as np
 import onnxruntime as ort
@@ -125,10 +125,13 @@ def test_exported_tokenizer_joins_pairs_as_transformers_does(tiny_pair_classifie
             assert encoding.type_ids == expected["token_type_ids"][i]
 
 
-def test_pair_template_of_post_processors():
+def test_pair_template_of_post_processors(tmp_path):
     from tokenizers import processors
 
-    tokenizer = Tokenizer.from_file(str(_any_tokenizer_file()))
+    from tests.helpers.checkpoints import write_tokenizer
+
+    write_tokenizer(tmp_path, 777)
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     assert pair_template(tokenizer) == PAIR_TEMPLATE  # BertProcessing
     template = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
@@ -139,16 +142,6 @@ def test_pair_template_of_post_processors():
     assert pair_template(tokenizer) == "[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1 [SEP]:1"
     tokenizer.post_processor = None
     assert pair_template(tokenizer) is None
-
-
-def _any_tokenizer_file():
-    import tempfile
-
-    from tests.helpers.checkpoints import write_tokenizer
-
-    directory = Path(tempfile.mkdtemp(prefix="pair-template-"))
-    write_tokenizer(directory, 777)
-    return directory / "tokenizer.json"
 
 
 @pytest.mark.parametrize("kind", ["BertModel", "BertForMaskedLM"])
@@ -197,3 +190,29 @@ def test_head_only_pair_classifier(tmp_path, make_tiny_checkpoint):
     assert read_manifest(pairs).tasks.classify.pairs is True
     assert read_manifest(single).tasks.classify.pairs is False  # not marked without --pairs
     assert read_manifest(pairs).tokenizer.pair_template == PAIR_TEMPLATE
+    # an encoder model exported before pair templates were recorded still takes heads: the template is
+    # derived from the tokenizer file, whose sha256 is compared
+    manifest_file = repo / "encoder" / "1" / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["tokenizer"]["pair_template"] = None
+    manifest_file.write_text(json.dumps(manifest))
+    older = export_model(head, repo, name="older", version=1, encoder="encoder", pairs=True, **quiet)
+    assert (
+        read_manifest(older).tokenizer.pair_template is None
+    )  # a head-only model's tokenizer is its encoder's
+
+
+def test_one_segment_embedding(tmp_path, make_tiny_checkpoint, capsys):
+    """type_vocab_size 1: --pairs is refused (a second text needs segment id 1); without it the classifier
+    exports, and its export skips the pair check rather than feed it segment ids it has no embedding for."""
+    checkpoint = make_tiny_checkpoint("BertForSequenceClassification", type_vocab_size=1)
+    repo = tmp_path / "repo"
+    capsys.readouterr()
+    assert (
+        main(["export", "--checkpoint", str(checkpoint), "--out", str(repo), "--name", "m", "--pairs"]) == 1
+    )
+    err = capsys.readouterr().err
+    assert "error: --pairs: " in err and "has type_vocab_size 1 (pairs need 2)" in err
+    written = export_model(checkpoint, repo, name="m", version=1, log=lambda _: None)
+    manifest = read_manifest(written)
+    assert manifest.tasks.classify.pairs is False and "verify_pairs" not in manifest.export.seconds
