@@ -466,3 +466,23 @@ def test_the_manifests_activation_scores_a_cross_encoder(models, tmp_path):
         np.testing.assert_allclose([r.score for r in scored.results], logits, atol=TOL)
         classified = stub.Classify(pb.ClassifyRequest(inputs=[QUERY] * 5, pairs=DOCUMENTS), timeout=30)
         np.testing.assert_allclose([r.labels[0].score for r in classified.results], logits, atol=TOL)
+
+
+def test_a_model_with_one_segment_embedding_refuses_pairs(tmp_path, make_tiny_checkpoint):
+    """type_vocab_size 1: segment id 1 has no embedding, so pairs are refused before any work (not a
+    failed graph run); its single texts still classify."""
+    from bertserve.cli import main
+
+    checkpoint = make_tiny_checkpoint("BertForSequenceClassification", type_vocab_size=1)
+    repo = tmp_path / "repo"
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(repo), "--name", "one-segment"]) == 0
+    with (
+        ServerThread(model_repo=repo, max_queue_delay_ms=5) as server,
+        grpc.insecure_channel(server.address) as ch,
+    ):
+        stub = pb_grpc.InferenceStub(ch)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Classify(pb.ClassifyRequest(inputs=["a cat"], pairs=["a dog"]), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "pairs: model one-segment has one segment embedding" in refused.value.details()
+        assert len(stub.Classify(pb.ClassifyRequest(inputs=["a cat"]), timeout=30).results) == 1

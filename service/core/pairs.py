@@ -156,6 +156,11 @@ class PairCalls:
     ) -> tuple[list[EncodedInput], float]:
         """Checked sentence pairs tokenized for the graph (`ModelTokenizer.encode_pairs`), as `_tokenize`:
         counted in bertserve_tokenized_inputs_total; small calls on the event loop, others on the CPU pool."""
+        if model.manifest.dimensions.type_vocab_size < 2:  # segment id 1 would index past its embedding
+            raise InvalidInput(
+                f"{names.second.split('[')[0]}: model {model.name} has one segment embedding (type_vocab_size 1): "
+                "it takes single texts, not sentence pairs"
+            )
         self.metrics.tokenized_of(model.name).inc(len(firsts))
         started = time.perf_counter()
         encode = functools.partial(
