@@ -150,6 +150,7 @@ def assembled(tmp_path_factory, record):
 
 def _held_out_pairs() -> tuple[list[tuple[str, str]], list[int]]:
     """All (query, document) pairs of HELD_OUT, and the index of each case's first pair."""
+    assert HELD_OUT, "pick the cases from the held-out lists after `make train-reranker`"
     pairs, starts = [], []
     for offset, query, relevant, negatives in HELD_OUT:
         assert split_of(offset) == "test", offset
