@@ -27,10 +27,26 @@ DOG_LINE = (
     'descended from the common wolf) that has been domesticated; "the dog barked all night"  \n'
 )
 
-# Held-out synsets (WordNet 3.0 offset, query, its definition, definitions of senses that share a lemma or
-# are its relatives), checked to be in the held-out split below.
+# Held-out synsets (WordNet 3.0 offset, query, its definition, the hardest definitions of its relatives in its
+# held-out list), checked to be in the held-out split below; two of the lists the model ranks right.
 HELD_OUT = [
-    # filled in from the held-out lists after training
+    (
+        597821,
+        "proconsulship, proconsulate",
+        "the position of proconsul",
+        ["the position of trustee", "the position of apprentice", "the position of a khan"],
+    ),
+    (
+        875838,
+        "value judgment, value judgement",
+        "an assessment that reveals more about the values of the person making the assessment than about the "
+        "reality of what is assessed",
+        [
+            "a judgment of the qualities of something or somebody",
+            "judgment involved in the determination of rights and the assignment of rewards and punishments",
+            "judgments about another person's morality",
+        ],
+    ),
 ]
 
 
