@@ -46,7 +46,8 @@ proto: setup
 # graph), the WordNet classifier as a head-only model on it (no copy of the encoder; the export checks that
 # MiniLM's graph computes the head checkpoint's encoder), and wordnet-fill-mask: MiniLM with the committed
 # masked-LM pretraining (export/pretrain/weights), a model of its own whose manifest lists the modules it
-# shares with MiniLM. Each model is exported only when it has no version yet, so a failed run resumes.
+# shares with MiniLM, and wordnet-reranker: the cross-encoder of `make train-reranker` (export/heads/weights/
+# reranker.*), only when its record beats BM25 and MiniLM's cosine on held-out queries. Each model is exported only when it has no version yet, so a failed run resumes.
 $(REPO)/.default-exported: | setup
 	compgen -G '$(REPO)/all-minilm-l6-v2/*/manifest.json' >/dev/null || \
 	  $(BIN)/bertserve export --default --attentions --out $(REPO)
@@ -80,6 +81,17 @@ bench: setup export-default
 # bench with workers 1 and auto (GPU_CHECK_WORKERS=1,2,auto for others) into docs/performance/gpu-<device>/.
 gpu-check:
 	scripts/gpu-check.sh
+
+# The default reranker (`bertserve train-reranker`, train/heads/rerank_*.py; docs/reranker.md): a cross-encoder
+# on MiniLM trained on WordNet nouns (query: a sense's example or lemmas; documents: definitions with hard
+# negatives), its lower layers frozen and their outputs cached in RERANKER_OUT/cache; measured on held-out
+# synsets with the head-only variant, BM25 and MiniLM's cosine over the same candidate lists. Rewrites the
+# committed weights and their record (figures, sha256) in export/heads/weights/. Niced; resumes from the cache.
+RERANKER_OUT ?= build/reranker
+.PHONY: train-reranker
+train-reranker: setup system-packages
+	nice -n 10 $(BIN)/bertserve train-reranker --out $(RERANKER_OUT)
+	cp $(RERANKER_OUT)/weights/reranker.safetensors $(RERANKER_OUT)/weights/reranker.json export/heads/weights/
 
 # The default fill-mask model's continued masked-LM pretraining (`bertserve pretrain`, train/pretrain/; docs/models.md,
 # Pretraining), on WordNet glosses, never on the held-out synsets train-heads measures on. Six stages, each

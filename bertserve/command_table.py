@@ -11,11 +11,13 @@ from __future__ import annotations
 COMMAND_MODULES: dict[str, dict[str, str]] = {
     "bertserve.export.commands": {
         "export": "export a BERT checkpoint to a verified ONNX model repository",
-        "export-default-heads": "export the default classifier and fill-mask models beside the default encoder",
+        "export-default-heads": "export the default classifier, fill-mask and reranker models beside the default encoder",
     },
     "bertserve.train.heads.commands": {
         "train-heads": "train the WordNet fill-mask and classification heads on the frozen default encoder",
         "assemble-heads": "build the two WordNet head checkpoints from the committed weights",
+        "train-reranker": "train the default cross-encoder reranker on WordNet, measured against BM25 and cosine",
+        "assemble-reranker": "build the default reranker's checkpoint from the committed weights",
     },
     "bertserve.train.pretrain.commands": {
         "pretrain": "masked-language-model training of a BERT (all or some layers), resumable, evaluated on held-out text",

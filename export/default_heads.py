@@ -8,6 +8,12 @@ Dockerfile export them with `bertserve export-default-heads`.
   model of its own; its manifest records the modules it still shares with MiniLM
   (`export.pretraining.shared_with_base`). With `fill_mask_from_heads` it is the earlier WordNet MLM head on
   the frozen encoder, head-only like the classifier.
+- wordnet-reranker: a cross-encoder (one relevance score per query/document pair), MiniLM + the tensors
+  `bertserve train-reranker` trained (export/heads/weights/reranker.safetensors): head-only on the encoder
+  model when only the pooler and classifier trained, else a model of its own (its top layers differ).
+  Exported only when its record shows it beats both baselines (BM25 and the encoder's cosine) on held-out
+  MRR@10 and nDCG@10: Rerank with no model named takes the first cross-encoder, so a weaker one would make
+  the default ranking worse than the cosine it replaces.
 """
 
 from __future__ import annotations
@@ -24,6 +30,13 @@ from bertserve.export.heads.assemble import (
     FILL_MASK_NAME,
     assemble_classifier,
     assemble_fill_mask,
+)
+from bertserve.export.heads.reranker import (
+    RECORD_FILE,
+    RERANKER_NAME,
+    assemble_reranker,
+    beats_baselines,
+    verify_weights,
 )
 from bertserve.export.pipeline import export_model
 from bertserve.export.pretrain import output as pretrained
@@ -49,7 +62,21 @@ def default_head_models(fill_mask_from_heads: bool = False) -> list[HeadModel]:
             CLASSIFIER_NAME, lambda base, out: assemble_classifier(base, COMMITTED_HEADS_DIR, out), True
         ),
         fill_mask,
+        *reranker_models(COMMITTED_HEADS_DIR),
     ]
+
+
+def reranker_models(weights_dir: Path, log: Callable[[str], None] = print) -> list[HeadModel]:
+    """The reranker, when its recorded figures beat both baselines; else none (with a line saying why)."""
+    if not (Path(weights_dir) / RECORD_FILE).is_file():
+        log(f"{RERANKER_NAME}: not exported: no trained weights in {weights_dir} (make train-reranker)")
+        return []
+    record = verify_weights(weights_dir)
+    if shortfall := beats_baselines(record):
+        log(f"{RERANKER_NAME}: not exported: {shortfall} (docs/reranker.md)")
+        return []
+    head_only = record["chosen_layers"] == 0
+    return [HeadModel(RERANKER_NAME, lambda base, out: assemble_reranker(base, weights_dir, out), head_only)]
 
 
 def export_default_heads(

@@ -37,6 +37,45 @@ def register(subparsers) -> None:
         "--heads", metavar="DIR", help="heads directory (default: the committed export/heads/weights)"
     )
     assemble.set_defaults(run=run_assemble)
+    register_reranker(subparsers)
+
+
+def register_reranker(subparsers) -> None:
+    train = subparsers.add_parser(
+        "train-reranker",
+        help="train the default cross-encoder reranker on WordNet (offline, CPU)",
+        description=(
+            "Train, on WordNet 3.0 nouns, a cross-encoder on the default encoder (its top layers, pooler and a "
+            "one-logit classifier; the lower layers frozen, their outputs cached in OUT/cache); measure it, "
+            "its head-only variant, BM25 and the encoder's cosine on held-out synsets over the same candidate "
+            "lists; write OUT/weights (reranker.safetensors + reranker.json) and OUT/checkpoint."
+        ),
+    )
+    train.add_argument("--out", metavar="DIR", required=True, help="output directory")
+    train.add_argument(
+        "--quick", action="store_true", help="a few lists, top layer only, one epoch: a check of the pipeline"
+    )
+    train.add_argument(
+        "--layers",
+        metavar="K[,K...]",
+        help="trained top layers of each variant measured, the last one written (default 0,1: head only, then 1)",
+    )
+    train.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    train.set_defaults(run=run_train_reranker)
+
+    assemble = subparsers.add_parser(
+        "assemble-reranker",
+        help="build the reranker checkpoint from the committed weights (no training)",
+        description=(
+            "Check the committed reranker weights against their sha256 and write OUT: the default encoder + "
+            "the trained tensors, a sentence-transformers CrossEncoder checkpoint."
+        ),
+    )
+    assemble.add_argument("--out", metavar="DIR", required=True, help="output directory")
+    assemble.add_argument(
+        "--weights", metavar="DIR", help="weights directory (default: the committed export/heads/weights)"
+    )
+    assemble.set_defaults(run=run_assemble_reranker)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -75,4 +114,55 @@ def run_assemble(args: argparse.Namespace) -> int:
         return 1
     for name, path in written.items():
         print(f"{name}: {path}")
+    return 0
+
+
+def run_train_reranker(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+    from pathlib import Path
+
+    from bertserve.export.default_model import DEFAULT_SOURCE, default_checkpoint_dir
+    from bertserve.export.errors import ExportError
+    from bertserve.train.heads.rerank_training import FULL_PLAN, QUICK_PLAN, train_reranker
+    from bertserve.train.heads.wordnet import WordNetMissing
+
+    plan = replace(QUICK_PLAN if args.quick else FULL_PLAN, threads=args.threads)
+    if args.layers:
+        try:
+            layers = tuple(int(k) for k in args.layers.split(","))
+        except ValueError:
+            print(
+                f"bertserve train-reranker: error: --layers {args.layers!r}: numbers, e.g. 0,2",
+                file=sys.stderr,
+            )
+            return 2
+        if not all(0 <= k <= 6 for k in layers):
+            print("bertserve train-reranker: error: --layers: each from 0 to 6", file=sys.stderr)
+            return 2
+        plan = replace(plan, variants=layers, chosen=layers[-1])
+    try:
+        train_reranker(
+            Path(args.out), default_checkpoint_dir(), DEFAULT_SOURCE, plan, log=lambda s: print(s, flush=True)
+        )
+    except (ExportError, WordNetMissing) as e:
+        print(f"bertserve train-reranker: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_assemble_reranker(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bertserve.export.default_model import default_checkpoint_dir
+    from bertserve.export.errors import ExportError
+    from bertserve.export.heads.assemble import COMMITTED_HEADS_DIR
+    from bertserve.export.heads.reranker import assemble_reranker
+
+    weights = Path(args.weights) if args.weights else COMMITTED_HEADS_DIR
+    try:
+        path = assemble_reranker(default_checkpoint_dir(), weights, Path(args.out))
+    except ExportError as e:
+        print(f"bertserve assemble-reranker: error: {e}", file=sys.stderr)
+        return 1
+    print(path)
     return 0
