@@ -306,6 +306,18 @@ def test_without_a_cross_encoder_the_default_is_the_embedding_model(models):
         assert {"Rerank", "Score"} <= set(info[EMBED].default_for)
 
 
+def test_a_classifier_of_several_labels_is_never_the_cosine_default(models):
+    """Exported classifiers carry an embed task too; Rerank refuses one of 3 labels by name, so the
+    default passes it by for the embedding model after it."""
+    settings = dict(model_repo=models.repo, models=[PAIR_CLASSIFIER, EMBED], max_queue_delay_ms=5)
+    with ServerThread(**settings) as server, grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        response = stub.Rerank(pb.RerankRequest(query=QUERY, documents=DOCUMENTS), timeout=30)
+        assert (response.method, response.metadata.model) == ("cosine", EMBED)
+        scored = stub.Score(pb.ScoreRequest(texts_1=[QUERY], texts_2=DOCUMENTS), timeout=30)
+        assert (scored.method, scored.metadata.model) == ("cosine", EMBED)
+
+
 # --- bad input ------------------------------------------------------------------------------------------
 
 INVALID, PRECONDITION = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION
