@@ -318,6 +318,29 @@ def test_a_classifier_of_several_labels_is_never_the_cosine_default(models):
         assert (scored.method, scored.metadata.model) == ("cosine", EMBED)
 
 
+def test_a_one_label_regression_model_answers_its_raw_value(models, tmp_path):
+    """A one-label model exported as regression (no CrossEncoder config) keeps answering Classify with
+    the raw value, as before pairs; Rerank and Score give the same scores."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(models.repo / CROSS_ENCODER, repo / CROSS_ENCODER)
+    manifest_path = repo / CROSS_ENCODER / "1" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["tasks"]["classify"].update(cross_encoder=None, problem_type="regression")
+    manifest_path.write_text(json.dumps(manifest))
+    logits = models.cross_encoder.predict([(QUERY, d) for d in DOCUMENTS], activation_fn=torch.nn.Identity())
+    with (
+        ServerThread(model_repo=repo, max_queue_delay_ms=5) as server,
+        grpc.insecure_channel(server.address) as ch,
+    ):
+        stub = pb_grpc.InferenceStub(ch)
+        classified = stub.Classify(pb.ClassifyRequest(inputs=[QUERY] * 5, pairs=DOCUMENTS), timeout=30)
+        np.testing.assert_allclose([r.labels[0].score for r in classified.results], logits, atol=TOL)
+        scored = stub.Score(pb.ScoreRequest(texts_1=[QUERY], texts_2=DOCUMENTS), timeout=30)
+        np.testing.assert_allclose([r.score for r in scored.results], logits, atol=TOL)
+
+
 # --- bad input ------------------------------------------------------------------------------------------
 
 INVALID, PRECONDITION = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION
