@@ -201,3 +201,20 @@ def test_ordering_two_long_texts_costs_the_shorter_one_shared_texts_once(make_ti
     short, long = words(rng, 2000), words(rng, 40000)
     ours.encode_pairs([long], [short], True)
     assert 0 < counted.chars <= 2 * len(short) + 2 * token_counts.COUNT_PIECE_CHARS
+
+
+def test_a_pair_without_room_is_refused_before_the_library_runs(make_tiny_checkpoint):
+    """The no-room refusal is decided from the token counts, so the library's own errors are not taken
+    for the client's (they stay server errors)."""
+    path = tokenizer_files(make_tiny_checkpoint)["tiny"]
+    ours = ModelTokenizer(path, spec(path), 16)
+
+    class Failing:
+        def post_process(self, *args, **kwargs):
+            raise RuntimeError("the library failed")
+
+    ours._pairs["only_second"] = Failing()
+    with pytest.raises(InvalidInput, match=r"^inputs\[0\]: 40 tokens leave no room for pairs\[0\]"):
+        ours.encode_pairs(["the cat " * 20], ["a dog"], True, "only_second")
+    with pytest.raises(RuntimeError, match="the library failed"):
+        ours.encode_pairs(["the cat"], ["a dog " * 20], True, "only_second")

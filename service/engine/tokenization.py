@@ -202,18 +202,15 @@ class ModelTokenizer:
             )
         room = self.max_length - self._pair_specials
         if cut and strategy != "longest_first":
+            kept = (first, a, a_cut) if strategy == "only_second" else (second, b, b_cut)
+            if len(kept[1].ids) >= room and len(a.ids) + len(b.ids) > room:  # nothing left for the other
+                count = _whole(counts, *kept)
+                raise InvalidInput(no_room(names, i, strategy, count, self.max_length, self._pair_specials))
             a, b = shortened(a, b, strategy, room)
         elif cut and len(a.ids) == len(b.ids) and (a_cut or b_cut) and room % 2:
             # two texts over max_length: which is longer is counted, at the cost of the shorter one
             a, b = ordered(a, b, counts.compare(first, second) if a_cut and b_cut else (1 if a_cut else -1))
-        try:
-            encoding = post.post_process(a, b)
-        except Exception:  # the library's truncation error: the text kept whole leaves no room
-            kept = (first, a, a_cut) if strategy == "only_second" else (second, b, b_cut)
-            count = _whole(counts, *kept)
-            raise InvalidInput(
-                no_room(names, i, strategy, count, self.max_length, self._pair_specials)
-            ) from None
+        encoding = post.post_process(a, b)
         return _encoded(encoding, cut, detailed)
 
     def _prefixes(
