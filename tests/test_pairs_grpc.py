@@ -341,6 +341,27 @@ def test_a_one_label_regression_model_answers_its_raw_value(models, tmp_path):
         np.testing.assert_allclose([r.score for r in scored.results], logits, atol=TOL)
 
 
+def test_cosine_pairs_over_max_queue_inputs_are_invalid_not_retried(models):
+    """Cosine Rerank embeds the documents and the query, N:N Score both sides: a call that needs more
+    texts than the queue can ever hold is INVALID_ARGUMENT naming the bound, not "retry later"."""
+    settings = dict(model_repo=models.repo, models=[EMBED], max_queue_inputs=4, max_queue_delay_ms=5)
+    with ServerThread(**settings) as server, grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        calls = [
+            ("Rerank", pb.RerankRequest(query=QUERY, documents=DOCUMENTS[:4]), "documents: ", 5),
+            ("Score", pb.ScoreRequest(texts_1=FIRSTS[:3], texts_2=SECONDS[:3]), "texts_2: ", 6),
+        ]
+        for rpc, request, field, count in calls:
+            with pytest.raises(grpc.RpcError) as info:
+                getattr(stub, rpc)(request, timeout=30)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+            assert info.value.details().startswith(field)
+            assert f"{count} texts embedded, more than max_queue_inputs 4" in info.value.details()
+        assert (
+            len(stub.Rerank(pb.RerankRequest(query=QUERY, documents=DOCUMENTS[:3]), timeout=30).results) == 3
+        )
+
+
 # --- bad input ------------------------------------------------------------------------------------------
 
 INVALID, PRECONDITION = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION
@@ -520,4 +541,7 @@ def test_a_model_with_one_segment_embedding_refuses_pairs(tmp_path, make_tiny_ch
             stub.Classify(pb.ClassifyRequest(inputs=["a cat"], pairs=["a dog"]), timeout=30)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "pairs: model one-segment has one segment embedding" in refused.value.details()
+        with pytest.raises(grpc.RpcError) as first:  # refused before its texts are read
+            stub.Classify(pb.ClassifyRequest(inputs=["a cat"], pairs=["\x01"]), timeout=30)
+        assert first.value.details().startswith("pairs: model one-segment has one segment embedding")
         assert len(stub.Classify(pb.ClassifyRequest(inputs=["a cat"]), timeout=30).results) == 1
