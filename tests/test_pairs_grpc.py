@@ -393,6 +393,8 @@ BAD = [
      "pairs: 1 texts for 2 inputs; give one per input"),
     ("Classify", pb.ClassifyRequest(inputs=["a"], pairs=["b"], truncation_strategy="only-second"), INVALID,
      "truncation_strategy: 'only-second' is not one of"),
+    ("Classify", pb.ClassifyRequest(inputs=["a"], truncation_strategy="bogus"), INVALID,
+     "truncation_strategy: 'bogus' is not one of"),
     ("Classify", pb.ClassifyRequest(inputs=["a"], pairs=[LONG]), INVALID,
      "inputs[0]: 124 tokens (pair) is more than the model's max_length"),
     ("Classify", pb.ClassifyRequest(inputs=["a"], pairs=["\x01"]), INVALID, "pairs[0]: control character U+0001"),

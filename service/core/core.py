@@ -237,9 +237,9 @@ class InferenceCore(PairCalls):
         served = self._resolve(model, calls)
         options = [self._options(served, call) for call in calls]
         check_count(texts, self.settings.max_inputs_per_request)
+        check_strategy(truncation_strategy)  # with pairs or not: a wrong value is never ignored
         if pairs:
             check_pair_count(texts, pairs, ("inputs", "pairs"))
-            check_strategy(truncation_strategy)
             if any(call.task is not Task.CLASSIFY for call in calls):
                 raise InvalidInput("pairs: only classify takes sentence pairs")
             check_two_segments(served, "pairs")
