@@ -143,3 +143,11 @@ def tiny_server(tiny_repo):
 
     with ServerThread(model_repo=tiny_repo, max_queue_delay_ms=5) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def grpc_pair_models(tmp_path_factory):
+    """tests/helpers/pair_grpc.py's models, exported once for tests/test_pairs_grpc*.py."""
+    from tests.helpers.pair_grpc import export_models
+
+    return export_models(tmp_path_factory)

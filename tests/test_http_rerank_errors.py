@@ -134,6 +134,14 @@ CASES = [
         None,
         "truncation_strategy",
     ),
+    (
+        "classify strategy without pairs",
+        "/bertserve/v1/classify",
+        {"model": CLASSIFIER, "inputs": ["a"], "truncation_strategy": "bogus"},
+        400,
+        None,
+        "truncation_strategy: 'bogus' is not one of",
+    ),
 ]
 
 

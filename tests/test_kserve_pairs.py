@@ -104,6 +104,9 @@ def test_rest_text_pair_bad_input(server):
         strategy = body({"shape": [2], "data": ["a", "b"]}) | {"parameters": {"truncation_strategy": 3}}
         refused = client.post(f"/v2/models/{CLASSIFIER}/infer", json=strategy)
         assert refused.status_code == 400 and "truncation_strategy" in refused.json()["error"]
+        single = {"inputs": body({})["inputs"][:1], "parameters": {"truncation_strategy": "bogus"}}
+        refused = client.post(f"/v2/models/{CLASSIFIER}/infer", json=single)  # no text_pair: still checked
+        assert refused.status_code == 400 and "truncation_strategy: 'bogus'" in refused.json()["error"]
         good = client.post(f"/v2/models/{CLASSIFIER}/infer", json=body({"shape": [2], "data": ["c", "d"]}))
         assert good.status_code == 200
 

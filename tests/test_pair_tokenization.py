@@ -11,6 +11,7 @@ import random
 import pytest
 from transformers import BertTokenizerFast
 
+from bertserve.service.engine import token_counts
 from bertserve.service.engine.pair_truncation import TRUNCATION_STRATEGIES, PairNames
 from bertserve.service.engine.tokenization import ModelTokenizer
 from bertserve.service.errors import InvalidInput
@@ -144,3 +145,76 @@ def test_cutting_a_text_to_a_few_tokens_costs_no_square_of_max_length(make_tiny_
     hf = BertTokenizerFast(tokenizer_file=str(path))
     assert pair.ids.tolist() == hf(a, b, truncation=strategy, max_length=max_length)["input_ids"]
     assert pieces and max(pieces) <= 2 * max_length, pieces
+
+
+class CountedCharacters:
+    """A tokenizer that adds up the characters it is given to tokenize (the `_whole` one, which counts)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.chars = tokenizer, 0
+
+    def encode_batch_fast(self, texts, **options):
+        self.chars += sum(len(t) for t in texts)
+        return self.tokenizer.encode_batch_fast(texts, **options)
+
+    def encode_batch(self, texts, **options):
+        self.chars += sum(len(t) for t in texts)
+        return self.tokenizer.encode_batch(texts, **options)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def words(rng: random.Random, count: int) -> str:
+    vocabulary = ["the", "cat", "sat", "on", "a", "mat", "paris", "capital", "dog", "!", "x"]
+    return " ".join(rng.choice(vocabulary) for _ in range(count))
+
+
+def test_two_long_texts_are_ordered_as_transformers_does(make_tiny_checkpoint, monkeypatch):
+    """longest_first with an odd room gives the extra token to the longer text: texts of several count
+    pieces (and of different characters per token) one token apart or equal are ordered right."""
+    monkeypatch.setattr(token_counts, "COUNT_PIECE_CHARS", 50)  # many pieces per text
+    path = tokenizer_files(make_tiny_checkpoint)["tiny"]
+    ours = ModelTokenizer(path, spec(path), 16)  # room 13: odd
+    hf = BertTokenizerFast(tokenizer_file=str(path))
+    texts = ["the cat " * 75, "a " * 150, "a " * 151, "the cat " * 75 + "x", "paris " * 149, "! " * 150]
+    pairs = list(itertools.product(texts, texts))
+    got = ours.encode_pairs([a for a, _ in pairs], [b for _, b in pairs], True)
+    for (a, b), encoded in zip(pairs, got, strict=True):
+        expected = hf(a, b, truncation="longest_first", max_length=16)
+        assert encoded.ids.tolist() == expected["input_ids"], (a[:20], len(a), b[:20], len(b))
+        assert encoded.type_ids.tolist() == expected["token_type_ids"]
+
+
+def test_ordering_two_long_texts_costs_the_shorter_one_shared_texts_once(make_tiny_checkpoint):
+    """Which of two texts over max_length is longer is counted in step and stops once it is known, each
+    text's count kept for the call: a 1:N call with a long shared text counts each text at most once, and
+    one pair costs about the shorter text, not both whole."""
+    path = tokenizer_files(make_tiny_checkpoint)["tiny"]
+    ours = ModelTokenizer(path, spec(path), 16)  # room 13: odd, so longest_first needs the longer text
+    counted = ours._whole = CountedCharacters(ours._whole)
+    rng = random.Random(5)
+    query, documents = words(rng, 8000), [words(rng, 8000) for _ in range(12)]
+    ours.encode_pairs([query] * len(documents), documents, True)
+    assert 0 < counted.chars <= len(query) + sum(len(d) for d in documents)
+    counted.chars = 0
+    short, long = words(rng, 2000), words(rng, 40000)
+    ours.encode_pairs([long], [short], True)
+    assert 0 < counted.chars <= 2 * len(short) + 2 * token_counts.COUNT_PIECE_CHARS
+
+
+def test_a_pair_without_room_is_refused_before_the_library_runs(make_tiny_checkpoint):
+    """The no-room refusal is decided from the token counts, so the library's own errors are not taken
+    for the client's (they stay server errors)."""
+    path = tokenizer_files(make_tiny_checkpoint)["tiny"]
+    ours = ModelTokenizer(path, spec(path), 16)
+
+    class Failing:
+        def post_process(self, *args, **kwargs):
+            raise RuntimeError("the library failed")
+
+    ours._pairs["only_second"] = Failing()
+    with pytest.raises(InvalidInput, match=r"^inputs\[0\]: 40 tokens leave no room for pairs\[0\]"):
+        ours.encode_pairs(["the cat " * 20], ["a dog"], True, "only_second")
+    with pytest.raises(RuntimeError, match="the library failed"):
+        ours.encode_pairs(["the cat"], ["a dog " * 20], True, "only_second")

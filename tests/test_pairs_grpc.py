@@ -1,15 +1,13 @@
 """Sentence pairs over gRPC bertserve.v1 on real exported graphs: Classify with pairs, Rerank and Score.
 
-A tiny random pair classifier (BertForSequenceClassification, 3 labels), a tiny random sentence-transformers
-CrossEncoder (num_labels 1, written by its `save`) and a tiny embedding model, each exported with
-`bertserve export`, are served on 127.0.0.1. Answers are compared within 1e-4 with transformers' logits,
-with `CrossEncoder.predict`, and (cosine) with the server's own normalized embeddings.
+The models of tests/helpers/pair_grpc.py are served on 127.0.0.1. Answers are compared within 1e-4 with
+transformers' logits, with `CrossEncoder.predict`, and (cosine) with the server's own normalized embeddings.
+Refusals are in tests/test_pairs_grpc_errors.py.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -18,79 +16,25 @@ import torch
 
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc as pb_grpc
-from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.pair_grpc import (
+    CROSS_ENCODER,
+    DOCUMENTS,
+    EMBED,
+    FIRSTS,
+    LONG,
+    MAX_INPUTS,
+    PAIR_CLASSIFIER,
+    QUERY,
+    SECONDS,
+    TOL,
+    Models,
+)
 from tests.helpers.server import ServerProcess, ServerThread, metric, scrape
-
-PAIR_CLASSIFIER, CROSS_ENCODER, EMBED = "tiny-pair-classifier", "tiny-cross-encoder", "tiny-embed"
-MAX_INPUTS = 8
-TOL = 1e-4
-INIT_RANGE = 0.2  # wider than transformers' 0.02: a tiny random model's scores then depend on its inputs
-QUERY = "the capital of paris"
-DOCUMENTS = ["paris is the capital", "a dog sat on the mat", "the cat", "capital of the dog", "the cat"]
-FIRSTS = ["the cat sat on the mat", "a dog", "paris is the capital", "the mat"]
-SECONDS = ["a cat is on a mat", "the dog sat", "capital of paris", "to the dog and the cat"]
-LONG = " ".join(["the cat sat on the mat"] * 20)  # 120 tokens: over every model's max_length
-
-
-class Models:
-    """The exported repository and the references its models are compared with."""
-
-    def __init__(self, repo: Path, classifier: Path, cross_encoder: Path):
-        import transformers
-        from sentence_transformers import CrossEncoder
-
-        self.repo = repo
-        self.classifier = transformers.BertForSequenceClassification.from_pretrained(
-            classifier, attn_implementation="eager"
-        ).eval()
-        self.tokenizer = transformers.BertTokenizerFast(tokenizer_file=str(classifier / "tokenizer.json"))
-        self.cross_encoder = CrossEncoder(str(cross_encoder), device="cpu")
-        self.cross_encoder_logits_model = transformers.BertForSequenceClassification.from_pretrained(
-            cross_encoder, attn_implementation="eager"
-        ).eval()
-
-    def logits(self, model, firsts, seconds, truncation="longest_first", max_length=None) -> np.ndarray:
-        batch = self.tokenizer(
-            list(firsts), list(seconds), truncation=truncation, max_length=max_length, padding=True,
-            return_tensors="pt",
-        )  # fmt: skip
-        with torch.no_grad():
-            return model(**batch).logits.numpy()
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> Models:
-    from bertserve.cli import main
-
-    scratch = tmp_path_factory.mktemp("pair-checkpoints")
-    repo = tmp_path_factory.mktemp("pair-repo")
-    from sentence_transformers import CrossEncoder
-
-    classifier = make_checkpoint(
-        scratch / "classifier", "BertForSequenceClassification", num_labels=3, seed=11,
-        initializer_range=INIT_RANGE,
-    )  # fmt: skip
-    base = make_checkpoint(
-        scratch / "cross-base", "BertForSequenceClassification", num_labels=1, seed=12,
-        initializer_range=INIT_RANGE,
-    )  # fmt: skip
-    cross_encoder = scratch / "cross-encoder"
-    CrossEncoder(str(base), device="cpu", num_labels=1).save(str(cross_encoder))
-    embed = make_checkpoint(scratch / "embed", "BertModel", seed=13, initializer_range=INIT_RANGE)
-    for name, checkpoint in ((PAIR_CLASSIFIER, classifier), (CROSS_ENCODER, cross_encoder), (EMBED, embed)):
-        argv = [
-            "export",
-            "--checkpoint",
-            str(checkpoint),
-            "--out",
-            str(repo),
-            "--name",
-            name,
-            "--version",
-            "1",
-        ]
-        assert main(argv) == 0, f"bertserve export of {name} failed"
-    return Models(repo, classifier, cross_encoder)
+def models(grpc_pair_models) -> Models:
+    return grpc_pair_models
 
 
 @pytest.fixture(scope="module")
@@ -306,60 +250,39 @@ def test_without_a_cross_encoder_the_default_is_the_embedding_model(models):
         assert {"Rerank", "Score"} <= set(info[EMBED].default_for)
 
 
-# --- bad input ------------------------------------------------------------------------------------------
-
-INVALID, PRECONDITION = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION
-TOO_MANY = ["the cat"] * (MAX_INPUTS + 1)
-BAD = [
-    ("Rerank", pb.RerankRequest(query=QUERY, documents=TOO_MANY), INVALID,
-     f"documents: {MAX_INPUTS + 1} documents is more than max_inputs_per_request {MAX_INPUTS}"),
-    ("Rerank", pb.RerankRequest(query=QUERY), INVALID, "documents: at least one document is required"),
-    ("Rerank", pb.RerankRequest(query=QUERY, documents=["a"], top_n=0), INVALID, "top_n: must be at least 1"),
-    ("Rerank", pb.RerankRequest(query="", documents=["a"]), INVALID, "query: empty or whitespace-only text"),
-    ("Rerank", pb.RerankRequest(query=QUERY, documents=["a", " "]), INVALID, "documents[1]: empty"),
-    ("Rerank", pb.RerankRequest(query=LONG, documents=["a"]), INVALID, "query: 120 tokens leave no room for documents[0]"),
-    ("Rerank", pb.RerankRequest(query=QUERY, documents=["a"], model=PAIR_CLASSIFIER), PRECONDITION,
-     f"model {PAIR_CLASSIFIER}: has 3 labels; Rerank and Score need one score per pair"),
-    ("Rerank", pb.RerankRequest(query=QUERY, documents=["a", LONG], model=EMBED, truncate=False), INVALID,
-     "documents[1]: 122 tokens is more than the model's max_length"),
-    ("Score", pb.ScoreRequest(texts_1=["a", LONG], texts_2=["b", "c"], model=EMBED), INVALID,
-     "texts_1[1]: 122 tokens is more than the model's max_length"),
-    ("Score", pb.ScoreRequest(texts_1=["a", "b"], texts_2=["a", "b", "c"]), INVALID,
-     "texts_1: 2 texts for 3 texts_2"),
-    ("Score", pb.ScoreRequest(texts_1=["a"], texts_2=TOO_MANY), INVALID,
-     f"texts_2: {MAX_INPUTS + 1} texts is more than max_inputs_per_request {MAX_INPUTS}"),
-    ("Score", pb.ScoreRequest(texts_1=["a"], texts_2=["b"], truncation_strategy="shortest"), INVALID,
-     "truncation_strategy: 'shortest' is not one of longest_first, only_first, only_second"),
-    ("Score", pb.ScoreRequest(texts_1=["a"], texts_2=[LONG]), INVALID,
-     "texts_2[0]: 124 tokens (pair) is more than the model's max_length"),
-    ("Score", pb.ScoreRequest(texts_1=["a"], texts_2=["b"], model=PAIR_CLASSIFIER), PRECONDITION, "has 3 labels"),
-    ("Classify", pb.ClassifyRequest(inputs=["a", "b"], pairs=["c"]), INVALID,
-     "pairs: 1 texts for 2 inputs; give one per input"),
-    ("Classify", pb.ClassifyRequest(inputs=["a"], pairs=["b"], truncation_strategy="only-second"), INVALID,
-     "truncation_strategy: 'only-second' is not one of"),
-    ("Classify", pb.ClassifyRequest(inputs=["a"], pairs=[LONG]), INVALID,
-     "inputs[0]: 124 tokens (pair) is more than the model's max_length"),
-    ("Classify", pb.ClassifyRequest(inputs=["a"], pairs=["\x01"]), INVALID, "pairs[0]: control character U+0001"),
-    ("Classify", pb.ClassifyRequest(inputs=TOO_MANY, pairs=TOO_MANY), INVALID,
-     f"inputs: {MAX_INPUTS + 1} inputs is more than max_inputs_per_request {MAX_INPUTS}"),
-]  # fmt: skip
+def test_a_classifier_of_several_labels_is_never_the_cosine_default(models):
+    """Exported classifiers carry an embed task too; Rerank refuses one of 3 labels by name, so the
+    default passes it by for the embedding model after it."""
+    settings = dict(model_repo=models.repo, models=[PAIR_CLASSIFIER, EMBED], max_queue_delay_ms=5)
+    with ServerThread(**settings) as server, grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        response = stub.Rerank(pb.RerankRequest(query=QUERY, documents=DOCUMENTS), timeout=30)
+        assert (response.method, response.metadata.model) == ("cosine", EMBED)
+        scored = stub.Score(pb.ScoreRequest(texts_1=[QUERY], texts_2=DOCUMENTS), timeout=30)
+        assert (scored.method, scored.metadata.model) == ("cosine", EMBED)
 
 
-@pytest.mark.parametrize(("rpc", "request_message", "code", "message"), BAD, ids=[b[3][:40] for b in BAD])
-def test_bad_pair_requests_get_their_status(stub, server, rpc, request_message, code, message):
-    before = scrape(server.metrics_url)
-    with pytest.raises(grpc.RpcError) as info:
-        getattr(stub, rpc)(request_message, timeout=30)
-    assert info.value.code() == code, info.value.details()
-    assert message in info.value.details()
-    if "max_inputs_per_request" in message or code == PRECONDITION or "is not one of" in message:
-        after = scrape(server.metrics_url)  # refused before any work on the texts
-        assert metric(after, "bertserve_tokenized_inputs_total") == metric(
-            before, "bertserve_tokenized_inputs_total"
-        )
-    assert stub.Rerank(
-        pb.RerankRequest(query=QUERY, documents=["a cat"]), timeout=30
-    ).results  # still serving
+def test_a_one_label_regression_model_answers_its_raw_value(models, tmp_path):
+    """A one-label model exported as regression (no CrossEncoder config) keeps answering Classify with
+    the raw value, as before pairs; Rerank and Score give the same scores."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(models.repo / CROSS_ENCODER, repo / CROSS_ENCODER)
+    manifest_path = repo / CROSS_ENCODER / "1" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["tasks"]["classify"].update(cross_encoder=None, problem_type="regression")
+    manifest_path.write_text(json.dumps(manifest))
+    logits = models.cross_encoder.predict([(QUERY, d) for d in DOCUMENTS], activation_fn=torch.nn.Identity())
+    with (
+        ServerThread(model_repo=repo, max_queue_delay_ms=5) as server,
+        grpc.insecure_channel(server.address) as ch,
+    ):
+        stub = pb_grpc.InferenceStub(ch)
+        classified = stub.Classify(pb.ClassifyRequest(inputs=[QUERY] * 5, pairs=DOCUMENTS), timeout=30)
+        np.testing.assert_allclose([r.labels[0].score for r in classified.results], logits, atol=TOL)
+        scored = stub.Score(pb.ScoreRequest(texts_1=[QUERY], texts_2=DOCUMENTS), timeout=30)
+        np.testing.assert_allclose([r.score for r in scored.results], logits, atol=TOL)
 
 
 # --- several processes ----------------------------------------------------------------------------------
@@ -466,23 +389,3 @@ def test_the_manifests_activation_scores_a_cross_encoder(models, tmp_path):
         np.testing.assert_allclose([r.score for r in scored.results], logits, atol=TOL)
         classified = stub.Classify(pb.ClassifyRequest(inputs=[QUERY] * 5, pairs=DOCUMENTS), timeout=30)
         np.testing.assert_allclose([r.labels[0].score for r in classified.results], logits, atol=TOL)
-
-
-def test_a_model_with_one_segment_embedding_refuses_pairs(tmp_path, make_tiny_checkpoint):
-    """type_vocab_size 1: segment id 1 has no embedding, so pairs are refused before any work (not a
-    failed graph run); its single texts still classify."""
-    from bertserve.cli import main
-
-    checkpoint = make_tiny_checkpoint("BertForSequenceClassification", type_vocab_size=1)
-    repo = tmp_path / "repo"
-    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(repo), "--name", "one-segment"]) == 0
-    with (
-        ServerThread(model_repo=repo, max_queue_delay_ms=5) as server,
-        grpc.insecure_channel(server.address) as ch,
-    ):
-        stub = pb_grpc.InferenceStub(ch)
-        with pytest.raises(grpc.RpcError) as refused:
-            stub.Classify(pb.ClassifyRequest(inputs=["a cat"], pairs=["a dog"]), timeout=30)
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "pairs: model one-segment has one segment embedding" in refused.value.details()
-        assert len(stub.Classify(pb.ClassifyRequest(inputs=["a cat"]), timeout=30).results) == 1

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from bertserve.export.default_model import default_checkpoint_dir
 from bertserve.manifest import TokenizerSpec
-from bertserve.service.engine import tokenization
+from bertserve.service.engine import token_counts, tokenization
 from bertserve.service.engine.tokenization import ModelTokenizer
 from bertserve.service.errors import InvalidInput
 
@@ -74,8 +74,8 @@ def test_prefix_tokenization_equals_whole_text_tokenization(
     make_tiny_checkpoint, monkeypatch, vocab, max_length
 ):
     path = tokenizer_files(make_tiny_checkpoint)[vocab]
-    monkeypatch.setattr(tokenization, "CHUNK_CHARS", 2000)  # many chunks per call
-    monkeypatch.setattr(tokenization, "COUNT_PIECE_CHARS", 50)  # many pieces per refused text
+    monkeypatch.setattr(token_counts, "CHUNK_CHARS", 2000)  # many chunks per call
+    monkeypatch.setattr(token_counts, "COUNT_PIECE_CHARS", 50)  # many pieces per refused text
     ours = ModelTokenizer(path, spec(path), max_length)
     assert ours._boundaries is not None, "BERT's tokenizer is tokenized by prefixes"
     whole, cutting = reference(path, None), reference(path, max_length)

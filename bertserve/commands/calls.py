@@ -8,6 +8,7 @@ result (bertserve/client_results.py), zero values included, on one line (indente
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import typing
 
@@ -85,9 +86,12 @@ def _call_classify(client, args, inputs):
 
 
 def _call_rerank(client, args, inputs):
-    return client.rerank(
-        args.query, inputs, args.top_n, True, args.model, raw_scores=args.raw_scores, truncate=args.truncate
+    """The texts are not asked back (return_documents False): they are filled in from `inputs`."""
+    result = client.rerank(
+        args.query, inputs, args.top_n, False, args.model, raw_scores=args.raw_scores, truncate=args.truncate
     )
+    ranked = [dataclasses.replace(r, document=inputs[r.index]) for r in result.results]
+    return dataclasses.replace(result, results=ranked)
 
 
 def _call_tokenize(client, args, inputs):

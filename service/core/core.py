@@ -40,7 +40,7 @@ import numpy as np
 
 from bertserve import __version__
 from bertserve.service.core.loop_lag import LoopLagMonitor
-from bertserve.service.core.pairs import PairCalls
+from bertserve.service.core.pairs import PairCalls, check_two_segments
 from bertserve.service.core.remote_engine import EngineLink, RemoteBatcher
 from bertserve.service.core.results import (
     AttentionResult,
@@ -237,11 +237,12 @@ class InferenceCore(PairCalls):
         served = self._resolve(model, calls)
         options = [self._options(served, call) for call in calls]
         check_count(texts, self.settings.max_inputs_per_request)
+        check_strategy(truncation_strategy)  # with pairs or not: a wrong value is never ignored
         if pairs:
             check_pair_count(texts, pairs, ("inputs", "pairs"))
-            check_strategy(truncation_strategy)
             if any(call.task is not Task.CLASSIFY for call in calls):
                 raise InvalidInput("pairs: only classify takes sentence pairs")
+            check_two_segments(served, "pairs")
 
         async def tokenize() -> tuple[list[EncodedInput], float]:
             checked = self._check_texts(texts)

@@ -33,6 +33,16 @@ PAIRWISE_NAMES = PairNames(pair="texts_1[{i}] with texts_2[{i}]", first="texts_1
 _INPUT = re.compile(r"^inputs\[(\d+)\]")
 
 
+def check_two_segments(model: ServedModel, field: str) -> None:
+    """Refuses pairs, before any work, to a model with one segment embedding (segment id 1 would index past
+    it)."""
+    if model.manifest.dimensions.type_vocab_size < 2:
+        raise InvalidInput(
+            f"{field}: model {model.name} has one segment embedding (type_vocab_size 1): it takes single "
+            "texts, not sentence pairs"
+        )
+
+
 class PairCalls:
     """Rerank and Score, mixed into `InferenceCore` (this module imports nothing of it): they use its
     `registry`, `settings`, `metrics`, `off_loop`, `inline_tokenize_chars`, `_tokenize` and
@@ -84,7 +94,7 @@ class PairCalls:
 
             left, right = [0] * n, list(range(1, n + 1))
             scores, meta = await self._cosine_scores(
-                served, lambda: [query, *texts()], left, right, truncate, deadline, name
+                served, lambda: [query, *texts()], left, right, truncate, deadline, name, "documents"
             )
         order = np.argsort(-scores, kind="stable")[:top_n]
         ranked = [
@@ -141,7 +151,14 @@ class PairCalls:
                 return f"texts_1[{k}]" if k < width else f"texts_2[{k - width}]"
 
             scores, meta = await self._cosine_scores(
-                served, lambda: [t for side in checked() for t in side], left, right, truncate, deadline, name
+                served,
+                lambda: [t for side in checked() for t in side],
+                left,
+                right,
+                truncate,
+                deadline,
+                name,
+                "texts_2",
             )
         return ScoreResult(scores, list(meta.truncated), method, meta)
 
@@ -156,11 +173,6 @@ class PairCalls:
     ) -> tuple[list[EncodedInput], float]:
         """Checked sentence pairs tokenized for the graph (`ModelTokenizer.encode_pairs`), as `_tokenize`:
         counted in bertserve_tokenized_inputs_total; small calls on the event loop, others on the CPU pool."""
-        if model.manifest.dimensions.type_vocab_size < 2:  # segment id 1 would index past its embedding
-            raise InvalidInput(
-                f"{names.second.split('[')[0]}: model {model.name} has one segment embedding (type_vocab_size 1): "
-                "it takes single texts, not sentence pairs"
-            )
         self.metrics.tokenized_of(model.name).inc(len(firsts))
         started = time.perf_counter()
         encode = functools.partial(
@@ -182,6 +194,7 @@ class PairCalls:
         names: PairNames,
     ) -> tuple[np.ndarray, CallMeta]:
         """A cross-encoder's score of each of `count` pairs (`pairs()` gives them checked): (N,) float32."""
+        check_two_segments(served, names.second.split("[")[0])
         options = [TaskOptions(Task.CLASSIFY, top_k=0, raw_scores=raw_scores)]
 
         async def tokenize():
@@ -201,10 +214,12 @@ class PairCalls:
         truncate: bool,
         deadline: float | None,
         name: Callable[[int], str],
+        field: str,
     ) -> tuple[np.ndarray, CallMeta]:
         """The cosine of texts[left[i]] and texts[right[i]] per pair, each text embedded once (normalized).
         The metadata is per pair: its tokens are those of its own texts, a text shared by several pairs
-        counted with the first; cut if either text was. `name(k)`: the field of text k, for refusals."""
+        counted with the first; cut if either text was. `name(k)`: the field of text k, for refusals; `field`:
+        the request's field of the texts, for a call over max_queue_inputs."""
         options = [TaskOptions(Task.EMBED, normalize=True)]
 
         async def tokenize():
@@ -215,6 +230,11 @@ class PairCalls:
                 raise InvalidInput(message) from None
 
         count = max(left + right) + 1
+        if count > self.settings.max_queue_inputs:  # it could never be admitted: not worth a retry
+            raise InvalidInput(
+                f"{field}: these pairs need {count} texts embedded, more than max_queue_inputs "
+                f"{self.settings.max_queue_inputs} (the model's queue); send fewer"
+            )
         encoded, tokenize_s, results = await self._admitted_run(served, options, count, tokenize, deadline)
         vectors = np.stack([r.value for r in results])  # (texts, dimension), rows normalized
         scores = np.einsum("ij,ij->i", vectors[left], vectors[right]).astype(np.float32)

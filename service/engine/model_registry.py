@@ -163,6 +163,12 @@ def load(settings: Settings, front: bool = False) -> ModelRegistry:
     return ModelRegistry(models, list(groups.values()))
 
 
+def _cosine_model(model: ServedModel) -> bool:
+    """An embedding model that Rerank and Score may name: a classifier of several labels is refused."""
+    classify = model.manifest.tasks.classify
+    return Task.EMBED in model.tasks and (classify is None or len(classify.id2label) == 1)
+
+
 class ModelRegistry:
     def __init__(self, models: list[ServedModel], encoders: list[EncoderGroup] | None = None):
         self.ordered = list(models)  # the order of the `models` setting, else by name
@@ -177,8 +183,10 @@ class ModelRegistry:
         classifiers = [m for m in self.ordered if not m.cross_encoder and Task.CLASSIFY in m.tasks]
         if classifiers:
             self.defaults[Task.CLASSIFY] = classifiers[0]
-        # Rerank and Score: the first cross-encoder, else the default embedding model (cosine).
-        self.pairs_default = next((m for m in self.ordered if m.cross_encoder), self.defaults.get(Task.EMBED))
+        # Rerank and Score: the first cross-encoder, else the first model whose embeddings they may score
+        # by cosine (an embed task and no classify task of several labels, as `resolve_pairs` takes).
+        cosine = next((m for m in self.ordered if _cosine_model(m)), None)
+        self.pairs_default = next((m for m in self.ordered if m.cross_encoder), cosine)
         # Attention: the first model (in order) whose repository holds the encoder_attentions graph.
         self.attention_default = next((m for m in self.ordered if m.attention is not None), None)
 
@@ -220,7 +228,10 @@ class ModelRegistry:
         if not name:
             model = self.pairs_default
             if model is None:
-                raise TaskUnavailable("model: no loaded model is a cross-encoder or has an embed task")
+                raise TaskUnavailable(
+                    "model: no loaded model is a cross-encoder (a classifier of one label) or an embedding "
+                    "model without a classify task of several labels, which Rerank and Score need"
+                )
             return model, CROSS_ENCODER if model.cross_encoder else COSINE
         model = self.resolve(name, None)
         if model.cross_encoder:

@@ -70,16 +70,16 @@ def shortened(a: Encoding, b: Encoding, strategy: str, room: int) -> tuple[Encod
     return (a, cut) if strategy == "only_second" else (cut, b)
 
 
-def ordered(a: Encoding, b: Encoding, whole_a: int, whole_b: int) -> tuple[Encoding, Encoding]:
-    """(a, b), equally long (max_length tokens, one or both cut from longer texts of `whole_a` and
-    `whole_b` tokens), for longest_first: it cuts both to half an odd room and gives the extra token to
-    the longer text, which these lengths no longer tell. The shorter text is copied one token shorter; both
-    keep fewer than that, so the result is the whole texts' own."""
-    if whole_a == whole_b:
-        return a, b
-    if whole_a > whole_b:
+def ordered(a: Encoding, b: Encoding, longer: int) -> tuple[Encoding, Encoding]:
+    """(a, b), equally long (max_length tokens, one or both cut from longer texts), for longest_first: it
+    cuts both to half an odd room and gives the extra token to the longer text (`longer`: 1 the first, -1
+    the second, 0 neither), which these lengths no longer tell. The shorter text is copied one token
+    shorter; both keep fewer than that, so the result is the whole texts' own."""
+    if longer > 0:
         return a, _first_tokens(b, len(b.ids) - 1)
-    return _first_tokens(a, len(a.ids) - 1), b
+    if longer < 0:
+        return _first_tokens(a, len(a.ids) - 1), b
+    return a, b
 
 
 def no_room(names: PairNames, i: int, strategy: str, kept_tokens: int, max_length: int, specials: int) -> str:

@@ -26,6 +26,7 @@ from bertserve.service.engine.pair_truncation import (
     pair_tokenizers,
     shortened,
 )
+from bertserve.service.engine.token_counts import TokenCounts, chunks
 from bertserve.service.engine.word_boundaries import WordBoundaries, supports_prefixes
 from bertserve.service.errors import InvalidInput, StartupError
 
@@ -71,24 +72,11 @@ class EncodedInput:
 # The first prefix of a long text: this many characters per token the model can take (English averages
 # 4 to 5 characters a token, spaces included, so most texts that fit are tokenized whole at once).
 PREFIX_CHARS_PER_TOKEN = 6
-# Characters given to one encode_batch call: bounds the tokenizer's peak memory (its per-character and
-# per-token buffers) whatever the request holds.
-CHUNK_CHARS = 1 << 17
-COUNT_PIECE_CHARS = 4096
 
 
-def _chunks(lengths: dict[int, int]):
-    """The keys of `lengths` in order, in groups of at most CHUNK_CHARS characters (at least one each)."""
-    chunk: list[int] = []
-    total = 0
-    for key, length in lengths.items():
-        if chunk and total + length > CHUNK_CHARS:
-            yield chunk
-            chunk, total = [], 0
-        chunk.append(key)
-        total += length
-    if chunk:
-        yield chunk
+def _whole(counts: TokenCounts, text: str, piece: Encoding, cut: bool) -> int:
+    """The tokens of a whole text (no special tokens), of which `piece` is the first (all unless `cut`)."""
+    return counts.whole(text) if cut else len(piece.ids)
 
 
 def _encoded(encoding: Encoding, truncated: bool, detailed: bool) -> EncodedInput:
@@ -168,9 +156,10 @@ class ModelTokenizer:
         once per group), then the tokenizer's own truncation (`strategy`) and post-processor combine the
         two. Without `truncate`, a pair over max_length is refused with its token count."""
         post = self._pairs[check_strategy(strategy)]
-        pair = functools.partial(self._pair, post, strategy, truncate, detailed, names)
+        counts = self._counts()  # whole texts counted once per call, only where a pair needs it
+        pair = functools.partial(self._pair, post, counts, strategy, truncate, detailed, names)
         results: list[EncodedInput] = []
-        for chunk in _chunks({i: len(firsts[i]) + len(seconds[i]) for i in range(len(firsts))}):
+        for chunk in chunks({i: len(firsts[i]) + len(seconds[i]) for i in range(len(firsts))}):
             pieces = self._pieces([t for i in chunk for t in (firsts[i], seconds[i])], detailed)
             for i in chunk:
                 first, second = firsts[i], seconds[i]
@@ -192,6 +181,7 @@ class ModelTokenizer:
     def _pair(
         self,
         post: Tokenizer,
+        counts: TokenCounts,
         strategy: str,
         truncate: bool,
         detailed: bool,
@@ -205,32 +195,23 @@ class ModelTokenizer:
         (a, a_cut), (b, b_cut) = a_piece, b_piece
         cut = a_cut or b_cut or len(a.ids) + len(b.ids) + self._pair_specials > self.max_length
         if cut and not truncate:
-            count = (
-                self._pair_specials + self._whole_count(first, a, a_cut) + self._whole_count(second, b, b_cut)
-            )
+            count = self._pair_specials + _whole(counts, first, a, a_cut) + _whole(counts, second, b, b_cut)
             raise InvalidInput(
                 f"{names.pair.format(i=i)}: {count} tokens (pair) is more than the model's max_length "
                 f"{self.max_length} (set truncate to cut it)"
             )
         room = self.max_length - self._pair_specials
         if cut and strategy != "longest_first":
+            kept = (first, a, a_cut) if strategy == "only_second" else (second, b, b_cut)
+            if len(kept[1].ids) >= room and len(a.ids) + len(b.ids) > room:  # nothing left for the other
+                count = _whole(counts, *kept)
+                raise InvalidInput(no_room(names, i, strategy, count, self.max_length, self._pair_specials))
             a, b = shortened(a, b, strategy, room)
         elif cut and len(a.ids) == len(b.ids) and (a_cut or b_cut) and room % 2:
-            # the one cost not bounded by max_length: two texts over it are counted whole
-            a, b = ordered(a, b, self._whole_count(first, a, a_cut), self._whole_count(second, b, b_cut))
-        try:
-            encoding = post.post_process(a, b)
-        except Exception:  # the library's truncation error: the text kept whole leaves no room
-            kept = (first, a, a_cut) if strategy == "only_second" else (second, b, b_cut)
-            count = self._whole_count(*kept)
-            raise InvalidInput(
-                no_room(names, i, strategy, count, self.max_length, self._pair_specials)
-            ) from None
+            # two texts over max_length: which is longer is counted, at the cost of the shorter one
+            a, b = ordered(a, b, counts.compare(first, second) if a_cut and b_cut else (1 if a_cut else -1))
+        encoding = post.post_process(a, b)
         return _encoded(encoding, cut, detailed)
-
-    def _whole_count(self, text: str, piece: Encoding, cut: bool) -> int:
-        """The tokens of a whole text (no special tokens), of which `piece` is the first (all unless `cut`)."""
-        return self.count_tokens(text, special=False) if cut else len(piece.ids)
 
     def _prefixes(
         self,
@@ -250,7 +231,7 @@ class ModelTokenizer:
         while prefix_chars:
             ends = {i: self._prefix_end(texts[i], chars) for i, chars in prefix_chars.items()}
             longer: dict[int, int] = {}
-            for chunk in _chunks(ends):
+            for chunk in chunks(ends):
                 encodings = encode_batch([texts[i][: ends[i]] for i in chunk], add_special_tokens=special)
                 for i, encoding in zip(chunk, encodings, strict=True):
                     cut = bool(encoding.overflowing)  # more than max_length tokens: so is the whole text
@@ -269,23 +250,14 @@ class ModelTokenizer:
     def count_tokens(self, text: str, special: bool = True) -> int:
         """The whole text's tokens (`special`: special tokens included), counted in pieces cut at word
         boundaries."""
-        pieces, start = [], 0
-        while start < len(text):
-            end = (
-                len(text)
-                if self._boundaries is None
-                else self._boundaries.next_cut(text, start + COUNT_PIECE_CHARS)
-            )
-            pieces.append(text[start:end])
-            start = end
         count = self._whole.num_special_tokens_to_add(is_pair=False) if special else 0
-        # ids only: the library skips token strings and offsets (0.20+)
-        count_batch = getattr(self._whole, "encode_batch_fast", self._whole.encode_batch)
-        lengths = {k: len(piece) for k, piece in enumerate(pieces)}
-        for chunk in _chunks(lengths):
-            encodings = count_batch([pieces[k] for k in chunk], add_special_tokens=False)
-            count += sum(len(e.ids) for e in encodings)
-        return count
+        return count + self._counts().whole(text)
+
+    def _counts(self) -> TokenCounts:
+        """A call's memo of whole-text counts (ids only: the library skips token strings and offsets)."""
+        return TokenCounts(
+            getattr(self._whole, "encode_batch_fast", self._whole.encode_batch), self._boundaries
+        )
 
     def token_to_id(self, token: str) -> int | None:
         return self._whole.token_to_id(token)

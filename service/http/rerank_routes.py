@@ -94,10 +94,9 @@ async def rerank_v1(front: HttpFront, call: Call) -> Response:
     count, return_documents = top_n(fields), fields.boolean("return_documents", True)
     tokens = _prompt_tokens(fields)
     check_token_limit(front, model, tokens, "truncate_prompt_tokens")
-    options = {} if tokens is None else {"truncate": True}
     result = await front.core.rerank(
-        model, query, docs, top_n=count, return_documents=return_documents, deadline=call.deadline, **options
-    )
+        model, query, docs, top_n=count, return_documents=return_documents, deadline=call.deadline
+    )  # truncate_prompt_tokens cuts documents, as Rerank always does
     return await off_loop_above(front, _reply_size(result), _jina_reply, result)
 
 

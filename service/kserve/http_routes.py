@@ -45,7 +45,6 @@ from bertserve.service.kserve.http_json import (
 from bertserve.service.kserve.servicer import DEFAULT_TASKS, EXTENSIONS, PLATFORM, SERVER_NAME, model_outputs
 from bertserve.service.kserve.tensors import (
     OutputTensor,
-    classify_tensors,
     input_names,
     pair_tasks,
     task_tensors,
@@ -233,25 +232,22 @@ async def infer(front: HttpFront, call: Call) -> Response:
     tasks = list(dict.fromkeys(available[name] for name in names))
     calls = [_task_call(task, parameters, names) for task in tasks]
     truncate = parameter(parameters, "truncate", False)
+    strategy = parameter(parameters, "truncation_strategy", "longest_first")
+    # one core call for every task: tokenized once, batched together (one encoder run); with "text_pair",
+    # classify only (`_requested`)
+    outcomes = await front.core.infer(
+        model.name,
+        texts,
+        calls,
+        pairs=pairs,
+        truncate=truncate,
+        truncation_strategy=strategy,
+        deadline=call.deadline,
+    )
+    mask_token = model.manifest.tasks.fill_mask.mask_token if model.manifest.tasks.fill_mask else ""
     tensors: dict = {}
-    if pairs is not None:  # classify only (_requested)
-        (classify,) = calls
-        outcome = await front.core.classify(
-            model.name,
-            texts,
-            pairs=pairs,
-            truncate=truncate,
-            truncation_strategy=parameter(parameters, "truncation_strategy", "longest_first"),
-            top_k=classify.top_k,
-            raw_scores=classify.raw_scores,
-            deadline=call.deadline,
-        )
-        tensors.update(classify_tensors(outcome))
-    else:  # one core call for every task: tokenized once, batched together (one encoder run)
-        outcomes = await front.core.infer(model.name, texts, calls, truncate=truncate, deadline=call.deadline)
-        mask_token = model.manifest.tasks.fill_mask.mask_token if model.manifest.tasks.fill_mask else ""
-        for task, outcome in zip(tasks, outcomes, strict=True):
-            tensors.update(task_tensors(task, outcome, mask_token, "mask_sequences" in names))
+    for task, outcome in zip(tasks, outcomes, strict=True):
+        tensors.update(task_tensors(task, outcome, mask_token, "mask_sequences" in names))
     size = JSON_FLOAT_BYTES * sum(tensors[name].values.size for name in names)
     return await off_loop_above(front, size, _answer, model, requested, tensors, binary_default, request_id)
 

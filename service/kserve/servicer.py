@@ -50,7 +50,6 @@ from bertserve.service.grpc.rpc_status import (
 )
 from bertserve.service.kserve.tensors import (
     OutputTensor,
-    classify_tensors,
     input_names,
     pair_tasks,
     parameter,
@@ -242,26 +241,21 @@ class OpenInferenceServicer:
         tasks = list(dict.fromkeys(available[name] for name in names))
         calls = [self._task_call(model, task, request, names) for task in tasks]
         truncate = parameter(request, "truncate", bool, False)
+        strategy = parameter(request, "truncation_strategy", str, "longest_first")
+        # one core call for every task: tokenized once, batched together (one encoder run); with
+        # "text_pair", classify only (`_requested`)
+        outcomes = await self.core.infer(
+            model.name,
+            texts,
+            calls,
+            pairs=pairs,
+            truncate=truncate,
+            truncation_strategy=strategy,
+            deadline=deadline_of(context),
+        )
         tensors: dict[str, OutputTensor] = {}
-        if pairs is not None:  # classify only (pair_tasks)
-            (call,) = calls
-            outcome = await self.core.classify(
-                model.name,
-                texts,
-                pairs=pairs,
-                truncate=truncate,
-                truncation_strategy=parameter(request, "truncation_strategy", str, "longest_first"),
-                top_k=call.top_k,
-                raw_scores=call.raw_scores,
-                deadline=deadline_of(context),
-            )
-            tensors.update(classify_tensors(outcome))
-        else:  # one core call for every task: tokenized once, batched together (one encoder run)
-            outcomes = await self.core.infer(
-                model.name, texts, calls, truncate=truncate, deadline=deadline_of(context)
-            )
-            for task, outcome in zip(tasks, outcomes, strict=True):
-                tensors.update(task_tensors(task, outcome, model.mask_token, "mask_sequences" in names))
+        for task, outcome in zip(tasks, outcomes, strict=True):
+            tensors.update(task_tensors(task, outcome, model.mask_token, "mask_sequences" in names))
         outputs = [tensors[name] for name in names]
         reply = functools.partial(_response, model, request.id, outputs, bool(request.raw_input_contents))
         if sum(t.values.size for t in outputs) * 4 > OFF_LOOP_BYTES:

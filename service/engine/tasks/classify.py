@@ -10,10 +10,13 @@ from bertserve.service.engine.tasks.fill_mask import softmax
 
 def one_label_activation(classify) -> str | None:
     """A ClassifyTask's activation of its one logit: the CrossEncoder's own (manifest `cross_encoder`),
-    else sigmoid (sentence-transformers' default for one label); None with several labels."""
+    else the raw value for a regression model (as Classify always answered it), else sigmoid
+    (sentence-transformers' default for one label); None with several labels."""
     if classify is None or len(classify.id2label) != 1:
         return None
-    return classify.cross_encoder.activation if classify.cross_encoder else "sigmoid"
+    if classify.cross_encoder:
+        return classify.cross_encoder.activation
+    return "identity" if classify.problem_type == "regression" else "sigmoid"
 
 
 def sigmoid(values: np.ndarray) -> np.ndarray:
