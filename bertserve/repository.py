@@ -161,7 +161,9 @@ class FillMaskTask(_Strict):
 class CrossEncoderSpec(_Strict):
     """A sentence-transformers CrossEncoder checkpoint: how its logits become scores."""
 
-    activation: Literal["sigmoid", "identity", "softmax"] = "sigmoid"  # its activation_fn (num_labels 1: sigmoid)
+    activation: Literal["sigmoid", "identity", "softmax"] = (
+        "sigmoid"  # its activation_fn (num_labels 1: sigmoid)
+    )
     max_length: int | None = None  # the CrossEncoder's own max_length, when its config names one
 
 
