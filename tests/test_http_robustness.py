@@ -17,7 +17,7 @@ import pytest
 from bertserve.service.errors import StartupError
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc
-from tests.helpers.server import ServerThread, wait_for
+from tests.helpers.server import ServerThread, metric, scrape, wait_for
 
 MAX_BYTES = 65536
 READ_TIMEOUT_S = 0.5
@@ -251,11 +251,19 @@ def test_client_that_does_not_read_its_answers_is_cut_off(server):
     """Pipelined requests whose answers (about 9 MB) the client never reads: once the server's send buffer
     is full it waits http_read_timeout_s for the client to read, then aborts the connection."""
     request = post_head(len(EMBED_48)) + EMBED_48
+
+    def open_connections() -> float:
+        return metric(scrape(server.metrics_url), "bertserve_http_connections_open")
+
+    wait_for(lambda: open_connections() == 0, timeout=30)  # earlier tests' kept-alive connections closed
     sock = slow_reader(server)
     with sock:
+        wait_for(lambda: open_connections() == 1, timeout=30)
         with contextlib.suppress(OSError):
             sock.sendall(request * 200)
-        time.sleep(3 * READ_TIMEOUT_S + 1)  # a client that does not read
+        # a client that does not read, until the server gives up on it (however slowly a loaded machine
+        # computes the answers that fill its send buffer)
+        wait_for(lambda: open_connections() == 0, timeout=240)
         received = read_all(sock)
     assert received.count(b"HTTP/1.1 200") < 200  # cut off, not every answer buffered for it
     assert_healthy(server)
