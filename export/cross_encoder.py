@@ -11,10 +11,10 @@ tokenizer_config.json's `model_max_length`, kept within the position embeddings 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from bertserve.export.errors import CheckpointError
+from bertserve.export.tokenizer_files import json_or_empty
 from bertserve.repository import CrossEncoderSpec
 
 ST_CONFIG = "config_sentence_transformers.json"
@@ -23,19 +23,9 @@ LEGACY_KEY = "sbert_ce_default_activation_function"
 ACTIVATIONS = {"Sigmoid": "sigmoid", "Identity": "identity", "Softmax": "softmax"}
 
 
-def _json_object(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not readable JSON ({e})") from None
-    return data if isinstance(data, dict) else {}
-
-
 def _declared_activation(directory: Path, config: dict) -> tuple[bool, str | None]:
     """(is a CrossEncoder, the dotted path of its activation when it names one)."""
-    st_config = _json_object(directory / ST_CONFIG)
+    st_config = json_or_empty(directory / ST_CONFIG)
     modern = st_config.get("model_type") == "CrossEncoder"
     nested = config.get("sentence_transformers")
     middle = isinstance(nested, dict) and "activation_fn" in nested
@@ -65,7 +55,7 @@ def _declared_max_length(directory: Path) -> int | None:
         ("sentence_bert_config.json", "max_seq_length"),
         ("tokenizer_config.json", "model_max_length"),
     ):
-        value = _json_object(directory / file).get(key)
+        value = json_or_empty(directory / file).get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
             return value
     return None
@@ -75,7 +65,7 @@ def read_cross_encoder(directory: Path | str, num_labels: int, limit: int) -> Cr
     """The CrossEncoder spec of a checkpoint directory, or None when it is not a CrossEncoder's.
     `limit`: the longest sequence the model takes (its position embeddings, at most the export's cap)."""
     directory = Path(directory)
-    config = _json_object(directory / "config.json")
+    config = json_or_empty(directory / "config.json")
     recognised, path = _declared_activation(directory, config)
     if not recognised:
         return None

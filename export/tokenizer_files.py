@@ -26,7 +26,8 @@ class SpecialTokens:
     mask_token_id: int | None  # None when the vocabulary has no mask token
 
 
-def _json_or_empty(path: Path) -> dict:
+def json_or_empty(path: Path) -> dict:
+    """A JSON object file's contents; {} when the file is absent or holds no object."""
     if not path.is_file():
         return {}
     try:
@@ -44,7 +45,7 @@ def _token_text(value, default: str) -> str:
 
 def load_tokenizer(directory: Path) -> Tokenizer:
     directory = Path(directory)
-    lower = _json_or_empty(directory / "tokenizer_config.json").get("do_lower_case", True)
+    lower = json_or_empty(directory / "tokenizer_config.json").get("do_lower_case", True)
     try:
         if (directory / TOKENIZER_FILE).is_file():
             return Tokenizer.from_file(str(directory / TOKENIZER_FILE))
@@ -61,8 +62,8 @@ def load_tokenizer(directory: Path) -> Tokenizer:
 def special_tokens(directory: Path, tokenizer: Tokenizer) -> SpecialTokens:
     directory = Path(directory)
     config = {
-        **_json_or_empty(directory / "tokenizer_config.json"),
-        **_json_or_empty(directory / "special_tokens_map.json"),
+        **json_or_empty(directory / "tokenizer_config.json"),
+        **json_or_empty(directory / "special_tokens_map.json"),
     }
     names = {
         key: _token_text(config.get(key), default)
