@@ -133,6 +133,17 @@ class EmbedTask(_Strict):
     pooling: Literal["mean", "cls"] = "mean"
     normalize: bool = True  # the default when a request does not say
     dimension: int
+    # Matryoshka: the smaller sizes a vector may be cut to (each < dimension), ascending; from the
+    # sentence-transformers config's `matryoshka_dimensions` or `bertserve export --dimensions`.
+    dimensions: list[int] = Field(default_factory=list)
+    # sentence-transformers prompts (config_sentence_transformers.json): name -> text prepended to an input
+    prompts: dict[str, str] = Field(default_factory=dict)
+    default_prompt_name: str | None = None  # applied when a request names no prompt
+    # int8/uint8 calibration: per-dimension [min, max] of vectors of a calibration corpus, computed at export,
+    # keyed "<dimension>:normalized" or "<dimension>:raw" (each dimension above, and `dimension`), shape
+    # [2][dimension] (the `ranges` of sentence-transformers' quantize_embeddings). Empty: no int8/uint8.
+    calibration_ranges: dict[str, list[list[float]]] = Field(default_factory=dict)
+    calibration_texts: int = 0  # how many texts the ranges were computed from
 
 
 class TiedDecoder(_Strict):

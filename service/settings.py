@@ -123,6 +123,9 @@ class Settings(BaseSettings):
     # a unary call waits behind at most one such batch. Without unary calls, streams use max_batch_tokens.
     max_stream_batch_tokens: int = Field(STREAM_BATCH_TOKENS, ge=2, le=4_194_304)
     max_input_chars: int = Field(20_000, ge=1, le=10_000_000)
+    # Embed calls cut every input longer than max_length (at the side the call names), as if each set
+    # truncate, instead of refusing it (TEI's --auto-truncate).
+    auto_truncate: bool = False
     max_masks_per_input: int = Field(32, ge=1, le=1024)
     max_message_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=1 << 30)
     # Bytes of gRPC request messages held by unary calls in flight (streams: max_concurrent_streams and their

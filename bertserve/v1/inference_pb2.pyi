@@ -29,22 +29,96 @@ class ResponseMetadata(_message.Message):
     def __init__(self, model: _Optional[str] = ..., model_version: _Optional[int] = ..., total_tokens: _Optional[int] = ..., input_tokens: _Optional[_Iterable[int]] = ..., truncated: _Optional[_Iterable[bool]] = ..., queue_time_ms: _Optional[float] = ..., inference_time_ms: _Optional[float] = ..., tokenize_time_ms: _Optional[float] = ..., batches: _Optional[int] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("inputs", "model", "normalize", "truncate")
+    __slots__ = ("inputs", "model", "normalize", "truncate", "options", "token_ids")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedScalarFieldContainer[str]
     model: str
     normalize: bool
     truncate: bool
-    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ...) -> None: ...
+    options: EmbedOptions
+    token_ids: _containers.RepeatedCompositeFieldContainer[TokenIds]
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ..., options: _Optional[_Union[EmbedOptions, _Mapping]] = ..., token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class EmbedOptions(_message.Message):
+    __slots__ = ("dimensions", "prompt_name", "truncation_direction", "encodings", "dense", "tokens", "sparse", "sparse_threshold", "chunking")
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    ENCODINGS_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    CHUNKING_FIELD_NUMBER: _ClassVar[int]
+    dimensions: int
+    prompt_name: str
+    truncation_direction: str
+    encodings: _containers.RepeatedScalarFieldContainer[str]
+    dense: bool
+    tokens: bool
+    sparse: bool
+    sparse_threshold: float
+    chunking: Chunking
+    def __init__(self, dimensions: _Optional[int] = ..., prompt_name: _Optional[str] = ..., truncation_direction: _Optional[str] = ..., encodings: _Optional[_Iterable[str]] = ..., dense: _Optional[bool] = ..., tokens: _Optional[bool] = ..., sparse: _Optional[bool] = ..., sparse_threshold: _Optional[float] = ..., chunking: _Optional[_Union[Chunking, _Mapping]] = ...) -> None: ...
+
+class Chunking(_message.Message):
+    __slots__ = ("length", "overlap", "pooling")
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
+    length: int
+    overlap: int
+    pooling: str
+    def __init__(self, length: _Optional[int] = ..., overlap: _Optional[int] = ..., pooling: _Optional[str] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("values",)
+    __slots__ = ("values", "float16", "int8", "uint8", "binary", "ubinary", "tokens", "sparse", "chunks")
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    FLOAT16_FIELD_NUMBER: _ClassVar[int]
+    INT8_FIELD_NUMBER: _ClassVar[int]
+    UINT8_FIELD_NUMBER: _ClassVar[int]
+    BINARY_FIELD_NUMBER: _ClassVar[int]
+    UBINARY_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     values: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
+    float16: bytes
+    int8: bytes
+    uint8: bytes
+    binary: bytes
+    ubinary: bytes
+    tokens: TokenEmbeddings
+    sparse: SparseEmbedding
+    chunks: int
+    def __init__(self, values: _Optional[_Iterable[float]] = ..., float16: _Optional[bytes] = ..., int8: _Optional[bytes] = ..., uint8: _Optional[bytes] = ..., binary: _Optional[bytes] = ..., ubinary: _Optional[bytes] = ..., tokens: _Optional[_Union[TokenEmbeddings, _Mapping]] = ..., sparse: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., chunks: _Optional[int] = ...) -> None: ...
+
+class TokenEmbeddings(_message.Message):
+    __slots__ = ("count", "values")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, count: _Optional[int] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class SparseEmbedding(_message.Message):
+    __slots__ = ("indices", "values")
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "dimension", "metadata")
@@ -261,7 +335,14 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "tasks", "default_for", "dimension", "max_length", "vocab_size", "num_layers", "precision", "provider", "pooling", "normalize_default", "mask_token", "labels", "problem_type", "encoder", "pairs", "cross_encoder")
+    __slots__ = ("name", "version", "tasks", "default_for", "dimension", "max_length", "vocab_size", "num_layers", "precision", "provider", "pooling", "normalize_default", "mask_token", "labels", "problem_type", "encoder", "pairs", "cross_encoder", "dimensions", "prompts", "default_prompt_name", "encodings", "sparse")
+    class PromptsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
@@ -280,6 +361,11 @@ class ModelInfo(_message.Message):
     ENCODER_FIELD_NUMBER: _ClassVar[int]
     PAIRS_FIELD_NUMBER: _ClassVar[int]
     CROSS_ENCODER_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
+    ENCODINGS_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     tasks: _containers.RepeatedScalarFieldContainer[str]
@@ -298,7 +384,12 @@ class ModelInfo(_message.Message):
     encoder: str
     pairs: bool
     cross_encoder: bool
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., dimension: _Optional[int] = ..., max_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., pooling: _Optional[str] = ..., normalize_default: _Optional[bool] = ..., mask_token: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., problem_type: _Optional[str] = ..., encoder: _Optional[str] = ..., pairs: _Optional[bool] = ..., cross_encoder: _Optional[bool] = ...) -> None: ...
+    dimensions: _containers.RepeatedScalarFieldContainer[int]
+    prompts: _containers.ScalarMap[str, str]
+    default_prompt_name: str
+    encodings: _containers.RepeatedScalarFieldContainer[str]
+    sparse: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., dimension: _Optional[int] = ..., max_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., pooling: _Optional[str] = ..., normalize_default: _Optional[bool] = ..., mask_token: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., problem_type: _Optional[str] = ..., encoder: _Optional[str] = ..., pairs: _Optional[bool] = ..., cross_encoder: _Optional[bool] = ..., dimensions: _Optional[_Iterable[int]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., encodings: _Optional[_Iterable[str]] = ..., sparse: _Optional[bool] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("max_inputs_per_request", "max_input_chars", "max_message_bytes", "max_batch_size", "max_batch_tokens", "max_queue_inputs", "max_queue_delay_ms", "max_masks_per_input", "max_padding_ratio", "max_queue_attention")
@@ -384,20 +475,24 @@ class AttentionResponse(_message.Message):
     def __init__(self, tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., sequence_length: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., maps: _Optional[_Iterable[_Union[AttentionMap, _Mapping]]] = ..., metadata: _Optional[_Union[ResponseMetadata, _Mapping]] = ...) -> None: ...
 
 class EmbedStreamRequest(_message.Message):
-    __slots__ = ("id", "inputs", "model", "normalize", "truncate", "stop_on_error")
+    __slots__ = ("id", "inputs", "model", "normalize", "truncate", "stop_on_error", "options", "token_ids")
     ID_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
     STOP_ON_ERROR_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     id: int
     inputs: _containers.RepeatedScalarFieldContainer[str]
     model: str
     normalize: bool
     truncate: bool
     stop_on_error: bool
-    def __init__(self, id: _Optional[int] = ..., inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ..., stop_on_error: _Optional[bool] = ...) -> None: ...
+    options: EmbedOptions
+    token_ids: _containers.RepeatedCompositeFieldContainer[TokenIds]
+    def __init__(self, id: _Optional[int] = ..., inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ..., stop_on_error: _Optional[bool] = ..., options: _Optional[_Union[EmbedOptions, _Mapping]] = ..., token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ...) -> None: ...
 
 class StreamError(_message.Message):
     __slots__ = ("code", "message")

@@ -54,7 +54,7 @@ from bertserve.service.core.results import (
 )
 from bertserve.service.core.results import call_meta as _meta
 from bertserve.service.core.server_info import library_versions, limits_of, model_info_of
-from bertserve.service.core.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
+from bertserve.service.core.task_calls import Chunking, ClassifyCall, EmbedCall, FillMaskCall, TaskCall
 from bertserve.service.core.validation import (
     check_count,
     check_fill_mask_response_size,
@@ -168,11 +168,31 @@ class InferenceCore(PairCalls):
         normalize: bool | None = None,
         deadline: float | None = None,
         bulk: bool = False,
+        call: EmbedCall | None = None,
+        prompt_name: str | None = None,
+        truncation_direction: str = "right",
+        token_ids: Sequence[Sequence[int]] | None = None,
+        chunking: Chunking | None = None,
     ) -> EmbedResult:
         """One embedding per text, in order. `model` "" = the default embedding model; `normalize` None =
-        the model's default; `bulk`: a stream's inputs, batched after unary calls' (service/engine/batcher.py)."""
+        the model's default; `bulk`: a stream's inputs, batched after unary calls' (service/engine/batcher.py).
+        `call`: what to return (dimensions, dense/tokens/sparse, encodings; its `normalize` wins);
+        `prompt_name`: the model's prompt prepended (None: its default prompt); `truncation_direction`:
+        which end a too-long input loses; `token_ids`: the model's own ids instead of `texts` (used as
+        given); `chunking`: long inputs embedded window by window and pooled (dense only)."""
+        call = call or EmbedCall(normalize)
+        if chunking is not None:
+            raise InvalidInput("chunking: not implemented yet")
         (result,) = await self.infer(
-            model, texts, [EmbedCall(normalize)], truncate=truncate, deadline=deadline, bulk=bulk
+            model,
+            texts,
+            [call],
+            truncate=truncate,
+            deadline=deadline,
+            bulk=bulk,
+            prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
+            token_ids=token_ids,
         )
         return result
 
@@ -229,11 +249,17 @@ class InferenceCore(PairCalls):
         truncation_strategy: str = "longest_first",
         deadline: float | None = None,
         bulk: bool = False,
+        prompt_name: str | None = None,
+        truncation_direction: str = "right",
+        token_ids: Sequence[Sequence[int]] | None = None,
     ) -> list[EmbedResult | FillMaskResult | ClassifyResult]:
         """Several tasks of one model on the same texts (e.g. KServe outputs of two tasks): tokenized
         once, admitted together (all or none) and batched together, so one encoder run can serve them
         all. One result per call, in order. `model` "" = the default model of the first call's task.
-        `pairs` (Classify only): the second text of each input, a sentence pair."""
+        `pairs` (Classify only): the second text of each input, a sentence pair. `prompt_name`,
+        `truncation_direction`, `token_ids`: as `embed`'s (for every task of the call)."""
+        if prompt_name or truncation_direction != "right" or token_ids:
+            raise InvalidInput("prompt_name, truncation_direction, token_ids: not implemented yet")
         served = self._resolve(model, calls)
         options = [self._options(served, call) for call in calls]
         check_count(texts, self.settings.max_inputs_per_request)
@@ -417,6 +443,8 @@ class InferenceCore(PairCalls):
     def _options(self, model: ServedModel, call: TaskCall) -> TaskOptions:
         """The call's options, checked against the model and with its defaults filled in."""
         if call.task is Task.EMBED:
+            if call != EmbedCall(call.normalize):
+                raise InvalidInput("dimensions, tokens, sparse, encodings: not implemented yet")
             normalize = model.manifest.tasks.embed.normalize if call.normalize is None else call.normalize
             return TaskOptions(Task.EMBED, normalize=normalize)
         if call.task is Task.FILL_MASK:

@@ -59,12 +59,18 @@ def call_meta(
 
 @dataclass(frozen=True)
 class EmbedResult:
-    vectors: np.ndarray  # (n, dimension) float32, one row per input, in order
+    vectors: np.ndarray | None  # (n, dimension) float32, one row per input, in order; None: dense not asked
     meta: CallMeta
+    # the dense vectors in each other encoding asked for: "float16" (n, D) float16, "int8"/"uint8" (n, D),
+    # "binary"/"ubinary" (n, ceil(D / 8)) int8/uint8 packed bits
+    encodings: dict[str, np.ndarray] = field(default_factory=dict)
+    tokens: list[np.ndarray] | None = None  # per input (tokens, hidden) float32, when asked
+    sparse: list[tuple[np.ndarray, np.ndarray]] | None = None  # per input (ids ascending, weights), when asked
+    chunks: list[int] | None = None  # per input, the windows pooled (chunked calls only)
 
     @property
     def dimension(self) -> int:
-        return int(self.vectors.shape[1])
+        return int(self.vectors.shape[1]) if self.vectors is not None else 0
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,11 @@ class ModelInfo:
     problem_type: str  # "" without classify
     pairs: bool = False  # a classifier trained on sentence pairs (the manifest says)
     cross_encoder: bool = False  # one score per pair (a classifier with one label): answers Rerank and Score
+    dimensions: list[int] = field(default_factory=list)  # Matryoshka sizes besides `dimension`
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str = ""
+    encodings: list[str] = field(default_factory=list)  # dense encodings offered ([] without embed)
+    sparse: bool = False  # has an MLM head: sparse (SPLADE) embeddings
 
 
 @dataclass(frozen=True)

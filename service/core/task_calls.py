@@ -9,10 +9,30 @@ from typing import ClassVar
 from bertserve.service.engine.tasks import Task
 
 
+ENCODINGS = ("float", "float16", "int8", "uint8", "binary", "ubinary")  # sentence-transformers' precisions
+TRUNCATION_DIRECTIONS = ("right", "left")
+CHUNK_POOLINGS = ("mean", "max")
+
+
 @dataclass(frozen=True)
 class EmbedCall:
     normalize: bool | None = None
+    dimensions: int | None = None  # Matryoshka: one of the model's `dimensions` (None: all)
+    dense: bool = True  # the pooled vector (with `tokens` or `sparse` it may be left out)
+    tokens: bool = False  # token-level vectors
+    sparse: bool = False  # SPLADE weights (a model with an MLM head)
+    sparse_threshold: float = 0.0
+    encodings: tuple[str, ...] = ("float",)  # of the dense vector: any of ENCODINGS
     task: ClassVar[Task] = Task.EMBED
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """Long inputs cut into overlapping windows, each embedded, pooled into one vector (dense only)."""
+
+    length: int = 0  # tokens per window, special tokens included (0: the model's max_length)
+    overlap: int = 0  # tokens shared by neighbouring windows
+    pooling: str = "mean"  # one of CHUNK_POOLINGS; "mean" is weighted by each window's tokens
 
 
 @dataclass(frozen=True)
