@@ -65,7 +65,9 @@ class EmbedResult:
     # "binary"/"ubinary" (n, ceil(D / 8)) int8/uint8 packed bits
     encodings: dict[str, np.ndarray] = field(default_factory=dict)
     tokens: list[np.ndarray] | None = None  # per input (tokens, hidden) float32, when asked
-    sparse: list[tuple[np.ndarray, np.ndarray]] | None = None  # per input (ids ascending, weights), when asked
+    sparse: list[tuple[np.ndarray, np.ndarray]] | None = (
+        None  # per input (ids ascending, weights), when asked
+    )
     chunks: list[int] | None = None  # per input, the windows pooled (chunked calls only)
 
     @property

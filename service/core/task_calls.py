@@ -8,7 +8,6 @@ from typing import ClassVar
 
 from bertserve.service.engine.tasks import Task
 
-
 ENCODINGS = ("float", "float16", "int8", "uint8", "binary", "ubinary")  # sentence-transformers' precisions
 TRUNCATION_DIRECTIONS = ("right", "left")
 CHUNK_POOLINGS = ("mean", "max")
