@@ -319,3 +319,23 @@ def test_sparse_answer_is_bounded_before_queueing(small_server, monkeypatch):
         )
     assert str(both.value).startswith("tokens (62 tokens") and "sparse (1 inputs" in str(both.value)
     assert len(wanted) == 1
+
+
+def test_sparse_from_a_tied_head_on_a_shared_encoder(shared_repo, make_tiny_checkpoint):
+    """tiny-shared-mlm: a head-only model whose tied MLM head takes the shared encoder's table as an input."""
+    from tests.conftest import SHARED_ENCODER
+
+    checkpoint = make_tiny_checkpoint(
+        "BertForMaskedLM", seed=1, encoder_from=make_tiny_checkpoint("BertModel")
+    )
+    expected = _splade(checkpoint, TEXTS)
+    threshold = _threshold_between_values(expected)
+    with ServerThread(model_repo=shared_repo, max_queue_delay_ms=5) as shared:
+        call = EmbedCall(sparse=True, sparse_threshold=threshold)
+        result = embed(shared, "tiny-shared-mlm", TEXTS, call)
+        plain = embed(shared, SHARED_ENCODER, TEXTS, EmbedCall())
+    assert result.meta.encoder == SHARED_ENCODER
+    assert np.abs(result.vectors - plain.vectors).max() <= 1e-6  # the same encoder's pooled vectors
+    for (ids, weights), full in zip(result.sparse, expected, strict=True):
+        assert np.array_equal(ids, np.flatnonzero(full > threshold))
+        assert np.abs(weights - full[ids]).max() <= 1e-5
