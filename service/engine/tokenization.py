@@ -27,6 +27,7 @@ from bertserve.service.engine.pair_truncation import (
     shortened,
 )
 from bertserve.service.engine.token_counts import TokenCounts, chunks
+from bertserve.service.engine.token_windows import token_windows
 from bertserve.service.engine.word_boundaries import WordBoundaries, supports_prefixes
 from bertserve.service.errors import InvalidInput, StartupError
 
@@ -278,6 +279,15 @@ class ModelTokenizer:
         if self._boundaries is None or chars >= len(text):
             return 0
         return self._boundaries.previous_cut(text, len(text) - chars)
+
+    def windows(
+        self, texts: Sequence[str], length: int, overlap: int, max_windows: int
+    ) -> list[list[EncodedInput]]:
+        """Blocking: per text, overlapping windows of at most `length` tokens (special tokens included) that
+        cover its whole tokenization (see `token_windows`); at most `max_windows` in all."""
+        width = length - self._whole.num_special_tokens_to_add(is_pair=False)
+        windows = token_windows(self._whole, texts, width, overlap, max_windows)
+        return [[EncodedInput(ids, type_ids, False) for ids, type_ids in text] for text in windows]
 
     def count_tokens(self, text: str, special: bool = True) -> int:
         """The whole text's tokens (`special`: special tokens included), counted in pieces cut at word
