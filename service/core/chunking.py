@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bertserve.service.core.embed_inputs import left_truncation
+from bertserve.service.core.embed_options import embed_result
 from bertserve.service.core.results import EmbedResult, call_meta
 from bertserve.service.core.task_calls import CHUNK_POOLINGS, Chunking, EmbedCall
 from bertserve.service.core.validation import check_count
+from bertserve.service.engine.tasks.embed import finish_embeddings
 from bertserve.service.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -54,15 +56,6 @@ def pool_windows(vectors: np.ndarray, tokens: np.ndarray, pooling: str) -> np.nd
         return vectors.max(axis=0)
     weights = tokens.astype(np.float64)
     return (vectors.astype(np.float64) * weights[:, None]).sum(axis=0) / weights.sum()
-
-
-def finish_pooled(pooled: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
-    """Pooled vectors (n, dim) cut to their first `dimensions` values, then L2-normalized when asked (as
-    an unchunked call's vectors are)."""
-    out = pooled[:, :dimensions] if dimensions else pooled
-    if normalize:
-        out = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-    return np.ascontiguousarray(out, dtype=np.float32)
 
 
 async def embed_chunked(
@@ -113,7 +106,10 @@ async def embed_chunked(
         pooled.append(pool_windows(np.stack([r.value for r in results[mine]]), lengths, pooling))
         tokens.append(int(lengths.sum()))
         start += count
-    vectors = finish_pooled(np.stack(pooled), call.dimensions, option.normalize)
+    n = len(pooled)
+    # the engine's own finish (dimensions, then normalize) and the result's encodings, as unchunked
+    vectors = finish_embeddings(np.stack(pooled), np.full(n, option.normalize), np.full(n, option.dimensions))
     meta = call_meta(served, encoded, tokenize_s, results)
-    meta = dataclasses.replace(meta, input_tokens=tokens, truncated=[False] * len(tokens))
-    return EmbedResult(vectors, meta, chunks=list(windows_per_text))
+    meta = dataclasses.replace(meta, input_tokens=tokens, truncated=[False] * n)
+    result = embed_result(served, call, option, vectors, meta)
+    return dataclasses.replace(result, chunks=list(windows_per_text))
