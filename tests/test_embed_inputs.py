@@ -151,6 +151,18 @@ def test_long_token_ids_are_sliced_at_the_truncation_end(st_server, direction):
     assert got.meta.truncated == [True] and got.meta.input_tokens == [MAX_SEQ_LENGTH]
 
 
+def test_truncated_token_ids_are_read_only_as_far_as_kept(st_server):
+    """With truncate, only the kept ids are read (and checked): a refusal names the id's place in the
+    whole list; an id cut away is never read."""
+    served = st_server.server.core.registry.resolve(ST_MODEL, None)
+    vocab = served.manifest.dimensions.vocab_size
+    ids = [5] * 100
+    ids[90] = vocab
+    with pytest.raises(InvalidInput, match=rf"^token_ids\[0\]\[90\]: {vocab} is outside the vocabulary"):
+        embed(st_server, [], token_ids=[ids], truncate=True, truncation_direction="left")
+    assert embed(st_server, [], token_ids=[ids], truncate=True).meta.truncated == [True]
+
+
 def test_bad_token_ids_are_refused(st_server):
     served = st_server.server.core.registry.resolve(ST_MODEL, None)
     vocab = served.manifest.dimensions.vocab_size
