@@ -61,13 +61,7 @@ def embed_arguments(request: pb.EmbedRequest | pb.EmbedStreamRequest) -> EmbedAr
     repeated fields (no copy on the event loop); the core checks their count and values."""
     options = request.options
     normalize = request.normalize if request.HasField("normalize") else None
-    representations = options.tokens or options.sparse
-    dense = options.dense or not representations
-    if options.encodings and not dense:
-        raise InvalidInput(
-            "options.encodings: encode the pooled vector, which a call with tokens or sparse returns only "
-            "with options.dense set"
-        )
+    dense = options.dense or not (options.tokens or options.sparse)
     call = EmbedCall(
         normalize=normalize,
         dimensions=options.dimensions if options.HasField("dimensions") else None,
