@@ -62,6 +62,8 @@ def embed_arguments(request: pb.EmbedRequest | pb.EmbedStreamRequest) -> EmbedAr
     options = request.options
     normalize = request.normalize if request.HasField("normalize") else None
     dense = options.dense or not (options.tokens or options.sparse)
+    if options.HasField("dimensions") and options.dimensions == 0:
+        raise InvalidInput("options.dimensions: 0 is not a dimension; leave it unset for the model's own")
     call = EmbedCall(
         normalize=normalize,
         dimensions=options.dimensions if options.HasField("dimensions") else None,
