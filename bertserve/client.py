@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -42,6 +43,7 @@ from bertserve.client_results import (
     RankedDocument,
     Reranking,
     ServerInfo,
+    SparseEmbedding,
     Token,
     Tokenization,
     TokenizedInput,
@@ -50,6 +52,19 @@ from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc
 
 SERVICE_NAME = "bertserve.v1.Inference"
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """`Client.embed(chunking=...)`: inputs longer than a window are cut into windows of `length` tokens
+    (special tokens included; 0: the model's max_length) overlapping by `overlap`, each embedded, and
+    pooled into one vector ("mean", weighted by each window's tokens, or "max")."""
+
+    length: int = 0
+    overlap: int = 0
+    pooling: str = "mean"
+
+
 # gRPC's reconnect backoff grows to 120 s by default: capped so that a client waiting for a server to
 # come up sees it within a couple of seconds of its start.
 MAX_RECONNECT_BACKOFF_MS = 2000
@@ -58,6 +73,7 @@ __all__ = [
     "SERVICE_NAME",
     "AttentionMap",
     "AttentionMaps",
+    "Chunking",
     "Classification",
     "Classifications",
     "Client",
@@ -75,6 +91,7 @@ __all__ = [
     "RankedDocument",
     "Reranking",
     "ServerInfo",
+    "SparseEmbedding",
     "Token",
     "TokenizedInput",
     "Tokenization",
@@ -119,18 +136,59 @@ class Client:
 
     def embed(
         self,
-        inputs: Sequence[str],
+        inputs: Sequence[str] = (),
         *,
         model: str = "",
         normalize: bool | None = None,
         truncate: bool = False,
         timeout: float | None = None,
+        dimensions: int | None = None,
+        prompt_name: str = "",
+        truncation_direction: str = "",
+        encodings: Sequence[str] = (),
+        dense: bool = False,
+        tokens: bool = False,
+        sparse: bool = False,
+        sparse_threshold: float = 0.0,
+        chunking: Chunking | None = None,
+        token_ids: Sequence[Sequence[int]] | None = None,
     ) -> Embeddings:
-        """One vector per input; `normalize` None: the model's default (ModelInfo.normalize_default)."""
+        """One vector per input; `normalize` None: the model's default (ModelInfo.normalize_default).
+
+        Options (EmbedOptions in the protocol; `info()` says what each model offers): `dimensions`, a
+        Matryoshka size to cut the vectors to; `prompt_name`, the model's prompt to prepend ("": its
+        default); `truncation_direction` "right" or "left" (with `truncate`); `encodings` of the vectors
+        ("float", "float16", "int8", "uint8", "binary", "ubinary": `.vectors` holds "float", `.encodings`
+        the others); `tokens` (`.tokens`, one [tokens, hidden] array per input) and `sparse` (`.sparse`,
+        SPLADE weights above `sparse_threshold`), with `dense` for the vectors as well; `chunking`, long
+        inputs embedded window by window and pooled. `token_ids`: the model's own ids instead of `inputs`."""
         request = pb.EmbedRequest(inputs=list(inputs), model=model, truncate=truncate)
         if normalize is not None:
             request.normalize = normalize
-        return results.embeddings(self.stub.Embed(request, timeout=self._timeout(timeout)))
+        for ids in token_ids or ():
+            request.token_ids.add(ids=list(ids))
+        options = request.options
+        if dimensions is not None:
+            options.dimensions = dimensions
+        options.prompt_name, options.truncation_direction = prompt_name, truncation_direction
+        options.encodings.extend(encodings)
+        options.dense, options.tokens, options.sparse = dense, tokens, sparse
+        options.sparse_threshold = sparse_threshold
+        if chunking is not None:
+            options.chunking.CopyFrom(
+                pb.Chunking(length=chunking.length, overlap=chunking.overlap, pooling=chunking.pooling)
+            )
+        reply = self.stub.Embed(request, timeout=self._timeout(timeout))
+        with_vectors = dense or not (tokens or sparse)
+        asked = tuple(encodings) or ("float",)
+        return results.embeddings(
+            reply,
+            floats=with_vectors and "float" in asked,
+            encodings=asked if with_vectors else (),
+            tokens=tokens,
+            sparse=sparse,
+            chunked=chunking is not None,
+        )
 
     def embed_stream(
         self,

@@ -64,11 +64,27 @@ class Metadata(_Result):
 
 
 @dataclass(frozen=True)
+class SparseEmbedding(_Result):
+    indices: np.ndarray  # uint32 vocabulary ids, ascending
+    values: np.ndarray  # float32 weights, one per id
+
+    def weights(self) -> dict[int, float]:
+        """{token id: weight}."""
+        return dict(zip(self.indices.tolist(), self.values.tolist(), strict=True))
+
+
+@dataclass(frozen=True)
 class Embeddings(_Result):
-    vectors: np.ndarray  # float32 [inputs, dimension], in input order
+    vectors: np.ndarray | None  # float32 [inputs, dimension], in input order; None: "float" not asked
     model: str
     dimension: int
     metadata: Metadata
+    # the vectors in the other encodings asked for: "float16" float16 [inputs, dimension], "int8" int8 and
+    # "uint8" uint8 [inputs, dimension], "binary" int8 and "ubinary" uint8 [inputs, ceil(dimension / 8)]
+    encodings: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    tokens: list[np.ndarray] | None = None  # per input float32 [tokens, hidden], when asked
+    sparse: list[SparseEmbedding] | None = None  # per input, when asked
+    chunks: list[int] | None = None  # per input, the windows pooled (chunked calls)
 
 
 @dataclass(frozen=True)
@@ -217,6 +233,11 @@ class ModelInfo(_Result):
     encoder: str
     pairs: bool  # a classifier trained on sentence pairs
     cross_encoder: bool  # one score per pair: answers Rerank and Score
+    dimensions: list[int]  # Matryoshka dimensions a vector may be cut to (besides `dimension`)
+    prompts: dict[str, str]  # name -> text prepended to an input
+    default_prompt_name: str  # the prompt a call naming none gets ("": none)
+    encodings: list[str]  # the dense encodings offered
+    sparse: bool  # answers sparse (SPLADE) embeddings
 
 
 @dataclass(frozen=True)
@@ -244,11 +265,60 @@ class ServerInfo(_Result):
 # --- from the gRPC replies ---------------------------------------------------------------------------
 
 
-def embeddings(reply) -> Embeddings:
-    vectors = np.zeros((len(reply.embeddings), reply.dimension), dtype=np.float32)
-    for row, embedding in enumerate(reply.embeddings):
-        vectors[row] = embedding.values
-    return Embeddings(vectors, reply.metadata.model, reply.dimension, Metadata.from_proto(reply.metadata))
+# the bytes fields of Embedding: each encoding's element type
+ENCODING_DTYPES = {"float16": "<f2", "int8": "i1", "uint8": "u1", "binary": "i1", "ubinary": "u1"}
+
+
+def embeddings(
+    reply,
+    *,
+    floats: bool = True,
+    encodings: tuple[str, ...] = (),
+    tokens: bool = False,
+    sparse: bool = False,
+    chunked: bool = False,
+) -> Embeddings:
+    """The reply of a call that asked for `floats` (the "float" encoding of the dense vector), the other
+    `encodings`, `tokens`, `sparse` and chunking."""
+    rows = reply.embeddings
+    vectors = None
+    if floats:
+        vectors = np.zeros((len(rows), reply.dimension), dtype=np.float32)
+        for row, embedding in enumerate(rows):
+            vectors[row] = embedding.values
+    encoded = {
+        name: _stacked(
+            [np.frombuffer(getattr(e, name), ENCODING_DTYPES[name]) for e in rows], ENCODING_DTYPES[name]
+        )
+        for name in encodings
+        if name in ENCODING_DTYPES
+    }
+    return Embeddings(
+        vectors,
+        reply.metadata.model,
+        reply.dimension,
+        Metadata.from_proto(reply.metadata),
+        encodings=encoded,
+        tokens=[_token_matrix(e.tokens) for e in rows] if tokens else None,
+        sparse=[
+            SparseEmbedding(np.array(e.sparse.indices, np.uint32), np.array(e.sparse.values, np.float32))
+            for e in rows
+        ]
+        if sparse
+        else None,
+        chunks=[e.chunks for e in rows] if chunked else None,
+    )
+
+
+def _stacked(rows: list[np.ndarray], dtype: str) -> np.ndarray:
+    if not rows:
+        return np.zeros((0, 0), dtype)
+    return np.stack(rows).astype(np.dtype(dtype).newbyteorder("="), copy=False)
+
+
+def _token_matrix(message) -> np.ndarray:
+    values = np.array(message.values, dtype=np.float32)
+    return values.reshape(message.count, -1) if message.count else values.reshape(0, 0)
 
 
 def filled_masks(reply) -> FilledMasks:

@@ -149,16 +149,16 @@ def test_probes_and_metadata(server, client):
     embed = client(triton.metadata, server.address, "tiny-embed")
     assert embed["versions"] == ["1"]
     assert embed["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": ["-1"]}]
-    assert embed["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": ["-1", "48"]}]
+    assert embed["outputs"][0] == {"name": "embedding", "datatype": "FP32", "shape": ["-1", "48"]}
+    embed_outputs = [o["name"] for o in embed["outputs"]]  # docs/kserve.md, embedding options
+    assert embed_outputs[-2:] == ["token_embeddings", "token_lengths"]
+    assert {"embedding_float16", "embedding_binary", "embedding_ubinary"} <= set(embed_outputs)
     classifier = client(triton.metadata, server.address, "tiny-classifier")
-    assert [o["name"] for o in classifier["outputs"]] == ["embedding", "labels", "label_scores"]
+    assert [o["name"] for o in classifier["outputs"]] == [*embed_outputs, "labels", "label_scores"]
     mlm = client(triton.metadata, server.address, "tiny-mlm")
-    assert [o["name"] for o in mlm["outputs"]] == [
-        "embedding",
-        "mask_tokens",
-        "mask_scores",
-        "mask_sequences",
-    ]
+    sparse = ["sparse_indices", "sparse_values", "sparse_lengths"]
+    masks = ["mask_tokens", "mask_scores", "mask_sequences"]
+    assert [o["name"] for o in mlm["outputs"]] == [*embed_outputs, *sparse, *masks]
     assert client(triton.metadata, server.address, "no-such-model")[0] == "NOT_FOUND"
 
     index = client(triton.repository_index, server.address)

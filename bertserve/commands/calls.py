@@ -16,13 +16,29 @@ from bertserve.command_table import describe
 from bertserve.commands.common import add_connection_flags, call_or_report, interrupt_closes, print_json
 
 STDIN = "-"
+ENCODINGS = ("float", "float16", "int8", "uint8", "binary", "ubinary")
 
 
 def _describe_embed(result, inputs) -> str:
+    """Per input: the vector's first values in each encoding returned, token vectors, sparse weights."""
+    import numpy as np
+
     lines = []
-    for text, vector in zip(inputs, result.vectors, strict=True):
-        head = ", ".join(f"{v:.4f}" for v in vector[:6])
-        lines.append(f"{text!r}: dim {len(vector)} [{head}, ...]")
+    for row, text in enumerate(inputs):
+        lines.append(f"{text!r}: dim {result.dimension}")
+        if result.vectors is not None:
+            lines[-1] += " [" + ", ".join(f"{v:.4f}" for v in result.vectors[row][:6]) + ", ...]"
+        for name, values in result.encodings.items():
+            lines.append(f"  {name} [{', '.join(str(v) for v in values[row][:8].tolist())}, ...]")
+        if result.chunks is not None:
+            lines.append(f"  {result.chunks[row]} windows pooled")
+        if result.tokens is not None:
+            lines.append(f"  tokens: {result.tokens[row].shape[0]} x {result.tokens[row].shape[1]}")
+        if result.sparse is not None:
+            weights = result.sparse[row]
+            top = np.argsort(-weights.values, kind="stable")[:8]
+            shown = ", ".join(f"{weights.indices[i]}: {weights.values[i]:.3f}" for i in top)
+            lines.append(f"  sparse: {len(weights.indices)} ids, heaviest {{{shown}}}")
     return "\n".join(lines)
 
 
@@ -67,7 +83,26 @@ def _describe_info(result, _inputs) -> str:
 
 
 def _call_embed(client, args, inputs):
-    return client.embed(inputs, model=args.model, normalize=args.normalize, truncate=args.truncate)
+    from bertserve.client import Chunking
+
+    chunking = None
+    if args.chunk_length is not None:
+        chunking = Chunking(args.chunk_length, args.chunk_overlap, args.chunk_pooling)
+    return client.embed(
+        inputs,
+        model=args.model,
+        normalize=args.normalize,
+        truncate=args.truncate,
+        dimensions=args.dimensions,
+        prompt_name=args.prompt_name,
+        truncation_direction=args.truncation_direction,
+        encodings=args.encodings or (),
+        dense=bool(args.encodings),  # beside --tokens or --sparse, an --encoding asks for the vector too
+        tokens=args.tokens,
+        sparse=args.sparse,
+        sparse_threshold=args.sparse_threshold,
+        chunking=chunking,
+    )
 
 
 def _call_fill_mask(client, args, inputs):
@@ -115,6 +150,60 @@ TOP_K_HELP = {
     "fill-mask": "candidates per mask, best first (default: 5)",
     "classify": "labels per input, best first (default: every label)",
 }
+
+
+def add_embed_option_flags(parser: argparse.ArgumentParser) -> None:
+    """`bertserve embed`'s EmbedOptions (what a model offers: `bertserve info --json`)."""
+    parser.add_argument(
+        "--dimensions", type=_positive, default=None, metavar="N", help="cut the vectors to N (Matryoshka)"
+    )
+    parser.add_argument(
+        "--prompt-name",
+        default="",
+        metavar="NAME",
+        help="the model's prompt to prepend (default: its default)",
+    )
+    parser.add_argument(
+        "--truncation-direction",
+        choices=("right", "left"),
+        default="",
+        help="with --truncate, the end a long input loses (default: right)",
+    )
+    parser.add_argument(
+        "--encoding",
+        dest="encodings",
+        action="append",
+        choices=ENCODINGS,
+        help="an encoding of the vectors, once per encoding (default: float)",
+    )
+    parser.add_argument(
+        "--tokens", action="store_true", help="token-level vectors (with --encoding: also the vector)"
+    )
+    parser.add_argument("--sparse", action="store_true", help="SPLADE weights (a model with an MLM head)")
+    parser.add_argument(
+        "--sparse-threshold",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="with --sparse: weights above W (default: 0)",
+    )
+    parser.add_argument(
+        "--chunk-length",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="embed long inputs in windows of TOKENS (0: the model's max_length) and pool them",
+    )
+    parser.add_argument(
+        "--chunk-overlap",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="with --chunk-length: tokens windows share",
+    )
+    parser.add_argument(
+        "--chunk-pooling", choices=("mean", "max"), default="mean", help="with --chunk-length (default: mean)"
+    )
 
 
 def _positive(text: str) -> int:
@@ -216,6 +305,7 @@ def _register_client_command(subparsers, command: str) -> None:
             default=None,
             help="L2-normalize the vectors, or not (default: the model's, see `bertserve info --json`)",
         )
+        add_embed_option_flags(parser)
     if command == "classify":
         parser.add_argument(
             "--pair",

@@ -8,6 +8,7 @@ event loop; small ones are serialized on the loop, which costs less than the hop
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import grpc
@@ -16,6 +17,7 @@ from bertserve.service.core.core import InferenceCore
 from bertserve.service.core.lifecycle import Lifecycle
 from bertserve.service.grpc import streaming
 from bertserve.service.grpc import v1_messages as messages
+from bertserve.service.grpc.embed_options import answer_bytes, embed_arguments, options_named
 from bertserve.service.grpc.rpc_status import deadline_of, rpc
 from bertserve.v1 import inference_pb2 as pb
 
@@ -39,15 +41,17 @@ class InferenceServicer:
 
     @rpc("Embed", pb.EmbedRequest)
     async def Embed(self, request: pb.EmbedRequest, context) -> bytes:
-        normalize = request.normalize if request.HasField("normalize") else None
-        result = await self.core.embed(
-            request.model,
-            request.inputs,
-            truncate=request.truncate,
-            normalize=normalize,
-            deadline=deadline_of(context),
-        )
-        return await self._reply(messages.embed, result, result.vectors.nbytes)
+        arguments = embed_arguments(request)
+        with options_named():
+            result = await self.core.embed(
+                request.model,
+                arguments.texts,
+                truncate=request.truncate,
+                deadline=deadline_of(context),
+                **arguments.keywords(),
+            )
+        build = functools.partial(messages.embed, floats=arguments.floats)
+        return await self._reply(build, result, answer_bytes(result))
 
     @rpc("FillMask", pb.FillMaskRequest)
     async def FillMask(self, request: pb.FillMaskRequest, context) -> bytes:

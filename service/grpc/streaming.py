@@ -1,15 +1,17 @@
 """EmbedStream: bulk embedding over one bidirectional gRPC stream, with flow control.
 
-The client streams EmbedStreamRequests (each with its own id and inputs); every request becomes one
-`core.embed` call, admitted to the encoder's queue like any unary call, and its response (with the id)
+The client streams EmbedStreamRequests (each with its own id, inputs or token ids, and options as Embed's);
+every request becomes one `core.embed` call, admitted to the encoder's queue like any unary call, and its response (with the id)
 is sent as soon as it is ready. Two loops per stream:
 
 - the reader reads the next request only while the stream's inputs in flight (admitted, not yet answered
-  AND sent) are below `max_stream_inputs_in_flight` (`InputWindow`); a request that does not fit waits
-  until it does (a request larger than the window runs alone). A client that stops reading blocks the
-  writer, the window stays full, the reader stops reading, and HTTP/2 flow control stops the client's
-  sends: the stream holds a bounded number of inputs whatever its length or its reader's pace.
-- the writer sends answers in the order they finish and frees their inputs in the window.
+  AND sent) are below `max_stream_inputs_in_flight` and their answers' bytes (each request's worst case
+  until it is answered, then its answer's size) below `max_message_bytes` (`StreamWindow`,
+  service/grpc/stream_window.py); a request that does not fit waits until it does (one larger than the
+  window runs alone). A client that stops reading blocks the writer, the window stays full, the reader
+  stops reading, and HTTP/2 flow control stops the client's sends: the stream holds a bounded number of
+  inputs and answer bytes whatever its length, its options (token-level, sparse) or its reader's pace.
+- the writer sends answers in the order they finish and frees their room in the window.
 
 A failed request is answered with its id and a StreamError (code + message, as the unary RPC's status);
 the stream goes on, unless its first request set `stop_on_error`: then no more requests are read, those
@@ -48,7 +50,9 @@ from bertserve.service.core.lifecycle import Lifecycle
 from bertserve.service.engine.batcher import DEADLINE_SLACK_S
 from bertserve.service.grpc import v1_messages as messages
 from bertserve.service.grpc import wire
+from bertserve.service.grpc.embed_options import EmbedArguments, answer_bytes, embed_arguments, options_named
 from bertserve.service.grpc.rpc_status import deadline_of, parse_request, status_message, status_of
+from bertserve.service.grpc.stream_window import AnswerShape, StreamWindow, answer_reservation
 from bertserve.v1 import inference_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -60,33 +64,11 @@ RESULT_FIELD = pb.EmbedStreamResponse.DESCRIPTOR.fields_by_name["result"].number
 OFF_LOOP_BYTES = 64 * 1024  # answers estimated above this are serialized on the CPU pool
 
 
-class InputWindow:
-    """A stream's inputs in flight, at most `limit` (a request larger than `limit` is admitted alone)."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.in_flight = 0
-        self._changed = asyncio.Condition()
-
-    async def wait_room(self) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.in_flight < self.limit)
-
-    async def acquire(self, inputs: int) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.in_flight == 0 or self.in_flight + inputs <= self.limit)
-            self.in_flight += inputs
-
-    async def release(self, inputs: int) -> None:
-        async with self._changed:
-            self.in_flight -= inputs
-            self._changed.notify_all()
-
-
 @dataclass(frozen=True)
 class _Answer:
     request_id: int
     inputs: int  # window share, freed once sent
+    answer_bytes: int  # the answer's room in the window, freed once sent
     payload: bytes  # serialized EmbedStreamResponse
     code: grpc.StatusCode
     message: str = ""
@@ -126,9 +108,13 @@ def error_payload(request_id: int, code: grpc.StatusCode, message: str) -> bytes
     return pb.EmbedStreamResponse(id=request_id, error=error).SerializeToString()
 
 
-def result_payload(request_id: int, result) -> bytes:
+def result_payload(request_id: int, result, floats: bool = True) -> bytes:
+    """EmbedStreamResponse holding `result`, joined once (a token-level answer is large)."""
     head = pb.EmbedStreamResponse(id=request_id).SerializeToString()
-    return head + wire.length_delimited(RESULT_FIELD, messages.embed(result))
+    parts = messages.embed_parts(result, floats)
+    size = sum(len(part) for part in parts)
+    tag = wire.varint(RESULT_FIELD << 3 | wire.LENGTH_DELIMITED)
+    return b"".join([head, tag, wire.varint(size), *parts])
 
 
 class _Stream:
@@ -137,7 +123,7 @@ class _Stream:
     def __init__(self, core: InferenceCore, lifecycle: Lifecycle, context: grpc.aio.ServicerContext):
         self.core, self.lifecycle, self.context = core, lifecycle, context
         self.settings, self.metrics = core.settings, core.metrics
-        self.window = InputWindow(self.settings.max_stream_inputs_in_flight)
+        self.window = StreamWindow(self.settings.max_stream_inputs_in_flight, self.settings.max_message_bytes)
         self.deadline = stream_deadline(context)
         self.answers: asyncio.Queue[_Answer | _ReadingEnded | object] = asyncio.Queue()
         self.working: set[asyncio.Task] = set()  # requests admitted, not yet answered
@@ -147,6 +133,7 @@ class _Stream:
         self.draining = False
         self.idle = False  # the reader waits for a request the client has not sent
         self.refused = 0  # requests read after the drain began (answered UNAVAILABLE)
+        self.largest = AnswerShape.of(core.info().models)  # for requests that name no model
 
     async def run(self) -> tuple[grpc.StatusCode, str]:
         self.reader = reader = asyncio.ensure_future(self._read())
@@ -207,34 +194,59 @@ class _Stream:
             del data
             if first:
                 self.stop_on_error, first = request.stop_on_error, False
-            inputs = max(1, len(request.inputs))
-            await self.window.acquire(inputs)
+            try:
+                arguments = embed_arguments(request)
+            except errors.InvalidInput as exc:
+                arguments = exc  # answered as the request's error, in its turn
+            inputs = max(1, len(request.inputs) + len(request.token_ids))
+            reserved = self._reservation(request.model, arguments)
+            await self.window.acquire(inputs, reserved)
             if self.draining:  # answered without work, in the window like any answer
                 self.refused += 1
                 code = grpc.StatusCode.UNAVAILABLE
                 payload = error_payload(request.id, code, DRAIN_REFUSAL)
-                self.answers.put_nowait(_Answer(request.id, inputs, payload, code, DRAIN_REFUSAL))
+                self.answers.put_nowait(_Answer(request.id, inputs, reserved, payload, code, DRAIN_REFUSAL))
                 continue
             self.metrics.stream_inputs_in_flight.observe(self.window.in_flight)
-            task = asyncio.ensure_future(self._answer(request, inputs))
+            task = asyncio.ensure_future(self._answer(request, arguments, inputs, reserved))
             self.working.add(task)
             task.add_done_callback(self.working.discard)
 
-    async def _answer(self, request: pb.EmbedStreamRequest, inputs: int) -> None:
+    def _reservation(self, model: str, arguments: EmbedArguments | errors.InvalidInput) -> int:
+        """Room for the request's answer at its worst (service/grpc/stream_window.py)."""
+        if isinstance(arguments, errors.InvalidInput):
+            return 0
+        try:
+            shape = self.largest if not model else AnswerShape.of([self.core.model_info(model)])
+        except errors.ServiceError:  # an unknown model: the core refuses the request
+            shape = self.largest
+        return answer_reservation(arguments, shape, self.settings.max_message_bytes)
+
+    async def _answer(
+        self,
+        request: pb.EmbedStreamRequest,
+        arguments: EmbedArguments | errors.InvalidInput,
+        inputs: int,
+        reserved: int,
+    ) -> None:
         code, message = grpc.StatusCode.OK, ""
         try:
-            result = await self.core.embed(
-                request.model,
-                request.inputs,
-                truncate=request.truncate,
-                normalize=request.normalize if request.HasField("normalize") else None,
-                deadline=self.deadline,
-                bulk=True,
-            )
-            if result.vectors.nbytes > OFF_LOOP_BYTES:
-                payload = await self.core.off_loop(result_payload, request.id, result)
+            if isinstance(arguments, errors.InvalidInput):
+                raise arguments
+            with options_named():
+                result = await self.core.embed(
+                    request.model,
+                    arguments.texts,
+                    truncate=request.truncate,
+                    deadline=self.deadline,
+                    bulk=True,
+                    **arguments.keywords(),
+                )
+            if answer_bytes(result) > OFF_LOOP_BYTES:
+                payload = await self.core.off_loop(result_payload, request.id, result, arguments.floats)
             else:
-                payload = result_payload(request.id, result)
+                payload = result_payload(request.id, result, arguments.floats)
+            del result
             limit = self.settings.max_message_bytes
             if len(payload) > limit:
                 raise errors.InvalidInput(
@@ -248,7 +260,8 @@ class _Stream:
             code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}"
         if code != grpc.StatusCode.OK:
             payload = error_payload(request.id, code, message)
-        self.answers.put_nowait(_Answer(request.id, inputs, payload, code, message))
+        await self.window.resize(reserved, len(payload))
+        self.answers.put_nowait(_Answer(request.id, inputs, len(payload), payload, code, message))
 
     def _quiet_at_drain(self) -> bool:
         """Draining, every request read is answered and sent, and the client sent nothing since."""
@@ -271,7 +284,7 @@ class _Stream:
             await self.context.write(item.payload)
             self.answered += 1
             self.metrics.stream_requests.labels(item.code.name).inc()
-            await self.window.release(item.inputs)
+            await self.window.release(item.inputs, item.answer_bytes)
             if item.code != grpc.StatusCode.OK and self.stop_on_error and ended is None:
                 # read no more; answer what was read (earlier requests included), then end with this error
                 self.reader.cancel()

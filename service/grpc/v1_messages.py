@@ -6,6 +6,8 @@ everything else through the generated classes. Each function is pure and may run
 
 from __future__ import annotations
 
+import numpy as np
+
 from bertserve.service.core.results import (
     AttentionResult,
     CallMeta,
@@ -23,6 +25,14 @@ from bertserve.v1 import inference_pb2 as pb
 
 EMBEDDINGS_FIELD = pb.EmbedResponse.DESCRIPTOR.fields_by_name["embeddings"].number
 VALUES_FIELD = pb.Embedding.DESCRIPTOR.fields_by_name["values"].number
+_EMBEDDING = pb.Embedding.DESCRIPTOR.fields_by_name
+TOKENS_FIELD, SPARSE_FIELD = _EMBEDDING["tokens"].number, _EMBEDDING["sparse"].number
+TOKEN_VALUES_FIELD = pb.TokenEmbeddings.DESCRIPTOR.fields_by_name["values"].number
+SPARSE_VALUES_FIELD = pb.SparseEmbedding.DESCRIPTOR.fields_by_name["values"].number
+# the dense vector's other encodings: Embedding's bytes field of that name, and the bytes' element type
+# (int8 and binary as two's complement, float16 little-endian)
+ENCODING_BYTES = {"float16": "<f2", "int8": "i1", "uint8": "u1", "binary": "i1", "ubinary": "u1"}
+ENCODING_FIELDS = {name: _EMBEDDING[name].number for name in ENCODING_BYTES}
 MAPS_FIELD = pb.AttentionResponse.DESCRIPTOR.fields_by_name["maps"].number
 PROBABILITIES_FIELD = pb.AttentionMap.DESCRIPTOR.fields_by_name["probabilities"].number
 
@@ -50,12 +60,71 @@ def tokens(encoded: EncodedInput) -> list[pb.Token]:
     ]
 
 
-def embed(result: EmbedResult) -> bytes:
-    head = pb.EmbedResponse(dimension=result.dimension, metadata=metadata(result.meta)).SerializeToString()
-    rows = (
-        wire.length_delimited(EMBEDDINGS_FIELD, wire.packed_floats(VALUES_FIELD, v)) for v in result.vectors
-    )
-    return head + b"".join(rows)
+def embed(result: EmbedResult, floats: bool = True) -> bytes:
+    """EmbedResponse; `floats`: the dense vectors as `values` (the call asked for "float")."""
+    return b"".join(embed_parts(result, floats))
+
+
+def embed_parts(result: EmbedResult, floats: bool = True) -> list[bytes]:
+    """EmbedResponse serialized as pieces whose concatenation is the message (joined once by the caller:
+    a token-level answer is large, and each join copies it)."""
+    dimension = result.dimension or _encoded_dimension(result)
+    head = pb.EmbedResponse(dimension=dimension, metadata=metadata(result.meta)).SerializeToString()
+    extras = (result.tokens, result.sparse, result.chunks)
+    if floats and result.vectors is not None and not result.encodings and all(x is None for x in extras):
+        rows = (wire.packed_floats(VALUES_FIELD, vector) for vector in result.vectors)
+        return [head, *(wire.length_delimited(EMBEDDINGS_FIELD, row) for row in rows)]
+    parts = [head]
+    for row in range(_rows(result)):
+        parts += _delimited(EMBEDDINGS_FIELD, _embedding_fields(result, row, floats))
+    return parts
+
+
+def _delimited(field_number: int, pieces: list[bytes]) -> list[bytes]:
+    """A length-delimited field holding `pieces` (concatenated), as pieces: no copy of them."""
+    size = sum(len(piece) for piece in pieces)
+    return [wire.varint(field_number << 3 | wire.LENGTH_DELIMITED), wire.varint(size), *pieces]
+
+
+def _packed(field_number: int, values: np.ndarray, dtype: str = "<f4") -> list[bytes]:
+    """A packed repeated field of fixed-size values (or a bytes field), as pieces."""
+    return _delimited(field_number, [np.ascontiguousarray(values).astype(dtype, copy=False).tobytes()])
+
+
+def _rows(result: EmbedResult) -> int:
+    for rows in (result.vectors, result.tokens, result.sparse, *result.encodings.values(), result.chunks):
+        if rows is not None:
+            return len(rows)
+    return 0
+
+
+def _encoded_dimension(result: EmbedResult) -> int:
+    """The dense vectors' dimension when only their other encodings were returned."""
+    for name in ("float16", "int8", "uint8"):
+        if name in result.encodings:
+            return int(result.encodings[name].shape[1])
+    return 0
+
+
+def _embedding_fields(result: EmbedResult, row: int, floats: bool) -> list[bytes]:
+    """One Embedding's fields, serialized, as pieces."""
+    pieces = []
+    if floats and result.vectors is not None:
+        pieces += _packed(VALUES_FIELD, result.vectors[row])
+    for name, array in result.encodings.items():
+        if name in ENCODING_FIELDS:
+            pieces += _packed(ENCODING_FIELDS[name], array[row], ENCODING_BYTES[name])
+    if result.tokens is not None:
+        matrix = result.tokens[row]
+        count = pb.TokenEmbeddings(count=len(matrix)).SerializeToString()
+        pieces += _delimited(TOKENS_FIELD, [count, *_packed(TOKEN_VALUES_FIELD, matrix)])
+    if result.sparse is not None:
+        ids, weights = result.sparse[row]
+        indices = pb.SparseEmbedding(indices=np.asarray(ids).tolist()).SerializeToString()
+        pieces += _delimited(SPARSE_FIELD, [indices, *_packed(SPARSE_VALUES_FIELD, weights)])
+    if result.chunks is not None:
+        pieces.append(pb.Embedding(chunks=result.chunks[row]).SerializeToString())
+    return pieces
 
 
 def fill_mask(result: FillMaskResult) -> bytes:
@@ -157,6 +226,11 @@ def info(server: ServerInfo) -> bytes:
             problem_type=m.problem_type,
             pairs=m.pairs,
             cross_encoder=m.cross_encoder,
+            dimensions=m.dimensions,
+            prompts=m.prompts,
+            default_prompt_name=m.default_prompt_name,
+            encodings=m.encodings,
+            sparse=m.sparse,
         )
         for m in server.models
     ]

@@ -15,6 +15,7 @@ from bertserve.service.http.schema import check_content_type, kind_of
 from bertserve.service.http.status import HttpError
 from bertserve.service.http.transport import Request
 from bertserve.service.kserve.tensors import (
+    NUMERIC,
     PAIR_INPUT,
     TEXT_INPUT,
     decode_bytes_elements,
@@ -31,6 +32,10 @@ PARAMETER_KINDS = {
     "top_k": int,
     "binary_data_output": bool,
     "truncation_strategy": str,
+    "dimensions": int,
+    "prompt_name": str,
+    "truncation_direction": str,
+    "sparse_threshold": float,
 }
 INT64 = range(-(1 << 63), 1 << 63)
 ASCII_DIGITS = re.compile(r"[0-9]{1,15}")  # str.isdigit() and int() also take other scripts' digits
@@ -79,8 +84,10 @@ def parameter(parameters: dict, name: str, default):
     if name not in parameters:
         return default
     value, kind = parameters[name], PARAMETER_KINDS[name]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
     if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value not in INT64)):
-        expected = {bool: "true or false", int: "a 64-bit integer", str: "a string"}[kind]
+        expected = {bool: "true or false", int: "a 64-bit integer", str: "a string", float: "a number"}[kind]
         raise InvalidInput(f"parameters[{name!r}]: must be {expected} (got {quote(value, 32)})")
     return value
 
@@ -201,8 +208,8 @@ def read_texts(body: dict, binary: bytes, max_inputs: int) -> tuple[list[str], l
 
 
 def output_tensor(name: str, datatype: str, values, binary: bool) -> tuple[dict, bytes]:
-    if datatype == "FP32":
-        array = np.ascontiguousarray(values, dtype="<f4")
+    if datatype in NUMERIC:
+        array = np.ascontiguousarray(values, dtype=NUMERIC[datatype][0])
         shape = list(array.shape)
         raw = array.tobytes() if binary else b""
         data = None if binary else array.ravel().tolist()

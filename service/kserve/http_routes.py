@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 from bertserve import __version__
 from bertserve.service.core.core import DEFAULT_FILL_MASK_TOP_K
-from bertserve.service.core.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
+from bertserve.service.core.results import ModelInfo
+from bertserve.service.core.task_calls import ClassifyCall, FillMaskCall, TaskCall
 from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks import Task
 from bertserve.service.errors import InvalidInput, ModelNotFound, quote
@@ -35,6 +36,7 @@ from bertserve.service.http.routing import Call, Route
 from bertserve.service.http.schema import Fields, json_object, kind_of
 from bertserve.service.http.status import kserve_error
 from bertserve.service.http.transport import Response, json_response
+from bertserve.service.kserve import embed_tensors
 from bertserve.service.kserve.http_json import (
     HEADER_LENGTH,
     decode_request,
@@ -42,7 +44,13 @@ from bertserve.service.kserve.http_json import (
     parameter,
     parameters_of,
 )
-from bertserve.service.kserve.servicer import DEFAULT_TASKS, EXTENSIONS, PLATFORM, SERVER_NAME, model_outputs
+from bertserve.service.kserve.servicer import (
+    EXTENSIONS,
+    PLATFORM,
+    SERVER_NAME,
+    default_outputs,
+    model_outputs,
+)
 from bertserve.service.kserve.tensors import (
     OutputTensor,
     input_names,
@@ -64,11 +72,15 @@ def _model(front: HttpFront, call: Call) -> ServedModel:
     return model
 
 
-def _tensor_metadata(model: ServedModel) -> list[dict]:
+def _tensor_metadata(front: HttpFront, model: ServedModel) -> list[dict]:
     tasks = model.manifest.tasks
     outputs = []
     if tasks.embed:
-        outputs.append({"name": "embedding", "datatype": "FP32", "shape": [-1, tasks.embed.dimension]})
+        info = front.core.model_info(model.name)
+        outputs += [
+            {"name": name, "datatype": datatype, "shape": shape}
+            for name, datatype, shape in embed_tensors.output_metadata(info)
+        ]
     if tasks.classify:
         outputs += [
             {"name": "labels", "datatype": "BYTES", "shape": [-1, -1]},
@@ -127,7 +139,7 @@ async def model_metadata(front: HttpFront, call: Call) -> Response:
             {"name": name, "datatype": "BYTES", "shape": [-1]}
             for name in input_names(model.manifest.tasks.classify is not None)
         ],
-        "outputs": _tensor_metadata(model),
+        "outputs": _tensor_metadata(front, model),
     }
     return json_response(200, body)
 
@@ -135,7 +147,7 @@ async def model_metadata(front: HttpFront, call: Call) -> Response:
 # --- infer ---------------------------------------------------------------------------------------------
 
 
-def _requested(model: ServedModel, body: dict, pairs: bool) -> list[tuple[str, bool | None]]:
+def _requested(model: ModelInfo, body: dict, pairs: bool) -> list[tuple[str, bool | None]]:
     """The outputs asked for, each with its own binary_data flag (None: not said); with `pairs`, only
     the classify outputs."""
     available = model_outputs(model)
@@ -143,7 +155,7 @@ def _requested(model: ServedModel, body: dict, pairs: bool) -> list[tuple[str, b
     if outputs is None:
         if pairs:
             return [(name, None) for name in pair_tasks(model.name, available, None)]
-        return [(name, None) for name, task in available.items() if task in DEFAULT_TASKS]
+        return [(name, None) for name in default_outputs(available)]
     if not isinstance(outputs, list):
         raise InvalidInput(f"outputs: must be an array (got {kind_of(outputs)})")
     if len(outputs) > len(available):
@@ -182,7 +194,9 @@ def _requested(model: ServedModel, body: dict, pairs: bool) -> list[tuple[str, b
 def _task_call(task: Task, parameters: dict, names: list[str]) -> TaskCall:
     """The core's call for `task`, with the request parameters' types checked (the core checks ranges)."""
     if task is Task.EMBED:
-        return EmbedCall(normalize=parameter(parameters, "normalize", None))
+        return embed_tensors.embed_call(
+            names, lambda name, kind, default: parameter(parameters, name, default)
+        )
     if task is Task.CLASSIFY:
         top_k = parameter(parameters, "top_k", 0) or None
         return ClassifyCall(top_k=top_k, raw_scores=parameter(parameters, "raw_scores", False))
@@ -225,9 +239,10 @@ async def infer(front: HttpFront, call: Call) -> Response:
     request_id = body.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInput(f"id: must be a string (got {kind_of(request_id)})")
-    requested = _requested(model, body, pairs is not None)
+    info = front.core.model_info(model.name)
+    requested = _requested(info, body, pairs is not None)
     binary_default = parameter(parameters, "binary_data_output", False)
-    available = model_outputs(model)
+    available = model_outputs(info)
     names = [name for name, _ in requested]
     tasks = list(dict.fromkeys(available[name] for name in names))
     calls = [_task_call(task, parameters, names) for task in tasks]
@@ -235,19 +250,25 @@ async def infer(front: HttpFront, call: Call) -> Response:
     strategy = parameter(parameters, "truncation_strategy", "longest_first")
     # one core call for every task: tokenized once, batched together (one encoder run); with "text_pair",
     # classify only (`_requested`)
-    outcomes = await front.core.infer(
-        model.name,
-        texts,
-        calls,
-        pairs=pairs,
-        truncate=truncate,
-        truncation_strategy=strategy,
-        deadline=call.deadline,
-    )
+    with embed_tensors.fields_named():
+        outcomes = await front.core.infer(
+            model.name,
+            texts,
+            calls,
+            pairs=pairs,
+            truncate=truncate,
+            truncation_strategy=strategy,
+            deadline=call.deadline,
+            prompt_name=parameter(parameters, "prompt_name", "") or None,
+            truncation_direction=parameter(parameters, "truncation_direction", "right"),
+        )
     mask_token = model.manifest.tasks.fill_mask.mask_token if model.manifest.tasks.fill_mask else ""
     tensors: dict = {}
     for task, outcome in zip(tasks, outcomes, strict=True):
-        tensors.update(task_tensors(task, outcome, mask_token, "mask_sequences" in names))
+        if task is Task.EMBED:
+            tensors.update(embed_tensors.embed_tensors(outcome, names, front.settings.max_message_bytes))
+        else:
+            tensors.update(task_tensors(task, outcome, mask_token, "mask_sequences" in names))
     size = JSON_FLOAT_BYTES * sum(tensors[name].values.size for name in names)
     return await off_loop_above(front, size, _answer, model, requested, tensors, binary_default, request_id)
 

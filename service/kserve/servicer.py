@@ -37,7 +37,7 @@ from bertserve.kserve import open_inference_pb2 as pb
 from bertserve.service.core.core import DEFAULT_FILL_MASK_TOP_K, InferenceCore
 from bertserve.service.core.lifecycle import Lifecycle
 from bertserve.service.core.results import ModelInfo
-from bertserve.service.core.task_calls import ClassifyCall, EmbedCall, FillMaskCall, TaskCall
+from bertserve.service.core.task_calls import ClassifyCall, FillMaskCall, TaskCall
 from bertserve.service.core.validation import check_top_k
 from bertserve.service.engine.tasks import Task
 from bertserve.service.errors import InvalidInput, ModelNotFound, quote
@@ -48,6 +48,7 @@ from bertserve.service.grpc.rpc_status import (
     serialized,
     status_message,
 )
+from bertserve.service.kserve import embed_tensors
 from bertserve.service.kserve.tensors import (
     OutputTensor,
     input_names,
@@ -105,12 +106,29 @@ def probe(name: str, request_type: type):
 
 
 def model_outputs(model: ModelInfo) -> dict[str, Task]:
+    """Every output of the model, by name, with the task that answers it."""
     return {
         name: task
         for task in Task
         if task.value in model.tasks and task in OUTPUTS_OF_TASK
-        for name in OUTPUTS_OF_TASK[task]
+        for name in (embed_tensors.output_names(model) if task is Task.EMBED else OUTPUTS_OF_TASK[task])
     }
+
+
+def default_outputs(available: dict[str, Task]) -> list[str]:
+    """A request that names no outputs: the pooled vector and the classify outputs."""
+    return [
+        name
+        for name, task in available.items()
+        if task in DEFAULT_TASKS and (task is not Task.EMBED or name == embed_tensors.DENSE)
+    ]
+
+
+def embed_metadata(model: ModelInfo) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+    if Task.EMBED.value not in model.tasks:
+        return []
+    meta = pb.ModelMetadataResponse.TensorMetadata
+    return [meta(name=n, datatype=t, shape=s) for n, t, s in embed_tensors.output_metadata(model)]
 
 
 class OpenInferenceServicer:
@@ -179,7 +197,7 @@ class OpenInferenceServicer:
                 pb.ModelMetadataResponse.TensorMetadata(name=name, datatype="BYTES", shape=[-1])
                 for name in input_names(Task.CLASSIFY.value in model.tasks)
             ],
-            outputs=tensor_metadata(model),
+            outputs=embed_metadata(model) + tensor_metadata(model),
             properties=properties,
         )
 
@@ -201,7 +219,7 @@ class OpenInferenceServicer:
         if not request.outputs:
             if pairs:
                 return pair_tasks(model.name, available, None)
-            return [name for name, task in available.items() if task in DEFAULT_TASKS]
+            return default_outputs(available)
         names = [output.name for output in request.outputs]
         for i, name in enumerate(names):
             if name not in available:
@@ -222,7 +240,9 @@ class OpenInferenceServicer:
     def _task_call(self, model: ModelInfo, task: Task, request: pb.ModelInferRequest, names) -> TaskCall:
         """The core's call for `task`, with the request parameters checked (named as this protocol does)."""
         if task is Task.EMBED:
-            return EmbedCall(normalize=parameter(request, "normalize", bool, None))
+            return embed_tensors.embed_call(
+                names, lambda name, kind, default: parameter(request, name, kind, default)
+            )
         if task is Task.FILL_MASK:
             top_k = parameter(request, "top_k", int, DEFAULT_FILL_MASK_TOP_K)
             check_top_k(top_k, model.vocab_size, "parameters['top_k']", "vocabulary size")
@@ -244,20 +264,28 @@ class OpenInferenceServicer:
         strategy = parameter(request, "truncation_strategy", str, "longest_first")
         # one core call for every task: tokenized once, batched together (one encoder run); with
         # "text_pair", classify only (`_requested`)
-        outcomes = await self.core.infer(
-            model.name,
-            texts,
-            calls,
-            pairs=pairs,
-            truncate=truncate,
-            truncation_strategy=strategy,
-            deadline=deadline_of(context),
-        )
+        with embed_tensors.fields_named():
+            outcomes = await self.core.infer(
+                model.name,
+                texts,
+                calls,
+                pairs=pairs,
+                truncate=truncate,
+                truncation_strategy=strategy,
+                deadline=deadline_of(context),
+                prompt_name=parameter(request, "prompt_name", str, "") or None,
+                truncation_direction=parameter(request, "truncation_direction", str, "right"),
+            )
         tensors: dict[str, OutputTensor] = {}
         for task, outcome in zip(tasks, outcomes, strict=True):
-            tensors.update(task_tensors(task, outcome, model.mask_token, "mask_sequences" in names))
+            if task is Task.EMBED:
+                tensors.update(embed_tensors.embed_tensors(outcome, names, self.settings.max_message_bytes))
+            else:
+                tensors.update(task_tensors(task, outcome, model.mask_token, "mask_sequences" in names))
         outputs = [tensors[name] for name in names]
-        reply = functools.partial(_response, model, request.id, outputs, bool(request.raw_input_contents))
+        # FP16 has no typed contents: a request asking for it gets raw contents
+        raw = bool(request.raw_input_contents) or any(t.datatype == "FP16" for t in outputs)
+        reply = functools.partial(_response, model, request.id, outputs, raw)
         if sum(t.values.size for t in outputs) * 4 > OFF_LOOP_BYTES:
             return await self.core.off_loop(reply)
         return reply()

@@ -59,10 +59,9 @@ def _element_count(shape: Sequence[int], field: str) -> int:
 
 
 def tensor_metadata(model: ModelInfo) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+    """The classify and fill_mask outputs (the embed ones: service/kserve/embed_tensors.py)."""
     meta = pb.ModelMetadataResponse.TensorMetadata
     outputs = []
-    if Task.EMBED.value in model.tasks:
-        outputs.append(meta(name="embedding", datatype="FP32", shape=[-1, model.dimension]))
     if Task.CLASSIFY.value in model.tasks:
         outputs.append(meta(name="labels", datatype="BYTES", shape=[-1, -1]))
         outputs.append(meta(name="label_scores", datatype="FP32", shape=[-1, -1]))
@@ -156,27 +155,39 @@ def pair_tasks(model: str, available: dict[str, Task], names: list[str] | None) 
     return names
 
 
-_PARAMETER_KIND = {bool: "bool_param", int: "int64_param", str: "string_param"}
+_PARAMETER_KIND = {bool: "bool_param", int: "int64_param", str: "string_param", float: "double_param"}
 
 
 def parameter(request: pb.ModelInferRequest, name: str, kind: type, default):
-    """The request parameter `name` (bool, int or str), or `default` when absent."""
+    """The request parameter `name` (bool, int, str or float: a double, or an int64), or `default` when
+    absent."""
     if name not in request.parameters:
         return default
     value = request.parameters[name]
     expected = _PARAMETER_KIND[kind]
-    if value.WhichOneof("parameter_choice") != expected:
-        raise InvalidInput(
-            f"parameters[{name!r}]: must be a {expected} (got {value.WhichOneof('parameter_choice')})"
-        )
+    choice = value.WhichOneof("parameter_choice")
+    if kind is float and choice == "int64_param":
+        return float(value.int64_param)
+    if choice != expected:
+        raise InvalidInput(f"parameters[{name!r}]: must be a {expected} (got {choice})")
     return getattr(value, expected)
+
+
+# numeric datatypes: their little-endian element type, and the typed contents field that holds them
+NUMERIC = {
+    "FP32": ("<f4", "fp32_contents"),
+    "FP16": ("<f2", None),  # raw contents only
+    "INT8": ("i1", "int_contents"),
+    "UINT8": ("u1", "uint_contents"),
+    "INT32": ("<i4", "int_contents"),
+}
 
 
 @dataclass
 class OutputTensor:
     name: str
-    datatype: str  # "FP32" or "BYTES"
-    values: np.ndarray  # (n, ...) float32, or an object array of bytes
+    datatype: str  # one of NUMERIC, or "BYTES"
+    values: np.ndarray  # (n, ...) of that type, or an object array of bytes
 
     @property
     def shape(self) -> list[int]:
@@ -187,12 +198,13 @@ def write_outputs(response: pb.ModelInferResponse, outputs: list[OutputTensor], 
     """Appends the tensors to `response`, in raw_output_contents when `raw`, else in typed contents."""
     for output in outputs:
         tensor = response.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
-        if output.datatype == "FP32":
-            flat = np.ascontiguousarray(output.values, dtype="<f4").ravel()
-            if raw:
+        if output.datatype in NUMERIC:
+            dtype, contents = NUMERIC[output.datatype]
+            flat = np.ascontiguousarray(output.values, dtype=dtype).ravel()
+            if raw or contents is None:
                 response.raw_output_contents.append(flat.tobytes())
             else:
-                tensor.contents.fp32_contents.extend(flat.tolist())
+                getattr(tensor.contents, contents).extend(flat.tolist())
         else:
             flat = list(output.values.ravel())
             if raw:
