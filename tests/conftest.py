@@ -16,6 +16,10 @@
   (a sentence-transformers CrossEncoder, num_labels 1, max_length 40, saved by `CrossEncoder.save`) and
   `tiny-embed` (BertModel). `tiny_pair_classifier` and `tiny_cross_encoder` are the first two as `PairModel`s
   (their directory and manifest, transformers' model and tokenizer, and the CrossEncoder, for expected outputs).
+- `st_model_dir` (tests/embedding_models.py): a tiny random sentence-transformers model (BertModel + mean Pooling +
+  Normalize; prompts {"query": "query: ", "document": "passage: "}, default_prompt_name "query",
+  matryoshka_dimensions [8, 16], max_seq_length 64); `st_repo`: it exported as `tiny-st`, plus `tiny-mlm` from
+  `make_tiny_checkpoint("BertForMaskedLM")` for sparse outputs (fp32 graphs, version 1).
 
 The repositories are shared by every test of the session: treat them as read-only (copy one with
 shutil.copytree before tampering with it).
@@ -151,3 +155,25 @@ def grpc_pair_models(tmp_path_factory):
     from tests.helpers.pair_grpc import export_models
 
     return export_models(tmp_path_factory)
+
+
+# --- embedding options (issue 28): tests/embedding_models.py -----------------------------------------
+
+
+@pytest.fixture(scope="session")
+def st_model_dir(tmp_path_factory) -> Path:
+    """The tiny sentence-transformers model's directory (prompts, Matryoshka [8, 16]): load it with
+    `SentenceTransformer(str(st_model_dir), device="cpu")` for parity."""
+    from tests.embedding_models import make_st_model
+
+    return make_st_model(tmp_path_factory.mktemp("st-model"), tmp_path_factory.mktemp("st-scratch"))
+
+
+@pytest.fixture(scope="session")
+def st_repo(tmp_path_factory, st_model_dir, make_tiny_checkpoint) -> Path:
+    """A repository with "tiny-st" (st_model_dir) and "tiny-mlm" (make_tiny_checkpoint("BertForMaskedLM")),
+    fp32 graphs, version 1; read-only."""
+    from tests.embedding_models import export_st_repo
+
+    repo = tmp_path_factory.mktemp("st-repo")
+    return export_st_repo(repo, st_model_dir, make_tiny_checkpoint("BertForMaskedLM"))
