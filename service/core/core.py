@@ -39,6 +39,7 @@ from typing import TypeVar
 import numpy as np
 
 from bertserve import __version__
+from bertserve.service.core.embed_options import check_embed_answer_size, embed_options, embed_result
 from bertserve.service.core.loop_lag import LoopLagMonitor
 from bertserve.service.core.pairs import PairCalls, check_two_segments
 from bertserve.service.core.remote_engine import EngineLink, RemoteBatcher
@@ -93,13 +94,6 @@ def deadline_after(seconds: float | None) -> float | None:
     return None if seconds is None else time.monotonic() + seconds
 
 
-def _stacked(rows: list[np.ndarray]) -> np.ndarray:
-    """(n, dimension): one input's row is viewed, not copied (most calls have one input)."""
-    if len(rows) == 1:
-        return rows[0].reshape(1, -1)
-    return np.stack(rows) if rows else np.zeros((0, 0), np.float32)
-
-
 class InferenceCore(PairCalls):
     """One per server. Create it with the loaded models, `await start()`, call its methods from the event
     loop, `await close()` at the end."""
@@ -132,6 +126,8 @@ class InferenceCore(PairCalls):
         """The models' information, fixed once loaded (a front's again once the engine names its provider)."""
         registry = self.registry
         self._infos = {m.name: model_info_of(m, registry.default_rpcs(m)) for m in registry.ordered}
+        # the loaded models that answer sparse embeddings (an MLM head): named when a model without one is asked
+        self._sparse_models = [m.name for m in registry.ordered if m.manifest.tasks.fill_mask is not None]
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -278,6 +274,7 @@ class InferenceCore(PairCalls):
             return await self._tokenize_pairs(served, checked, seconds, truncate, truncation_strategy)
 
         def check(encoded: list[EncodedInput]) -> list[np.ndarray] | None:
+            check_embed_answer_size(served, options, encoded, self.settings.max_message_bytes)
             if not any(call.task is Task.FILL_MASK for call in calls):
                 return None
             masks = [self._masks(served, i, e) for i, e in enumerate(encoded)]
@@ -297,8 +294,7 @@ class InferenceCore(PairCalls):
             meta = _meta(served, encoded, tokenize_s, mine)
             values = [r.value for r in mine]
             if call.task is Task.EMBED:
-                vectors = _stacked(values)
-                out.append(EmbedResult(vectors, meta))
+                out.append(embed_result(served, call, option, values, meta))
             elif call.task is Task.FILL_MASK:
                 predictions = await self.off_loop(served.mask_predictions, encoded, values, call.sequences)
                 out.append(FillMaskResult(predictions, meta))
@@ -443,10 +439,7 @@ class InferenceCore(PairCalls):
     def _options(self, model: ServedModel, call: TaskCall) -> TaskOptions:
         """The call's options, checked against the model and with its defaults filled in."""
         if call.task is Task.EMBED:
-            if call != EmbedCall(call.normalize):
-                raise InvalidInput("dimensions, tokens, sparse, encodings: not implemented yet")
-            normalize = model.manifest.tasks.embed.normalize if call.normalize is None else call.normalize
-            return TaskOptions(Task.EMBED, normalize=normalize)
+            return embed_options(model, call, self._sparse_models)
         if call.task is Task.FILL_MASK:
             top_k = DEFAULT_FILL_MASK_TOP_K if call.top_k is None else call.top_k
             check_top_k(top_k, model.tokenizer.vocab_size, "top_k", "vocabulary size")

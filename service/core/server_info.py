@@ -7,6 +7,7 @@ from importlib.metadata import version as package_version
 import onnxruntime
 import tokenizers
 
+from bertserve.service.core.embed_options import offered_encodings
 from bertserve.service.core.results import Limits, ModelInfo
 from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.settings import Settings
@@ -36,6 +37,11 @@ def model_info_of(model: ServedModel, default_for: list[str]) -> ModelInfo:
         problem_type=tasks.classify.problem_type if tasks.classify else "",
         pairs=bool(tasks.classify and tasks.classify.pairs),
         cross_encoder=model.cross_encoder,
+        dimensions=sorted(set(tasks.embed.dimensions)) if tasks.embed else [],
+        prompts=dict(tasks.embed.prompts) if tasks.embed else {},
+        default_prompt_name=(tasks.embed.default_prompt_name or "") if tasks.embed else "",
+        encodings=offered_encodings(tasks.embed),
+        sparse=bool(tasks.embed and tasks.fill_mask),
     )
 
 

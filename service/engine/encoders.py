@@ -70,7 +70,11 @@ class EncoderGroup:
             token_type_ids[row, : item.length] = item.type_ids
             model = item.model if item.model is not None else self.models[0]
             rows.setdefault((model, item.options.task), []).append(row)
-        wanted = list(dict.fromkeys(model.encoder_output(task) for model, task in rows))
+        # the union of what the rows need: a row's options say which outputs (embed: dense, tokens, sparse)
+        needs = dict.fromkeys((item.model or self.models[0], item.options) for item in batch)
+        wanted = list(
+            dict.fromkeys(name for model, options in needs for name in model.encoder_outputs(options))
+        )
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         session = self._free.get_nowait()  # never empty: the batcher runs at most `instances` batches at once
         try:

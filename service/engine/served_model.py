@@ -17,10 +17,11 @@ from bertserve.service.engine.attention import AttentionGraph
 from bertserve.service.engine.batcher import Batcher, WorkItem
 from bertserve.service.engine.repository import ModelFiles
 from bertserve.service.engine.runtime import GraphSession
-from bertserve.service.engine.tasks import Task
+from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tasks.classify import label_scores, one_label_activation
-from bertserve.service.engine.tasks.embed import finish_embeddings
+from bertserve.service.engine.tasks.embed import EmbedOutputs, finish_embeddings
 from bertserve.service.engine.tasks.fill_mask import MaskPrediction, MaskTop, gather_mask_states, top_k
+from bertserve.service.engine.tasks.sparse import above, splade_weights
 from bertserve.service.engine.tokenization import EncodedInput, ModelTokenizer
 
 if TYPE_CHECKING:
@@ -96,13 +97,15 @@ class ServedModel:
     def precision(self) -> str:
         return self.manifest.graphs[self.files.encoder_key].precision
 
-    def encoder_output(self, task: Task) -> str:
-        """The encoder output this model's `task` reads."""
-        if task is Task.EMBED:
-            return "sentence_embedding"
-        if task is Task.FILL_MASK or self._classifier_input == CLS_HIDDEN_STATE:
-            return "last_hidden_state"
-        return "pooler_output"
+    def encoder_outputs(self, options: TaskOptions) -> tuple[str, ...]:
+        """The encoder outputs a row with these options reads (embed: the pooled vector for dense, the
+        token states for token-level and sparse outputs)."""
+        if options.task is Task.EMBED:
+            dense = ("sentence_embedding",) if options.dense else ()
+            return dense + (("last_hidden_state",) if options.tokens or options.sparse else ())
+        if options.task is Task.FILL_MASK or self._classifier_input == CLS_HIDDEN_STATE:
+            return ("last_hidden_state",)
+        return ("pooler_output",)
 
     def finish(
         self,
@@ -114,14 +117,44 @@ class ServedModel:
     ) -> None:
         """Blocking: this model's `task` on `rows` of the batch, from the encoder's `outputs`, into `results`."""
         if task is Task.EMBED:
-            normalize = np.array([batch[r].options.normalize for r in rows])
-            vectors = finish_embeddings(outputs["sentence_embedding"][rows], normalize)  # (n, H)
-            for vector, row in zip(vectors, rows, strict=True):
-                results[row] = vector
+            self._embed(batch, rows, outputs, results)
         elif task is Task.FILL_MASK:
             self._fill_masks(batch, rows, outputs["last_hidden_state"], results)
         else:
             self._classify(batch, rows, outputs, results)
+
+    def _embed(self, batch: list[WorkItem], rows: list[int], outputs: dict, results: list) -> None:
+        """A row's value: its dense vector (D,) when only that is asked, else an EmbedOutputs."""
+        dense_rows = [r for r in rows if batch[r].options.dense]
+        dense = dict.fromkeys(rows)
+        if dense_rows:
+            normalize = np.array([batch[r].options.normalize for r in dense_rows])
+            dimensions = np.array([batch[r].options.dimensions for r in dense_rows])
+            pooled = outputs["sentence_embedding"][dense_rows]  # (n, H)
+            dense.update(zip(dense_rows, finish_embeddings(pooled, normalize, dimensions), strict=True))
+        sparse_rows = [r for r in rows if batch[r].options.sparse]
+        weights = {}
+        if sparse_rows:
+            hidden = outputs["last_hidden_state"]  # (B, T, H)
+            states = [hidden[r, : batch[r].length] for r in sparse_rows]
+            vocab = self.manifest.dimensions.vocab_size
+            run = self._mlm_logits
+            weights = dict(zip(sparse_rows, splade_weights(run, states, vocab), strict=True))  # (V,) each
+        for row in rows:
+            options = batch[row].options
+            if not (options.tokens or options.sparse):
+                results[row] = dense[row]
+                continue
+            tokens = outputs["last_hidden_state"][row, : batch[row].length].astype(np.float32, copy=True)
+            results[row] = EmbedOutputs(
+                dense=dense[row],
+                tokens=tokens if options.tokens else None,
+                sparse=above(weights[row], options.sparse_threshold) if options.sparse else None,
+            )
+
+    def _mlm_logits(self, states: np.ndarray) -> np.ndarray:
+        """states (P, H) -> the MLM head's logits (P, V)."""
+        return self.mlm_head.run({"hidden_states": states}, ["logits"])["logits"]
 
     def _classify(self, batch: list[WorkItem], rows: list[int], outputs: dict, results: list) -> None:
         if self._classifier_input == CLS_HIDDEN_STATE:

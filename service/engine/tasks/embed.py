@@ -1,14 +1,45 @@
-"""Embed: the graph's pooled `sentence_embedding`, optionally L2-normalized."""
+"""Embed: the graph's pooled `sentence_embedding` (cut to Matryoshka dimensions, optionally L2-normalized),
+the token-level `last_hidden_state` rows, and SPLADE weights over the MLM head (service/engine/tasks/sparse.py)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 
-def finish_embeddings(pooled: np.ndarray, normalize: np.ndarray) -> np.ndarray:
-    """pooled (B, H) float32; normalize (B,) bool -> (B, H) float32 with the chosen rows L2-normalized."""
+@dataclass(frozen=True)
+class EmbedOutputs:
+    """One input's embed answer when more than the dense vector is asked (plain data: pickles between the
+    engine and a front process, its arrays out of band). A dense-only row's value is the vector itself."""
+
+    dense: (
+        np.ndarray | None
+    )  # (D,) float32: cut to the call's dimensions, normalized when asked; None: not asked
+    tokens: np.ndarray | None  # (T, H) float32: last_hidden_state of the input's T tokens (special included)
+    sparse: tuple[np.ndarray, np.ndarray] | None  # (ids (K,) int64 ascending, weights (K,) float32)
+
+
+def finish_embeddings(
+    pooled: np.ndarray, normalize: np.ndarray, dimensions: np.ndarray | None = None
+) -> list:
+    """pooled (B, H) float32; normalize (B,) bool; dimensions (B,) int (0: all H) -> B vectors float32, each
+    cut to its first `dimensions` values THEN L2-normalized when its row asks (sentence-transformers'
+    truncate_dim with normalize_embeddings)."""
     out = pooled.astype(np.float32, copy=True)
-    if normalize.any():
-        norms = np.linalg.norm(out[normalize], axis=1, keepdims=True)
-        out[normalize] = out[normalize] / np.maximum(norms, 1e-12)
-    return out
+    sizes = (
+        np.full(len(out), out.shape[1])
+        if dimensions is None
+        else np.where(dimensions > 0, dimensions, out.shape[1])
+    )
+    vectors: list[np.ndarray | None] = [None] * len(out)
+    for size in np.unique(sizes):
+        chosen = np.flatnonzero(sizes == size)
+        cut = out[chosen, :size]  # (n, size), a copy
+        rows = normalize[chosen]
+        if rows.any():
+            norms = np.linalg.norm(cut[rows], axis=1, keepdims=True)
+            cut[rows] = cut[rows] / np.maximum(norms, 1e-12)
+        for i, row in enumerate(chosen):
+            vectors[row] = cut[i]
+    return vectors
