@@ -12,6 +12,7 @@ from tests.embedding_models import MLM_MODEL, ST_MODEL
 from tests.helpers.server import ServerThread
 
 MAX_MESSAGE_BYTES = 64 * 1024
+MAX_INPUTS = 32
 ST = {"model": ST_MODEL}
 BAD = [  # (path, body, the field the message names)
     ("/bertserve/v1/embed", {**ST, "inputs": ["a"], "dimensions": 100}, "dimensions"),
@@ -123,3 +124,18 @@ def test_token_level_json_over_max_message_bytes_is_refused_before_compute(serve
     assert batches(server) == before  # no encoder batch ran
     small = http.post("/embed_all", json={"inputs": ["a cat"]})
     assert small.status_code == 200 and len(small.json()[0][0]) == 48
+
+
+def test_token_id_bodies_hold_max_length_ids_per_input(http):
+    """The parser's count of JSON values allows max_length ids per input (not two values, as for texts),
+    and no more: a body of longer lists is refused before it is parsed."""
+    full = [[2] + [7] * 62 + [3]] * MAX_INPUTS  # max_length 64 ids each
+    for path, body in (
+        ("/bertserve/v1/embed", {**ST, "token_ids": full}),
+        ("/v1/embeddings", {**ST, "input": full}),
+        ("/embed", {**ST, "inputs": full}),
+    ):
+        response = http.post(path, json=body)
+        assert response.status_code == 200, (path, response.text[:300])
+    over = http.post("/embed", json={**ST, "inputs": [[7] * 200] * MAX_INPUTS, "truncate": True})
+    assert over.status_code == 400 and "JSON values" in over.json()["error"]["message"]

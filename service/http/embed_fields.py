@@ -45,10 +45,10 @@ OPTION_FIELDS = (
 
 
 async def embed_body(front: HttpFront, request: Request) -> dict:
-    """The body of a route that takes token ids: a request may hold up to max_length ids per input, so the
-    parser's count of JSON values allows that many per input (bodies stay bounded by max_message_bytes)."""
-    per_input = max((m.max_length for m in front.core.info().models), default=1)
-    return await json_object(front, request, per_input)
+    """The body of a route that takes token ids: an input may be max_length ids (of the longest model), so
+    the parser's count of JSON values allows that many per input."""
+    per_input = max(m.manifest.max_length for m in front.core.registry.ordered)
+    return await json_object(front, request, values_per_input=per_input)
 
 
 def token_id_lists(front: HttpFront, value: object, field: str) -> list[list[int]]:
