@@ -125,9 +125,9 @@ def test_short_calls_are_tokenized_on_the_loop_and_longer_ones_on_the_cpu_pool(t
     on_loop = []
     original = tokenizer.encode
 
-    def spy(texts, truncate, detailed=True):
+    def spy(texts, truncate, detailed=True, left=False):
         on_loop.append(threading.current_thread().name)
-        return original(texts, truncate, detailed)
+        return original(texts, truncate, detailed, left)
 
     monkeypatch.setattr(tokenizer, "encode", spy)
     loop_thread = tiny_server.call(lambda: _thread_name())
@@ -145,9 +145,9 @@ def test_only_tokenize_and_attention_ask_the_tokenizer_for_tokens_and_offsets(ti
     asked = []
     original = tokenizer.encode
 
-    def spy(texts, truncate, detailed=True):
+    def spy(texts, truncate, detailed=True, left=False):
         asked.append(detailed)
-        return original(texts, truncate, detailed)
+        return original(texts, truncate, detailed, left)
 
     monkeypatch.setattr(tokenizer, "encode", spy)
     run(tiny_server, "embed", "tiny-embed", ["hello world"])

@@ -39,9 +39,12 @@ from typing import TypeVar
 import numpy as np
 
 from bertserve import __version__
+from bertserve.service.core.chunking import embed_chunked
+from bertserve.service.core.embed_inputs import check_token_id_counts, encode_token_ids, left_truncation
 from bertserve.service.core.embed_options import check_embed_answer_size, embed_options, embed_result
 from bertserve.service.core.loop_lag import LoopLagMonitor
 from bertserve.service.core.pairs import PairCalls, check_two_segments
+from bertserve.service.core.prompts import prompt_text
 from bertserve.service.core.remote_engine import EngineLink, RemoteBatcher
 from bertserve.service.core.results import (
     AttentionResult,
@@ -178,7 +181,18 @@ class InferenceCore(PairCalls):
         given); `chunking`: long inputs embedded window by window and pooled (dense only)."""
         call = call or EmbedCall(normalize)
         if chunking is not None:
-            raise InvalidInput("chunking: not implemented yet")
+            return await embed_chunked(
+                self,
+                model,
+                texts,
+                call,
+                chunking,
+                deadline,
+                bulk,
+                prompt_name,
+                truncation_direction,
+                token_ids,
+            )
         (result,) = await self.infer(
             model,
             texts,
@@ -254,11 +268,19 @@ class InferenceCore(PairCalls):
         all. One result per call, in order. `model` "" = the default model of the first call's task.
         `pairs` (Classify only): the second text of each input, a sentence pair. `prompt_name`,
         `truncation_direction`, `token_ids`: as `embed`'s (for every task of the call)."""
-        if prompt_name or truncation_direction != "right" or token_ids:
-            raise InvalidInput("prompt_name, truncation_direction, token_ids: not implemented yet")
         served = self._resolve(model, calls)
         options = [self._options(served, call) for call in calls]
-        check_count(texts, self.settings.max_inputs_per_request)
+        left = left_truncation(truncation_direction)
+        embed_only = all(call.task is Task.EMBED for call in calls)
+        truncate = truncate or (self.settings.auto_truncate and embed_only)
+        prompt = self._prompt(served, prompt_name, embed_only, token_ids)
+        if token_ids:
+            if texts or pairs:
+                raise InvalidInput("token_ids: give either inputs or token_ids, not both")
+            settings = self.settings
+            check_token_id_counts(token_ids, settings.max_inputs_per_request, settings.max_input_chars)
+        else:
+            check_count(texts, self.settings.max_inputs_per_request)
         check_strategy(truncation_strategy)  # with pairs or not: a wrong value is never ignored
         if pairs:
             check_pair_count(texts, pairs, ("inputs", "pairs"))
@@ -267,9 +289,12 @@ class InferenceCore(PairCalls):
             check_two_segments(served, "pairs")
 
         async def tokenize() -> tuple[list[EncodedInput], float]:
-            checked = self._check_texts(texts)
+            if token_ids:
+                return await self._from_token_ids(served, token_ids, truncate, left)
+            checked = self._check_texts(texts)  # each text within max_input_chars before its prompt
             if not pairs:
-                return await self._tokenize(served, checked, truncate, detailed=False)
+                checked = [prompt + text for text in checked] if prompt else checked
+                return await self._tokenize(served, checked, truncate, detailed=False, left=left)
             seconds = check_texts(pairs, len(pairs), self.settings.max_input_chars, "pairs")
             return await self._tokenize_pairs(served, checked, seconds, truncate, truncation_strategy)
 
@@ -281,11 +306,13 @@ class InferenceCore(PairCalls):
             for call, option in zip(calls, options, strict=True):
                 if call.task is Task.FILL_MASK and call.sequences:
                     sizes = [len(m) for m in masks]
-                    check_fill_mask_response_size(texts, sizes, option.top_k, self.settings.max_message_bytes)
+                    shown = texts or [" " * 4 * e.length for e in encoded]  # token ids: ~4 characters each
+                    check_fill_mask_response_size(shown, sizes, option.top_k, self.settings.max_message_bytes)
             return masks
 
+        count = len(token_ids) if token_ids else len(texts)
         encoded, tokenize_s, results = await self._admitted_run(
-            served, options, len(texts), tokenize, deadline, bulk, check
+            served, options, count, tokenize, deadline, bulk, check
         )
         n = len(encoded)
         out = []
@@ -319,12 +346,20 @@ class InferenceCore(PairCalls):
     ) -> tuple[list[EncodedInput], float, list[ItemResult]]:
         """Room in the encoder's queue for `count` inputs per option FIRST (a refused call costs no work on
         its texts; a stream's request waits for it), then `tokenize()` (which checks the texts), `check`
-        (fill-mask's masks), and the run: (encoded, tokenize seconds, results task by task)."""
+        (fill-mask's masks), and the run: (encoded, tokenize seconds, results task by task). When `tokenize`
+        gives more inputs than `count` (a chunked call's windows), room for the others is taken then."""
         batcher = served.encoder.batcher
         inputs = count * len(options)
         permit = await batcher.wait_room(inputs, True) if bulk else batcher.reserve(inputs, False, deadline)
         try:
             encoded, tokenize_s = await tokenize()
+            more = len(encoded) * len(options) - permit.inputs
+            if more > 0:
+                extra = (
+                    await batcher.wait_room(more, True) if bulk else batcher.reserve(more, False, deadline)
+                )
+                permit.inputs += extra.inputs  # one permit for the lane's room: released or handed over once
+                extra.hand_over()
             masks = check(encoded) if check is not None else None
             results = await self._run(served, encoded, options, masks, deadline, bulk, permit)
         finally:
@@ -453,17 +488,52 @@ class InferenceCore(PairCalls):
         return check_texts(texts, self.settings.max_inputs_per_request, self.settings.max_input_chars)
 
     async def _tokenize(
-        self, model: ServedModel, checked: list[str], truncate: bool, detailed: bool = True
+        self,
+        model: ServedModel,
+        checked: list[str],
+        truncate: bool,
+        detailed: bool = True,
+        left: bool = False,
     ) -> tuple[list[EncodedInput], float]:
         """`checked` (from `_check_texts`) tokenized; `detailed` False: the inputs only feed the graph (no
-        token strings or offsets). Counted in bertserve_tokenized_inputs_total, refused or not."""
+        token strings or offsets); `left`: a cut input keeps its last tokens. Counted in
+        bertserve_tokenized_inputs_total, refused or not."""
         self.metrics.tokenized_of(model.name).inc(len(checked))
         started = time.perf_counter()
+        encode = model.tokenizer.encode
         if sum(len(text) for text in checked) <= INLINE_TOKENIZE_CHARS:
-            encoded = model.tokenizer.encode(checked, truncate, detailed)  # bounded: INLINE_TOKENIZE_CHARS
+            encoded = encode(checked, truncate, detailed, left)  # bounded: INLINE_TOKENIZE_CHARS
         else:
-            encoded = await self.off_loop(model.tokenizer.encode, checked, truncate, detailed)
+            encoded = await self.off_loop(encode, checked, truncate, detailed, left)
         return encoded, time.perf_counter() - started
+
+    async def _from_token_ids(
+        self, model: ServedModel, token_ids: Sequence[Sequence[int]], truncate: bool, left: bool
+    ) -> tuple[list[EncodedInput], float]:
+        """Token ids checked against the graph's vocabulary and max_length (see `embed_inputs`)."""
+        started = time.perf_counter()
+        args = (token_ids, model.manifest.dimensions.vocab_size, model.manifest.max_length, truncate, left)
+        if sum(len(ids) for ids in token_ids) <= INLINE_TOKENIZE_CHARS:
+            encoded = encode_token_ids(*args)
+        else:
+            encoded = await self.off_loop(encode_token_ids, *args)
+        return encoded, time.perf_counter() - started
+
+    def _prompt(
+        self,
+        model: ServedModel,
+        prompt_name: str | None,
+        embed_only: bool,
+        token_ids: Sequence[Sequence[int]] | None,
+    ) -> str:
+        """The prompt text prepended to each text of the call ("" when none)."""
+        if prompt_name and token_ids:
+            raise InvalidInput("prompt_name: token_ids are used as given, without a prompt")
+        if prompt_name and not embed_only:
+            raise InvalidInput("prompt_name: only embedding calls take a prompt")
+        if token_ids or not embed_only:
+            return ""
+        return prompt_text(model.manifest.tasks.embed, prompt_name, model.name)
 
     def _masks(self, model: ServedModel, index: int, encoded: EncodedInput) -> np.ndarray:
         spec = model.manifest.tasks.fill_mask

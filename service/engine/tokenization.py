@@ -27,6 +27,7 @@ from bertserve.service.engine.pair_truncation import (
     shortened,
 )
 from bertserve.service.engine.token_counts import TokenCounts, chunks
+from bertserve.service.engine.token_windows import token_windows
 from bertserve.service.engine.word_boundaries import WordBoundaries, supports_prefixes
 from bertserve.service.errors import InvalidInput, StartupError
 
@@ -79,13 +80,17 @@ def _whole(counts: TokenCounts, text: str, piece: Encoding, cut: bool) -> int:
     return counts.whole(text) if cut else len(piece.ids)
 
 
-def _encoded(encoding: Encoding, truncated: bool, detailed: bool) -> EncodedInput:
+def _encoded(encoding: Encoding, truncated: bool, detailed: bool, shift: int = 0) -> EncodedInput:
+    """`shift`: where in the text the tokenized piece starts (a suffix's offsets are moved by it)."""
     ids = np.asarray(encoding.ids, dtype=np.int64)
     type_ids = np.asarray(encoding.type_ids, dtype=np.int64)
     if not detailed:
         return EncodedInput(ids, type_ids, truncated)
     special = [bool(s) for s in encoding.special_tokens_mask]
-    return EncodedInput(ids, type_ids, truncated, (encoding.tokens, encoding.offsets, special))
+    offsets = encoding.offsets
+    if shift:
+        offsets = [o if s else (o[0] + shift, o[1] + shift) for o, s in zip(offsets, special, strict=True)]
+    return EncodedInput(ids, type_ids, truncated, (encoding.tokens, offsets, special))
 
 
 class ModelTokenizer:
@@ -93,12 +98,15 @@ class ModelTokenizer:
         try:
             self._whole = Tokenizer.from_file(str(path))
             self._cutting = Tokenizer.from_file(str(path))
+            self._cutting_left = Tokenizer.from_file(str(path))
         except Exception as exc:  # the library raises plain Exception for unreadable files
             raise StartupError(f"{path}: cannot read the tokenizer: {exc}") from None
         self._whole.no_truncation()
         self._whole.no_padding()
         self._cutting.no_padding()
         self._cutting.enable_truncation(max_length)
+        self._cutting_left.no_padding()
+        self._cutting_left.enable_truncation(max_length, direction="left")
         self._pairs = pair_tokenizers(path, max_length)
         self._pair_specials = self._whole.num_special_tokens_to_add(is_pair=True)
         self.spec = spec
@@ -111,7 +119,9 @@ class ModelTokenizer:
             if actual is not None and actual != expected:
                 raise StartupError(f"{path}: token {token} has id {actual}, the manifest says {expected}")
 
-    def encode(self, texts: list[str], truncate: bool, detailed: bool = True) -> list[EncodedInput]:
+    def encode(
+        self, texts: list[str], truncate: bool, detailed: bool = True, left: bool = False
+    ) -> list[EncodedInput]:
         """Blocking; run it off the event loop. `detailed` False: for the graph alone, the library skips
         the token strings and character offsets (about 15% less time per text) and only ids are kept.
 
@@ -121,17 +131,22 @@ class ModelTokenizer:
         max_length tokens. Its tokens are exactly the first tokens of the whole text, so the prefix decides
         whether the text is too long and gives the truncated encoding. Texts are tokenized in groups of at
         most CHUNK_CHARS characters, each turned into bounded `EncodedInput`s before the next.
+
+        `left` (with `truncate`): a too-long text keeps its LAST tokens (transformers' truncation_side
+        "left"), from the mirror image: a bounded suffix that starts at a word boundary, whose tokens are
+        the last tokens of the whole text.
         """
         results: dict[int, EncodedInput] = {}
         first_cut = [len(texts)]
 
-        def keep(i: int, encoding: Encoding, cut: bool) -> None:
-            results[i] = _encoded(encoding, cut, detailed)
+        def keep(i: int, encoding: Encoding, cut: bool, start: int) -> None:
+            results[i] = _encoded(encoding, cut, detailed, start)
             if cut:
                 first_cut[0] = min(first_cut[0], i)
 
         # without truncate, only inputs before the first too-long one still matter
-        self._prefixes(texts, True, detailed, keep, None if truncate else lambda i: i < first_cut[0])
+        needed = None if truncate else lambda i: i < first_cut[0]
+        self._prefixes(texts, True, detailed, keep, needed, left=left and truncate)
         refused = sorted(i for i, r in results.items() if r.truncated)
         if refused and not truncate:
             i = refused[0]
@@ -172,8 +187,8 @@ class ModelTokenizer:
         distinct = list(dict.fromkeys(texts))
         pieces: dict[str, tuple[Encoding, bool]] = {}
 
-        def keep(k: int, encoding: Encoding, cut: bool) -> None:
-            pieces[distinct[k]] = (encoding, cut)
+        def keep(k: int, encoding: Encoding, cut: bool, start: int) -> None:
+            pieces[distinct[k]] = (encoding, cut)  # a prefix: start 0
 
         self._prefixes(distinct, False, detailed, keep)
         return pieces
@@ -218,34 +233,61 @@ class ModelTokenizer:
         texts: list[str],
         special: bool,
         detailed: bool,
-        keep: Callable[[int, Encoding, bool], None],
+        keep: Callable[[int, Encoding, bool, int], None],
         needed: Callable[[int], bool] | None = None,
+        left: bool = False,
     ) -> None:
-        """The bounded-prefix tokenization of `texts` (see `encode`): `keep(i, encoding, cut)` once per text,
-        at most max_length tokens each (`special`: special tokens included), `cut` when the text has more.
-        `needed(i)` False: text i is given up (its call is refused anyway)."""
+        """The bounded-prefix tokenization of `texts` (see `encode`): `keep(i, encoding, cut, start)` once per
+        text, at most max_length tokens each (`special`: special tokens included), `cut` when the text has
+        more, `start` the piece's first character. `needed(i)` False: text i is given up (its call is
+        refused anyway). `left`: bounded suffixes instead, cut on the left (tokens kept: the last ones)."""
+        tokenizer = self._cutting_left if left else self._cutting
         # encode_batch_fast: the same ids, type ids and cuts, without token strings and offsets (0.20+)
-        fast = None if detailed else getattr(self._cutting, "encode_batch_fast", None)
-        encode_batch = fast or self._cutting.encode_batch
-        prefix_chars = {i: PREFIX_CHARS_PER_TOKEN * self.max_length for i in range(len(texts))}
-        while prefix_chars:
-            ends = {i: self._prefix_end(texts[i], chars) for i, chars in prefix_chars.items()}
+        fast = None if detailed else getattr(tokenizer, "encode_batch_fast", None)
+        encode_batch = fast or tokenizer.encode_batch
+        piece_chars = {i: PREFIX_CHARS_PER_TOKEN * self.max_length for i in range(len(texts))}
+        while piece_chars:
+            # each text's piece: [start, end), a prefix (start 0) or a suffix (end the text's length)
+            spans = {
+                i: (self._suffix_start(texts[i], chars), len(texts[i]))
+                if left
+                else (0, self._prefix_end(texts[i], chars))
+                for i, chars in piece_chars.items()
+            }
             longer: dict[int, int] = {}
-            for chunk in chunks(ends):
-                encodings = encode_batch([texts[i][: ends[i]] for i in chunk], add_special_tokens=special)
+            for chunk in chunks({i: end - start for i, (start, end) in spans.items()}):
+                pieces = [texts[i][spans[i][0] : spans[i][1]] for i in chunk]
+                encodings = encode_batch(pieces, add_special_tokens=special)
+                del pieces
                 for i, encoding in zip(chunk, encodings, strict=True):
+                    start, end = spans[i]
                     cut = bool(encoding.overflowing)  # more than max_length tokens: so is the whole text
-                    if cut or ends[i] == len(texts[i]):
-                        keep(i, encoding, cut)
+                    if cut or end - start == len(texts[i]):
+                        keep(i, encoding, cut, start)
                     else:
-                        longer[i] = 2 * ends[i]
+                        longer[i] = 2 * (end - start)
                 del encodings
-            prefix_chars = {i: c for i, c in longer.items() if needed is None or needed(i)}
+            piece_chars = {i: c for i, c in longer.items() if needed is None or needed(i)}
 
     def _prefix_end(self, text: str, chars: int) -> int:
         if self._boundaries is None or chars >= len(text):
             return len(text)
         return self._boundaries.next_cut(text, chars)
+
+    def _suffix_start(self, text: str, chars: int) -> int:
+        """Where a suffix of at least `chars` characters starting at a word boundary begins (0: all)."""
+        if self._boundaries is None or chars >= len(text):
+            return 0
+        return self._boundaries.previous_cut(text, len(text) - chars)
+
+    def windows(
+        self, texts: Sequence[str], length: int, overlap: int, max_windows: int
+    ) -> list[list[EncodedInput]]:
+        """Blocking: per text, overlapping windows of at most `length` tokens (special tokens included) that
+        cover its whole tokenization (see `token_windows`); at most `max_windows` in all."""
+        width = length - self._whole.num_special_tokens_to_add(is_pair=False)
+        windows = token_windows(self._whole, texts, width, overlap, max_windows)
+        return [[EncodedInput(ids, type_ids, False) for ids, type_ids in text] for text in windows]
 
     def count_tokens(self, text: str, special: bool = True) -> int:
         """The whole text's tokens (`special`: special tokens included), counted in pieces cut at word

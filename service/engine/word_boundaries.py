@@ -38,6 +38,7 @@ def _char_class() -> str:
 
 
 BOUNDARY_CHARACTER = re.compile(_char_class())
+PREVIOUS_CUT_WINDOW = 64  # characters `previous_cut` looks back through first
 
 
 def supports_prefixes(tokenizer_json: str) -> bool:
@@ -87,3 +88,17 @@ class WordBoundaries:
                     return cut
             candidate = k + 2
         return len(text)
+
+    def previous_cut(self, text: str, end: int) -> int:
+        """The last cut at or before `end` (0 < cut < len(text)) that is a word boundary; 0 when there is
+        none. Looks back through windows that double, so its cost follows the distance to the cut."""
+        candidate = min(end, len(text) - 1)
+        hi, step = candidate + 1, PREVIOUS_CUT_WINDOW
+        while hi > 0 and candidate > 0:
+            lo = max(0, hi - step)
+            for k in reversed([m.start() for m in BOUNDARY_CHARACTER.finditer(text, lo, hi)]):
+                for cut in (k + 1, k):  # after it and before it
+                    if 0 < cut <= candidate and not self._inside_added_token(text, cut):
+                        return cut
+            hi, step = lo, 2 * step
+        return 0
