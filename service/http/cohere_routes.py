@@ -18,6 +18,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING
 
+from bertserve.service.core.prompts import cohere_prompt_name
 from bertserve.service.core.task_calls import ENCODINGS, EmbedCall
 from bertserve.service.errors import InvalidInput
 from bertserve.service.http import embed_fields
@@ -78,8 +79,6 @@ async def embed_v2(front: HttpFront, call: Call) -> Response:
     model = embed_fields.embed_model(front, fields.string("model"))
     info = front.core.model_info(model.name)
     input_type = fields.string("input_type")
-    from bertserve.service.core.prompts import cohere_prompt_name  # TEMP until x28i lands
-
     prompt_name = cohere_prompt_name(input_type, info.prompts)
     types = embed_fields.encodings(fields, "embedding_types", TYPES)
     truncate, direction = TRUNCATE[fields.choice("truncate", tuple(TRUNCATE), "END")]
