@@ -81,7 +81,10 @@ BAD = [  # (path, body, the field the message names)
 @pytest.fixture(scope="module")
 def server(st_repo):
     with ServerThread(
-        model_repo=st_repo, max_queue_delay_ms=5, max_message_bytes=MAX_MESSAGE_BYTES
+        model_repo=st_repo,
+        max_queue_delay_ms=5,
+        max_message_bytes=MAX_MESSAGE_BYTES,
+        max_inputs_per_request=MAX_INPUTS,
     ) as server:
         yield server
 
