@@ -58,6 +58,14 @@ def register(subparsers) -> None:
         ),
     )
     parser.add_argument(
+        "--dimensions",
+        metavar="D1,D2,...",
+        help=(
+            "the Matryoshka sizes embeddings may be cut to (each below the hidden size), instead of the "
+            "checkpoint's config_sentence_transformers.json `matryoshka_dimensions`"
+        ),
+    )
+    parser.add_argument(
         "--tolerance", type=float, default=1e-4, help="max |ONNX Runtime - PyTorch| (default 1e-4)"
     )
     parser.set_defaults(run=run)
@@ -83,6 +91,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bertserve.export.default_model import DEFAULT_MODEL_NAME, DEFAULT_SOURCE, default_checkpoint_dir
+    from bertserve.export.embedding_options import parse_dimensions
     from bertserve.export.errors import ExportError
     from bertserve.export.pipeline import export_model
 
@@ -95,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             checkpoint, name, source = args.checkpoint, args.name, None
+        dimensions = parse_dimensions(args.dimensions) if args.dimensions is not None else None
         export_model(
             checkpoint,
             args.out,
@@ -108,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
             source=source,
             encoder=args.encoder,
             pairs=args.pairs,
+            dimensions=dimensions,
         )
     except ExportError as e:
         print(f"bertserve export: error: {e}", file=sys.stderr)

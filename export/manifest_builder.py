@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 from bertserve import __version__
 from bertserve.export.checkpoint import MASKED_LM, SEQUENCE_CLASSIFICATION, Checkpoint
 from bertserve.export.embedding_defaults import EmbeddingDefaults
+from bertserve.export.embedding_options import EmbeddingOptions
 from bertserve.export.onnx_export import GraphIO
 from bertserve.export.optimize import opset_of
 from bertserve.export.tokenizer_files import SpecialTokens, pair_template
@@ -65,10 +66,23 @@ def tasks_for(
     classifier_input: str = "pooler_output",
     pairs: bool = False,
     cross_encoder: CrossEncoderSpec | None = None,
+    options: EmbeddingOptions | None = None,
+    calibration: tuple[dict[str, list[list[float]]], int] = ({}, 0),
 ) -> Tasks:
-    """`pairs`: a classifier trained on sentence pairs (--pairs); a recognised cross-encoder is one too."""
+    """`pairs`: a classifier trained on sentence pairs (--pairs); a recognised cross-encoder is one too.
+    `options`: the Matryoshka dimensions and prompts; `calibration`: (int8/uint8 ranges, texts they came from)."""
     config = checkpoint.config
-    embed = EmbedTask(pooling=defaults.pooling, normalize=defaults.normalize, dimension=config.hidden_size)
+    options = options or EmbeddingOptions()
+    embed = EmbedTask(
+        pooling=defaults.pooling,
+        normalize=defaults.normalize,
+        dimension=config.hidden_size,
+        dimensions=list(options.dimensions),
+        prompts=dict(options.prompts),
+        default_prompt_name=options.default_prompt_name,
+        calibration_ranges=calibration[0],
+        calibration_texts=calibration[1],
+    )
     fill_mask = classify = None
     if checkpoint.architecture == MASKED_LM:
         fill_mask = FillMaskTask(mask_token=specials.mask_token, mask_token_id=specials.mask_token_id)
@@ -84,6 +98,11 @@ def tasks_for(
             cross_encoder=cross_encoder,
         )
     return Tasks(embed=embed, fill_mask=fill_mask, classify=classify)
+
+
+def options_of(embed: EmbedTask) -> EmbeddingOptions:
+    """The options an exported model's embed task records (a head-only model takes its encoder's)."""
+    return EmbeddingOptions(tuple(embed.dimensions), dict(embed.prompts), embed.default_prompt_name)
 
 
 def _versions() -> dict[str, str]:

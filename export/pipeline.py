@@ -16,15 +16,17 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bertserve.export import pair_check, shared_encoder
+from bertserve.export import calibration, pair_check, shared_encoder
 from bertserve.export.checkpoint import BASE, MASKED_LM, SEQUENCE_CLASSIFICATION, Checkpoint, load_checkpoint
 from bertserve.export.cross_encoder import read_cross_encoder
 from bertserve.export.embedding_defaults import EmbeddingDefaults, read_embedding_defaults
+from bertserve.export.embedding_options import EmbeddingOptions, check_dimensions, read_embedding_options
 from bertserve.export.errors import ExportError
 from bertserve.export.manifest_builder import (
     build_manifest,
     dimensions_of,
     graph_spec,
+    options_of,
     tasks_for,
     tokenizer_spec,
 )
@@ -110,6 +112,27 @@ def pair_model(
     return cross_encoder, EmbeddingDefaults("mean", True, max_length, "cross-encoder config")
 
 
+def embedding_options(
+    checkpoint: Checkpoint,
+    defaults: EmbeddingDefaults,
+    cross_encoder: CrossEncoderSpec | None,
+    dimensions: list[int] | None,
+) -> EmbeddingOptions:
+    """The Matryoshka dimensions (--dimensions over the config's) and prompts the embed task records; a
+    cross-encoder's sentence-transformers config describes scoring, so only --dimensions applies to it."""
+    hidden = checkpoint.config.hidden_size
+    if cross_encoder is not None:
+        return EmbeddingOptions(check_dimensions(dimensions or [], hidden, "--dimensions"))
+    return read_embedding_options(checkpoint.directory, hidden, dimensions, defaults.include_prompt)
+
+
+def describe_options(options: EmbeddingOptions) -> str:
+    prompts = ", ".join(options.prompts) or "none"
+    if options.default_prompt_name is not None:
+        prompts += f" (default {options.default_prompt_name})"
+    return f"Matryoshka dimensions {list(options.dimensions) or 'none'}, prompts {prompts}"
+
+
 def check_pairs(ctx: ExportContext, stages: StageLog) -> None:
     """A classifier's encoder and classifier_head graphs, chained, against its module on sentence pairs
     (not for a model that cannot take a second text: one segment embedding, or too short for two)."""
@@ -152,18 +175,22 @@ def export_model(
     source: str | None = None,
     encoder: str | None = None,
     pairs: bool = False,
+    dimensions: list[int] | None = None,
 ) -> Path:
     """Exports, verifies and writes REPO/NAME/VERSION; returns that directory. Raises ExportError.
 
     `encoder` (NAME or NAME:VERSION of an encoder model in `out_repo`): write a head-only model that runs
     on that encoder model, after proving it computes this checkpoint's encoder. `pairs`: the checkpoint is
-    a sequence classifier trained on sentence pairs (a sentence-transformers CrossEncoder is recognised)."""
+    a sequence classifier trained on sentence pairs (a sentence-transformers CrossEncoder is recognised).
+    `dimensions`: the Matryoshka sizes (each below the hidden size), instead of the checkpoint's own."""
     checkpoint_dir, out_repo = Path(checkpoint_dir), Path(out_repo)
     options = ExportOptions(int8=int8, fp16=fp16, attentions=attentions, tolerance=tolerance)
     if encoder is not None and (int8 or fp16 or attentions):
         raise ExportError(
             "--int8, --fp16 and --attentions make encoder graphs; with --encoder the encoder's are used"
         )
+    if encoder is not None and dimensions is not None:
+        raise ExportError("--dimensions describes encoder outputs; with --encoder the encoder's are used")
     stages = StageLog(log)
     with stages.stage("load", f"loading checkpoint {checkpoint_dir}") as notes:
         checkpoint = load_checkpoint(checkpoint_dir)
@@ -176,6 +203,8 @@ def export_model(
         cross_encoder, defaults = pair_model(checkpoint, defaults, pairs)
         if cross_encoder is not None:
             notes.append(f"a CrossEncoder ({cross_encoder.activation}, max_length {defaults.max_length})")
+        declared = embedding_options(checkpoint, defaults, cross_encoder, dimensions)
+        notes.append(describe_options(declared))
         tokenizer = for_repository(load_tokenizer(checkpoint_dir), defaults.max_length)
         specials = special_tokens(checkpoint_dir, tokenizer)
         if checkpoint.architecture == MASKED_LM and specials.mask_token_id is None:
@@ -183,7 +212,7 @@ def export_model(
                 f"{checkpoint_dir}: a masked-LM checkpoint whose tokenizer has no {specials.mask_token!r}"
             )
     name = check_name(name or default_name(checkpoint_dir))
-    shared = None
+    shared, ranges = None, ({}, 0)
     if encoder is not None:
         if checkpoint.architecture == BASE:
             raise ExportError(
@@ -195,7 +224,15 @@ def export_model(
         with tempfile.TemporaryDirectory(prefix="bertserve-tokenizer-") as scratch:
             tokenizer.save(str(Path(scratch) / TOKENIZER_FILE))
             spec = tokenizer_spec(specials, Path(scratch) / TOKENIZER_FILE)
-        tasks = tasks_for(checkpoint, defaults, specials, CLS_HIDDEN_STATE, pairs, cross_encoder)
+        # the embedding options describe the encoder's outputs: the encoder model's, unless the checkpoint
+        # declares others (then check_compatible names the difference)
+        if declared == EmbeddingOptions():
+            declared = options_of(shared.manifest.tasks.embed)
+        embed = shared.manifest.tasks.embed
+        ranges = (embed.calibration_ranges, embed.calibration_texts)
+        tasks = tasks_for(
+            checkpoint, defaults, specials, CLS_HIDDEN_STATE, pairs, cross_encoder, declared, ranges
+        )
         shared_encoder.check_compatible(shared, dimensions_of(checkpoint), defaults.max_length, spec, tasks)
         with stages.stage(
             "shared_encoder", f"checking that {shared.label}'s encoder is this checkpoint's"
@@ -212,13 +249,22 @@ def export_model(
         ctx = ExportContext(checkpoint, defaults, tokenizer, specials, options, Path(work), stage_dir, shared)
         graphs = {v.key: build_variant(v, ctx, stages) for v in VARIANTS if v.wanted(ctx)}
         check_pairs(ctx, stages)
+        if shared is None:
+            with stages.stage("calibrate", "encoder: int8/uint8 calibration ranges") as notes:
+                sizes = [c.hidden_size, *declared.dimensions]
+                ranges = calibration.calibration_ranges(
+                    ctx.fp32_path, tokenizer, specials.pad_token_id, sizes
+                )
+                notes.append(f"{len(ranges[0])} ranges from {ranges[1]} texts")
         with stages.stage("write", "writing tokenizer and manifest"):
             if shared is None:
                 tokenizer.save(str(stage_dir / TOKENIZER_FILE))
                 spec = tokenizer_spec(specials, stage_dir / TOKENIZER_FILE)
             else:  # a head-only model uses its encoder model's tokenizer (equal, checked above)
                 spec = shared.manifest.tokenizer
-            tasks = tasks_for(checkpoint, defaults, specials, ctx.classifier_input, pairs, cross_encoder)
+            tasks = tasks_for(
+                checkpoint, defaults, specials, ctx.classifier_input, pairs, cross_encoder, declared, ranges
+            )
             if ctx.tied_decoder is not None:  # the mlm_head takes the encoder's table as an input
                 fill_mask = tasks.fill_mask.model_copy(update={"tied_decoder": ctx.tied_decoder})
                 tasks = tasks.model_copy(update={"fill_mask": fill_mask})
