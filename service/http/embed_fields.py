@@ -223,9 +223,9 @@ async def check_tokens_reply(
         extra = 0
         info = front.core.model_info(model.name)
         prompt = info.prompts.get(prompt_name or info.default_prompt_name)
-        if prompt:
-            base, with_prompt = (await front.core.tokenize(model.name, ["", prompt])).inputs
-            extra = with_prompt.length - base.length
+        if prompt:  # the prompt's own tokens, without the special tokens it was wrapped in
+            (encoded,) = (await front.core.tokenize(model.name, [prompt])).inputs
+            extra = encoded.length - sum(encoded.special)
         counts = [min(e.length + extra, max_length) for e in counted.inputs]
     hidden = model.manifest.dimensions.hidden_size
     size, limit = JSON_FLOAT_BYTES * hidden * sum(counts), front.settings.max_message_bytes
