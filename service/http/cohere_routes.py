@@ -77,17 +77,16 @@ async def embed_v2(front: HttpFront, call: Call) -> Response:
     if not texts:
         raise InvalidInput("texts: empty; send at least one text")
     model = embed_fields.embed_model(front, fields.string("model"))
-    info = front.core.model_info(model.name)
     input_type = fields.string("input_type")
-    prompt_name = cohere_prompt_name(input_type, info.prompts)
+    prompt_name = cohere_prompt_name(input_type, model.prompts)
     types = embed_fields.encodings(fields, "embedding_types", TYPES)
     truncate, direction = TRUNCATE[fields.choice("truncate", tuple(TRUNCATE), "END")]
     fields.integer("priority")  # Cohere's scheduling hint: accepted, not used
     max_tokens = fields.integer("max_tokens")
-    if max_tokens is not None and max_tokens < info.max_length:
+    if max_tokens is not None and max_tokens < model.max_length:
         raise InvalidInput(
-            f"max_tokens: {max_tokens} tokens is less than model {model.name}'s max_length {info.max_length}; "
-            f"bertserve cuts inputs to max_length only (leave max_tokens out, or send at least {info.max_length})"
+            f"max_tokens: {max_tokens} tokens is less than model {model.name}'s max_length {model.max_length}; "
+            f"bertserve cuts inputs to max_length only (leave max_tokens out, or send at least {model.max_length})"
         )
     encodings = tuple(dict.fromkeys("float" if t == "base64" else t for t in types))
     options = EmbedCall(dimensions=embed_fields.dimensions(fields, "output_dimension"), encodings=encodings)

@@ -26,7 +26,7 @@ from bertserve.service.http.json_body import JSON_FLOAT_BYTES
 from bertserve.service.http.schema import Fields, json_object, kind_of
 
 if TYPE_CHECKING:
-    from bertserve.service.engine.model_registry import ServedModel
+    from bertserve.service.core.results import ModelInfo
     from bertserve.service.http.app import HttpFront
     from bertserve.service.http.transport import Request
 
@@ -201,13 +201,14 @@ def float32_base64(vectors: np.ndarray) -> list[str]:
     return [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
 
 
-def embed_model(front: HttpFront, name: str) -> ServedModel:
-    return front.core.registry.resolve(name, Task.EMBED)
+def embed_model(front: HttpFront, name: str) -> ModelInfo:
+    """The named model (it must have an embed task), or the default embedding model."""
+    return front.core.model_info(front.core.registry.resolve(name, Task.EMBED).name)
 
 
 async def check_tokens_reply(
     front: HttpFront,
-    model: ServedModel,
+    model: ModelInfo,
     texts: list[str],
     token_ids: list[list[int]] | None,
     prompt_name: str | None,
@@ -215,19 +216,18 @@ async def check_tokens_reply(
     """Refuses, before the encoder runs, a token-level answer whose JSON (about JSON_FLOAT_BYTES a value)
     would pass max_message_bytes: the tokens are counted by the model's tokenizer (cut at max_length),
     the prompt's tokens added."""
-    max_length = model.manifest.max_length
+    max_length = model.max_length
     if token_ids is not None:
         counts = [min(len(ids), max_length) for ids in token_ids]
     else:
         counted = await front.core.tokenize(model.name, texts, truncate=True)
         extra = 0
-        info = front.core.model_info(model.name)
-        prompt = info.prompts.get(prompt_name or info.default_prompt_name)
+        prompt = model.prompts.get(prompt_name or model.default_prompt_name)
         if prompt:  # the prompt's own tokens, without the special tokens it was wrapped in
             (encoded,) = (await front.core.tokenize(model.name, [prompt])).inputs
             extra = encoded.length - sum(encoded.special)
         counts = [min(e.length + extra, max_length) for e in counted.inputs]
-    hidden = model.manifest.dimensions.hidden_size
+    hidden = model.dimension  # the pooled vector's size: the hidden size
     size, limit = JSON_FLOAT_BYTES * hidden * sum(counts), front.settings.max_message_bytes
     if size > limit:
         raise InvalidInput(

@@ -26,8 +26,7 @@ from bertserve.service.http.schema import Fields
 from bertserve.service.http.transport import Response, json_response
 
 if TYPE_CHECKING:
-    from bertserve.service.core.results import EmbedResult
-    from bertserve.service.engine.model_registry import ServedModel
+    from bertserve.service.core.results import EmbedResult, ModelInfo
     from bertserve.service.http.app import HttpFront
 
 COMMON = ("inputs", "truncate", "truncation_direction", "prompt_name", "model")
@@ -35,11 +34,11 @@ JSON_SPARSE_ENTRY_BYTES = 48  # {"index":30521,"value":1.2345678901234567}, with
 NAMES = {"token_ids": "inputs"}  # the core's field names -> TEI's
 
 
-def _sparse_model(front: HttpFront, name: str) -> ServedModel:
+def _sparse_model(front: HttpFront, name: str) -> ModelInfo:
     """The named model, else the default embedding model when it has an MLM head, else the first loaded
     model with both (none: the default, which the core refuses naming what has one)."""
     model = embed_fields.embed_model(front, name)
-    if name or front.core.model_info(model.name).sparse:
+    if name or model.sparse:
         return model
     infos = front.core.info().models
     found = next((m.name for m in infos if m.sparse and "embed" in m.tasks), None)
