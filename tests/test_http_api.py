@@ -105,11 +105,13 @@ def test_openai_errors_reach_the_client(openai_client):
         openai_client.embeddings.create(model="no-such-model", input="a")
     assert "no-such-model" in missing.value.message and missing.value.body["code"] == "NOT_FOUND"
     with pytest.raises(openai.BadRequestError) as tokens:
-        openai_client.embeddings.create(model="tiny-embed", input=[[1, 2, 3]])
-    assert "token-id arrays are not supported" in tokens.value.message
+        openai_client.embeddings.create(model="tiny-embed", input=[[1, 2, 3], [2, 100000]])
+    assert "outside the vocabulary" in tokens.value.message and tokens.value.body["param"] == "input[1][1]"
     with pytest.raises(openai.BadRequestError) as dims:
         openai_client.embeddings.create(model="tiny-embed", input="a", dimensions=16)
-    assert "cannot shorten" in dims.value.message and dims.value.body["param"] == "dimensions"
+    assert (
+        "not one of the model's dimensions" in dims.value.message and dims.value.body["param"] == "dimensions"
+    )
     same = openai_client.embeddings.create(
         model="tiny-embed", input="a", dimensions=48, encoding_format="float"
     )

@@ -76,11 +76,11 @@ CASES = [
         "token ids",
         "POST",
         EMBEDDINGS,
-        {"input": [1, 2]},
+        {"input": [1, 100000]},
         {},
         400,
         "INVALID_ARGUMENT",
-        "token-id arrays are not supported",
+        "input[0][1]: 100000 is outside the vocabulary",
     ),
     (
         "item type",
@@ -170,7 +170,7 @@ CASES = [
         {},
         400,
         "INVALID_ARGUMENT",
-        "cannot shorten",
+        "dimensions: 8 is not one of the model's dimensions",
     ),
     (
         "typo",

@@ -3,7 +3,8 @@ the request timeout, error mapping via `status.py`, metrics, call tracking for t
 
 Each route only translates JSON <-> one call of the inference core (`service/core/core.py`), so HTTP and gRPC
 calls share batches, limits and error messages. Route tables live in `openai_routes.py`, `rerank_routes.py`
-(rerank and score in Jina's, Cohere's, TEI's and vLLM's shapes), `bertserve_routes.py` and `probes.py` (the
+(rerank and score in Jina's, Cohere's, TEI's and vLLM's shapes), `tei_routes.py` and `cohere_routes.py`
+(embeddings in TEI's and Cohere's shapes), `embed_routes.py` and `bertserve_routes.py` and `probes.py` (the
 KServe v2 routes, `service/kserve/http_routes.py`, are passed in by the supervisor); `routing.py` defines a
 route; `openapi.py` describes them.
 
@@ -29,7 +30,15 @@ from urllib.parse import unquote
 from bertserve.service import errors
 from bertserve.service.core.core import InferenceCore, deadline_after
 from bertserve.service.core.lifecycle import Lifecycle
-from bertserve.service.http import bertserve_routes, openai_routes, probes, rerank_routes
+from bertserve.service.http import (
+    bertserve_routes,
+    cohere_routes,
+    embed_routes,
+    openai_routes,
+    probes,
+    rerank_routes,
+    tei_routes,
+)
 from bertserve.service.http.accept import raise_fd_limit
 from bertserve.service.http.connections import HttpEvents, HttpServer
 from bertserve.service.http.routing import TIMEOUT_HEADER, Call, Route, request_timeout
@@ -100,6 +109,9 @@ class HttpFront:
             *probes.ROUTES,
             *openai_routes.ROUTES,
             *rerank_routes.ROUTES,
+            *tei_routes.ROUTES,
+            *cohere_routes.ROUTES,
+            *embed_routes.ROUTES,
             *bertserve_routes.ROUTES,
             *extra_routes,  # the KServe v2 REST routes: the supervisor passes them (service/kserve/)
         ]

@@ -1,7 +1,7 @@
 """bertserve.v1 over JSON: one POST route per RPC, with the RPC's fields (snake_case, as in
 protos/bertserve/v1/inference.proto), limits and error messages; the answers mirror the proto messages.
 
-    POST /bertserve/v1/embed      {"inputs": [...], "model"?, "normalize"?, "truncate"?}
+    POST /bertserve/v1/embed      see embed_routes.py
     POST /bertserve/v1/fill-mask  {"inputs": [...], "model"?, "top_k"?, "truncate"?}
     POST /bertserve/v1/classify   {"inputs": [...], "pairs"?: [...], "model"?, "top_k"?, "raw_scores"?,
                                    "truncate"?, "truncation_strategy"?}
@@ -23,12 +23,11 @@ from bertserve.service.core.results import (
     AttentionResult,
     CallMeta,
     ClassifyResult,
-    EmbedResult,
     FillMaskResult,
     TokenizeResult,
 )
 from bertserve.service.engine.tokenization import EncodedInput
-from bertserve.service.http.json_body import JSON_FLOAT_BYTES, off_loop_above
+from bertserve.service.http.json_body import off_loop_above
 from bertserve.service.http.pair_fields import PAIR_TEXTS, documents, top_n
 from bertserve.service.http.routing import Call, Route
 from bertserve.service.http.schema import Fields, json_object
@@ -75,25 +74,6 @@ async def _request(
     body = await json_object(front, call.request, texts_per_input)
     fields = Fields(body, ("inputs", "model", "truncate", *extra))
     return fields, fields.strings("inputs"), fields.string("model"), fields.boolean("truncate")
-
-
-def _embed_reply(result: EmbedResult) -> Response:
-    return json_response(
-        200,
-        {
-            "embeddings": [{"values": row} for row in result.vectors.tolist()],
-            "dimension": result.dimension,
-            "metadata": metadata(result.meta),
-        },
-    )
-
-
-async def embed(front: HttpFront, call: Call) -> Response:
-    fields, inputs, model, truncate = await _request(front, call, "normalize")
-    result = await front.core.embed(
-        model, inputs, truncate=truncate, normalize=fields.boolean("normalize", None), deadline=call.deadline
-    )
-    return await off_loop_above(front, JSON_FLOAT_BYTES * result.vectors.size, _embed_reply, result)
 
 
 def _fill_mask_reply(result: FillMaskResult) -> Response:
@@ -281,7 +261,6 @@ async def info(front: HttpFront, call: Call) -> Response:
 
 
 ROUTES = [
-    Route("POST", f"{PREFIX}/embed", embed, summary="bertserve.v1 Embed"),
     Route("POST", f"{PREFIX}/fill-mask", fill_mask, summary="bertserve.v1 FillMask"),
     Route("POST", f"{PREFIX}/classify", classify, summary="bertserve.v1 Classify"),
     Route("POST", f"{PREFIX}/rerank", rerank, summary="bertserve.v1 Rerank"),

@@ -35,11 +35,14 @@ SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def check_counts(data: bytes, max_inputs: int, what: str = "body", texts_per_input: int = 1) -> None:
+def check_counts(
+    data: bytes, max_inputs: int, what: str = "body", texts_per_input: int = 1, values_per_input: int = 0
+) -> None:
     """Refuses a body with more JSON strings, or values, than a request of `max_inputs` inputs holds;
-    `texts_per_input` 2: each input is a pair of texts (or a document object's key and text)."""
+    `texts_per_input` 2: each input is a pair of texts (or a document object's key and text);
+    `values_per_input`: JSON values an input may hold (an array of token ids: the model's max_length)."""
     strings_limit = texts_per_input * max_inputs + STRUCTURE_ALLOWANCE
-    values_limit = 2 * texts_per_input * max_inputs + STRUCTURE_ALLOWANCE
+    values_limit = max(2 * texts_per_input, values_per_input) * max_inputs + STRUCTURE_ALLOWANCE
     inputs = "inputs" if texts_per_input == 1 else "inputs (pairs)"
     text = data
     if b"\\" in text:  # escapes occur only inside strings: drop escaped backslashes, then escaped quotes
@@ -99,9 +102,11 @@ def check_surrogates(value: object, what: str = "body") -> None:
             stack.extend((v, _field(path, k)) for k, v in reversed(entries))
 
 
-def parse_json(data: bytes, max_inputs: int, what: str = "body", texts_per_input: int = 1) -> object:
+def parse_json(
+    data: bytes, max_inputs: int, what: str = "body", texts_per_input: int = 1, values_per_input: int = 0
+) -> object:
     """The JSON value of `data` (blocking: a large body goes through `off_loop_above`)."""
-    check_counts(data, max_inputs, what, texts_per_input)
+    check_counts(data, max_inputs, what, texts_per_input, values_per_input)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -36,15 +36,18 @@ def check_content_type(request: Request, allowed: Iterable[str] = ("application/
         raise HttpError(415, "content-encoding: compressed request bodies are not supported")
 
 
-async def json_object(front: HttpFront, request: Request, texts_per_input: int = 1) -> dict:
+async def json_object(
+    front: HttpFront, request: Request, texts_per_input: int = 1, values_per_input: int = 0
+) -> dict:
     """The request body as a JSON object (a large body is parsed off the event loop); `texts_per_input`:
-    2 for routes whose inputs are pairs of texts (see `check_counts`)."""
+    2 for routes whose inputs are pairs of texts; `values_per_input`: for routes that take token ids (see
+    `check_counts`)."""
     check_content_type(request)
     if not request.body:
         raise HttpError(400, "body: empty; send a JSON object")
     limit = front.settings.max_inputs_per_request
     value = await off_loop_above(
-        front, len(request.body), parse_json, request.body, limit, "body", texts_per_input
+        front, len(request.body), parse_json, request.body, limit, "body", texts_per_input, values_per_input
     )
     if not isinstance(value, dict):
         raise HttpError(400, f"body: must be a JSON object (got {kind_of(value)})")
