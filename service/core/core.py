@@ -283,6 +283,8 @@ class InferenceCore(PairCalls):
             check_count(texts, self.settings.max_inputs_per_request)
         check_strategy(truncation_strategy)  # with pairs or not: a wrong value is never ignored
         if pairs:
+            if left:
+                raise InvalidInput("truncation_direction: sentence pairs are cut by truncation_strategy")
             check_pair_count(texts, pairs, ("inputs", "pairs"))
             if any(call.task is not Task.CLASSIFY for call in calls):
                 raise InvalidInput("pairs: only classify takes sentence pairs")
@@ -353,11 +355,12 @@ class InferenceCore(PairCalls):
         permit = await batcher.wait_room(inputs, True) if bulk else batcher.reserve(inputs, False, deadline)
         try:
             encoded, tokenize_s = await tokenize()
-            more = len(encoded) * len(options) - permit.inputs
-            if more > 0:
-                extra = (
-                    await batcher.wait_room(more, True) if bulk else batcher.reserve(more, False, deadline)
-                )
+            needed = len(encoded) * len(options)
+            if needed > permit.inputs and bulk:  # waits for all its room holding none: no hold-and-wait
+                permit.release()
+                permit = await batcher.wait_room(needed, True)
+            elif needed > permit.inputs:
+                extra = batcher.reserve(needed - permit.inputs, False, deadline)
                 permit.inputs += extra.inputs  # one permit for the lane's room: released or handed over once
                 extra.hand_over()
             masks = check(encoded) if check is not None else None
