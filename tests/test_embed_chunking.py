@@ -133,3 +133,23 @@ def test_windows_take_their_room_in_the_queue(st_server, tokenizer, monkeypatch)
     assert room.used == 0, "the room taken is given back"
     monkeypatch.setattr(room, "limit", windows)
     assert embed(st_server, [LONG], chunking=Chunking(16)).chunks == [windows]
+
+
+def test_stream_windows_wait_for_all_their_room_holding_none(st_server, tokenizer, monkeypatch):
+    """Two streams' chunked requests whose windows fill the stream lane one at a time: each waits for all
+    its room without holding its texts' share, so neither waits on the other forever."""
+    import asyncio
+
+    windows = len(windows_of(tokenizer, LONG, 16, 0))
+    core = st_server.server.core
+    room = core.registry.resolve(ST_MODEL, None).encoder.batcher._room[True]
+    monkeypatch.setattr(room, "limit", windows)
+
+    async def both():
+        calls = [core.embed(ST_MODEL, [LONG], chunking=Chunking(16), bulk=True) for _ in range(2)]
+        return await asyncio.wait_for(asyncio.gather(*calls), 60)
+
+    results = st_server.call(both)
+    assert [r.chunks for r in results] == [[windows], [windows]]
+    close(results[0].vectors, results[1].vectors)
+    assert room.used == 0

@@ -132,6 +132,17 @@ def test_left_truncation_ids_equal_transformers(st_server, st_model_dir):
 def test_a_bad_truncation_direction_is_refused(st_server):
     with pytest.raises(InvalidInput, match=r"^truncation_direction: 'middle' is not one of right, left"):
         embed(st_server, TEXTS, truncation_direction="middle")
+    core = st_server.server.core
+
+    async def pairs():
+        return await core.infer(
+            ST_MODEL, TEXTS[:1], [EmbedCall()], pairs=TEXTS[1:2], truncation_direction="left"
+        )
+
+    with pytest.raises(
+        InvalidInput, match=r"^truncation_direction: sentence pairs are cut by truncation_strategy"
+    ):
+        st_server.call(pairs)
 
 
 def test_token_ids_equal_the_same_texts(st_server, st):
