@@ -270,3 +270,33 @@ def test_embed_stream_takes_the_options(client, st):
     (tokens,) = answers[2].result.embeddings
     assert tokens.tokens.count == len(ids) and len(tokens.tokens.values) == len(ids) * HIDDEN
     assert not tokens.values
+
+
+def test_the_embed_command_takes_the_options(server, client, capsys):
+    from bertserve.cli import main
+
+    argv = ["embed", "--address", server.address, "--model", ST_MODEL, "--dimensions", "16"]
+    argv += ["--prompt-name", "document", "--encoding", "float", "--encoding", "int8", "--json", *TEXTS]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    expected = client.embed(
+        TEXTS, model=ST_MODEL, dimensions=16, prompt_name="document", encodings=["float", "int8"]
+    )
+    close(np.array(printed["vectors"], dtype=np.float32), expected.vectors)
+    assert printed["encodings"]["int8"] == expected.encodings["int8"].tolist()
+    argv = [
+        "embed",
+        "--address",
+        server.address,
+        "--model",
+        ST_MODEL,
+        "--truncate",
+        "--truncation-direction",
+        "left",
+    ]
+    assert main([*argv, "--tokens", LONG]) == 0
+    assert f"tokens: {MAX_SEQ_LENGTH} x {HIDDEN}" in capsys.readouterr().out
+    assert main(["info", "--address", server.address]) == 0
+    assert "dimensions 8, 16; prompts query, document (default query)" in capsys.readouterr().out
+    assert main([*argv, "--dimensions", "100", "a cat"]) == 1
+    assert "INVALID_ARGUMENT: options.dimensions: 100" in capsys.readouterr().err

@@ -79,6 +79,18 @@ def _describe_info(result, _inputs) -> str:
             f"  {m.name} v{m.version}: tasks {', '.join(m.tasks)}; dimension {m.dimension}; max_length "
             f"{m.max_length}; {m.precision} on {m.provider}; default for {', '.join(m.default_for) or '-'}"
         )
+        offers = []
+        if m.dimensions:
+            offers.append(f"dimensions {', '.join(map(str, m.dimensions))}")
+        if m.prompts:
+            default = f" (default {m.default_prompt_name})" if m.default_prompt_name else ""
+            offers.append(f"prompts {', '.join(m.prompts)}{default}")
+        if m.encodings:
+            offers.append(f"encodings {', '.join(m.encodings)}")
+        if m.sparse:
+            offers.append("sparse")
+        if offers:
+            lines.append(f"    {'; '.join(offers)}")
     return "\n".join(lines)
 
 
