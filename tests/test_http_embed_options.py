@@ -222,3 +222,22 @@ def test_cohere_sdk_embed_v2(server, http, ref):
     with pytest.raises(cohere.BadRequestError) as refused:
         client.embed(model=ST_MODEL, texts=[LONG], input_type="search_query", truncate="NONE")
     assert "texts[0]" in str(refused.value.body)
+
+
+def test_openapi_describes_the_embedding_options(http):
+    paths = http.get("/openapi.json").json()["paths"]
+
+    def fields(path: str) -> dict:
+        return paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+
+    assert set(fields("/bertserve/v1/embed")) >= {
+        "token_ids",
+        "dimensions",
+        "encodings",
+        "chunking",
+        "sparse",
+    }
+    assert set(fields("/embed")) >= {"inputs", "truncation_direction", "prompt_name", "dimensions"}
+    assert {"/embed_all", "/embed_sparse"} <= set(paths)
+    assert fields("/v2/embed")["truncate"]["enum"] == ["NONE", "START", "END"]
+    assert len(fields("/v1/embeddings")["input"]["oneOf"]) == 4  # str, [str], [id], [[id]]

@@ -4,6 +4,7 @@ the request schemas below, so a route cannot be missing from it."""
 from __future__ import annotations
 
 from bertserve import __version__
+from bertserve.service.http.openapi_embed import embed_schemas
 from bertserve.service.http.routing import TIMEOUT_HEADER, Route
 
 STRING_OR_STRINGS = {
@@ -29,44 +30,6 @@ TOKEN_LIMIT = {
     "type": "integer",
     "description": "accepted when at least the model's max_length (pairs are cut to max_length)",
 }
-TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-TEXTS_OR_IDS = {
-    "oneOf": [
-        {"type": "string"},
-        STRINGS,
-        {**TOKEN_IDS, "description": "one input as the model's token ids (used as given)"},
-        {"type": "array", "items": TOKEN_IDS, "minItems": 1},
-    ]
-}
-DIMENSIONS = {
-    "type": "integer",
-    "minimum": 1,
-    "description": "one of the model's dimensions (Info), or its own",
-}
-PROMPT_NAME = {"type": "string", "description": "the model's prompt of this name; absent: its default prompt"}
-DIRECTION = {
-    "enum": ["right", "left", "Right", "Left"],
-    "default": "right",
-    "description": "which end is cut",
-}
-ENCODINGS = {
-    "type": "array",
-    "minItems": 1,
-    "uniqueItems": True,
-    "items": {"enum": ["float", "float16", "int8", "uint8", "binary", "ubinary"]},
-    "default": ["float"],
-}
-CHUNKING = {
-    "type": "object",
-    "additionalProperties": False,
-    "description": "long inputs embedded window by window and pooled (dense only)",
-    "properties": {
-        "length": {"type": "integer", "minimum": 0, "description": "tokens per window; 0: max_length"},
-        "overlap": {"type": "integer", "minimum": 0},
-        "pooling": {"enum": ["mean", "max"], "default": "mean"},
-    },
-}
-SPARSE_THRESHOLD = {"type": "number", "default": 0, "description": "weights at or below it are left out"}
 STRATEGY = {"enum": ["longest_first", "only_first", "only_second"], "default": "longest_first"}
 
 
@@ -75,83 +38,7 @@ def _object(required: list[str], **properties) -> dict:
 
 
 REQUEST_SCHEMAS = {
-    "/v1/embeddings": _object(
-        ["input"],
-        input=TEXTS_OR_IDS,
-        model=MODEL,
-        encoding_format={"enum": ["float", "base64"], "default": "float"},
-        dimensions=DIMENSIONS,
-        user={"type": "string", "description": "ignored"},
-        truncate=TRUNCATE,
-    ),
-    "/bertserve/v1/embed": _object(
-        [],
-        inputs=STRINGS,
-        token_ids={"type": "array", "items": TOKEN_IDS, "minItems": 1, "description": "instead of inputs"},
-        model=MODEL,
-        normalize={"type": "boolean"},
-        truncate=TRUNCATE,
-        dimensions=DIMENSIONS,
-        prompt_name=PROMPT_NAME,
-        truncation_direction=DIRECTION,
-        encodings=ENCODINGS,
-        dense={"type": "boolean", "description": "the pooled vector; absent: unless tokens or sparse"},
-        tokens={"type": "boolean", "default": False, "description": "token-level vectors"},
-        sparse={
-            "type": "boolean",
-            "default": False,
-            "description": "SPLADE weights (a model with an MLM head)",
-        },
-        sparse_threshold=SPARSE_THRESHOLD,
-        chunking=CHUNKING,
-    ),
-    "/embed": _object(
-        ["inputs"],
-        inputs=TEXTS_OR_IDS,
-        normalize={"type": "boolean", "default": True},
-        truncate=TRUNCATE,
-        truncation_direction=DIRECTION,
-        prompt_name=PROMPT_NAME,
-        dimensions=DIMENSIONS,
-        model=MODEL,
-    ),
-    "/embed_all": _object(
-        ["inputs"],
-        inputs=TEXTS_OR_IDS,
-        truncate=TRUNCATE,
-        truncation_direction=DIRECTION,
-        prompt_name=PROMPT_NAME,
-        model=MODEL,
-    ),
-    "/embed_sparse": _object(
-        ["inputs"],
-        inputs=TEXTS_OR_IDS,
-        truncate=TRUNCATE,
-        truncation_direction=DIRECTION,
-        prompt_name=PROMPT_NAME,
-        model={
-            **MODEL,
-            "description": "absent: the default embedding model, else the first with an MLM head",
-        },
-        sparse_threshold=SPARSE_THRESHOLD,
-    ),
-    "/v2/embed": _object(
-        ["texts"],
-        texts=STRINGS,
-        model=MODEL,
-        input_type={"type": "string", "description": "search_query, search_document or a prompt's name"},
-        embedding_types={
-            "type": "array",
-            "minItems": 1,
-            "uniqueItems": True,
-            "items": {"enum": ["float", "int8", "uint8", "binary", "ubinary", "base64"]},
-            "default": ["float"],
-        },
-        truncate={"enum": ["NONE", "START", "END"], "default": "END"},
-        output_dimension=DIMENSIONS,
-        max_tokens={**TOKEN_LIMIT, "description": "accepted when at least the model's max_length"},
-        priority={"type": "integer", "description": "ignored"},
-    ),
+    **embed_schemas(_object, STRINGS, MODEL, TRUNCATE, TOKEN_LIMIT),
     "/bertserve/v1/fill-mask": _object(
         ["inputs"], inputs=STRINGS, model=MODEL, top_k=TOP_K, truncate=TRUNCATE
     ),
