@@ -200,10 +200,14 @@ class Client:
         truncate: bool = False,
         timeout: float | None = None,
         max_requests_in_flight: int = client_stream.DEFAULT_REQUESTS_IN_FLIGHT,
+        dimensions: int | None = None,
+        prompt_name: str = "",
+        truncation_direction: str = "",
     ) -> Iterator[np.ndarray]:
         """Bulk embedding over one EmbedStream call: one float32 vector per text, in input order, for an
         iterable of any length (consumed lazily, `batch_size` texts per request). A failed request
-        raises client_stream.StreamRequestError (a grpc.RpcError) naming its first input."""
+        raises client_stream.StreamRequestError (a grpc.RpcError) naming its first input. `dimensions`,
+        `prompt_name`, `truncation_direction`: as `embed`'s."""
         return client_stream.embed_stream(
             self.stub,
             texts,
@@ -213,6 +217,9 @@ class Client:
             truncate=truncate,
             timeout=self._timeout(timeout),
             max_requests_in_flight=max_requests_in_flight,
+            dimensions=dimensions,
+            prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
         )
 
     def embed_stream_batches(self, texts: Iterable[str], **options) -> Iterator[np.ndarray]:

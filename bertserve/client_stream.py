@@ -63,8 +63,12 @@ def embed_stream_batches(
     truncate: bool = False,
     timeout: float | None = None,
     max_requests_in_flight: int = DEFAULT_REQUESTS_IN_FLIGHT,
+    dimensions: int | None = None,
+    prompt_name: str = "",
+    truncation_direction: str = "",
 ) -> Iterator[np.ndarray]:
-    """float32 arrays [n, dimension], one per `batch_size` texts, in input order.
+    """float32 arrays [n, dimension], one per `batch_size` texts, in input order. `dimensions`,
+    `prompt_name`, `truncation_direction`: as `Client.embed`'s.
 
     A request refused because the server's queue was full (RESOURCE_EXHAUSTED) is sent again after a
     backoff (up to MAX_RETRIES times). Any other failed request raises StreamRequestError once every
@@ -74,6 +78,9 @@ def embed_stream_batches(
         raise ValueError("batch_size and max_requests_in_flight must be at least 1")
     flow = _Flow(max_requests_in_flight)
     source_error: list[BaseException] = []
+    options = pb.EmbedOptions(prompt_name=prompt_name, truncation_direction=truncation_direction)
+    if dimensions is not None:
+        options.dimensions = dimensions
 
     def requests() -> Iterator[pb.EmbedStreamRequest]:
         chunks = enumerate(_batched(texts, batch_size))
@@ -87,7 +94,7 @@ def embed_stream_batches(
                         continue
                     request_id, chunk = item
                     request = pb.EmbedStreamRequest(
-                        id=request_id, inputs=chunk, model=model, truncate=truncate
+                        id=request_id, inputs=chunk, model=model, truncate=truncate, options=options
                     )
                     if normalize is not None:
                         request.normalize = normalize

@@ -297,6 +297,14 @@ def test_the_embed_command_takes_the_options(server, client, capsys):
     assert main([*argv, "--tokens", LONG]) == 0
     assert f"tokens: {MAX_SEQ_LENGTH} x {HIDDEN}" in capsys.readouterr().out
     assert main(["info", "--address", server.address]) == 0
-    assert "dimensions 8, 16; prompts query, document (default query)" in capsys.readouterr().out
+    assert "dimensions 8, 16; prompts document, query (default query)" in capsys.readouterr().out
     assert main([*argv, "--dimensions", "100", "a cat"]) == 1
     assert "INVALID_ARGUMENT: options.dimensions: 100" in capsys.readouterr().err
+
+
+def test_embed_stream_of_the_client_takes_dimensions_and_prompts(client, st):
+    texts = TEXTS * 5
+    got = np.stack(
+        list(client.embed_stream(texts, model=ST_MODEL, batch_size=4, dimensions=8, prompt_name="document"))
+    )
+    close(got, st.encode(texts, prompt_name="document", truncate_dim=8, normalize_embeddings=True))

@@ -6,7 +6,6 @@ window of inputs."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import grpc
@@ -124,34 +123,63 @@ def test_a_stream_not_read_holds_at_most_max_message_bytes_of_answers(st_repo):
         ]
         call = stub.EmbedStream(iter(requests), timeout=120)  # not read yet
 
-        def counts():
-            samples = scrape(server.metrics_url)
-            tokenized = metric(samples, "bertserve_tokenized_inputs_total", model=ST_MODEL)
-            return tokenized, metric(samples, "bertserve_stream_requests_total", code="OK")
-
-        wait_for(lambda: counts()[0] > 0, timeout=60)
-        last, steady_since = counts(), time.monotonic()
-        while time.monotonic() - steady_since < 2.0:  # until nothing moves for 2 s (at most 60 s)
-            time.sleep(0.2)
-            now = counts()
-            if now != last:
-                last, steady_since = now, time.monotonic()
-            assert time.monotonic() - steady_since < 60
-        tokenized, sent = last
+        tokenized, sent = _steady_counts(server, ST_MODEL)
         held = tokenized - sent
         print(f"\n{tokenized:.0f} requests computed, {sent:.0f} sent, {held:.0f} held")
         assert held * answer <= MAX_MESSAGE_BYTES + answer
         assert tokenized < REQUESTS
 
-        done = threading.Event()
-        got = []
-        for response in call:  # reading now: every request is answered
-            got.append(response)
-        done.set()
+        got = list(call)  # reading now: every request is answered
         assert sorted(r.id for r in got) == list(range(REQUESTS))
         shapes = {
             (r.result.embeddings[0].tokens.count, len(r.result.embeddings[0].tokens.values)) for r in got
         }
         assert shapes == {(MAX_SEQ_LENGTH, MAX_SEQ_LENGTH * HIDDEN)}
         assert np.isfinite(np.asarray(got[0].result.embeddings[0].tokens.values)).all()
+        channel.close()
+
+
+def _steady_counts(server, model: str) -> tuple[float, float]:
+    """(requests tokenized, answers sent) once neither moved for 2 s (at most 60 s)."""
+
+    def counts():
+        samples = scrape(server.metrics_url)
+        tokenized = metric(samples, "bertserve_tokenized_inputs_total", model=model)
+        return tokenized, metric(samples, "bertserve_stream_requests_total", code="OK")
+
+    wait_for(lambda: counts()[0] > 0, timeout=60)
+    last, steady_since, started = counts(), time.monotonic(), time.monotonic()
+    while time.monotonic() - steady_since < 2.0:
+        time.sleep(0.2)
+        now = counts()
+        if now != last:
+            last, steady_since = now, time.monotonic()
+        assert time.monotonic() - started < 60
+    return last
+
+
+CHUNKED_REQUESTS = 600
+
+
+def test_a_chunked_stream_request_takes_the_window_of_its_windows(st_repo):
+    """A chunked request's one text may become max_inputs_per_request windows, tokenized before they get
+    queue room: each takes that much of its stream's window, so a stream that is not read holds one (before:
+    the window of 128 inputs held 128 such requests, each up to 256 windows of max_length tokens)."""
+    text = " ".join(["word"] * 300)  # about six windows of max_length
+    with ServerThread(model_repo=st_repo) as server:
+        channel = grpc.insecure_channel(server.address, options=[("grpc.http2.bdp_probe", 0)])
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        options = pb.EmbedOptions(chunking=pb.Chunking())
+        requests = [
+            pb.EmbedStreamRequest(id=i, inputs=[text], model=ST_MODEL, options=options)
+            for i in range(CHUNKED_REQUESTS)
+        ]
+        call = stub.EmbedStream(iter(requests), timeout=120)  # not read yet
+        tokenized, sent = _steady_counts(server, ST_MODEL)
+        print(f"\n{tokenized:.0f} chunked requests computed, {sent:.0f} sent, {tokenized - sent:.0f} held")
+        assert tokenized - sent <= 1 and tokenized < CHUNKED_REQUESTS
+        answers = list(call)
+        assert sorted(a.id for a in answers) == list(range(CHUNKED_REQUESTS))
+        assert {a.result.embeddings[0].chunks for a in answers} == {answers[0].result.embeddings[0].chunks}
+        assert answers[0].result.embeddings[0].chunks > 1
         channel.close()

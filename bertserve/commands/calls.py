@@ -84,7 +84,7 @@ def _describe_info(result, _inputs) -> str:
             offers.append(f"dimensions {', '.join(map(str, m.dimensions))}")
         if m.prompts:
             default = f" (default {m.default_prompt_name})" if m.default_prompt_name else ""
-            offers.append(f"prompts {', '.join(m.prompts)}{default}")
+            offers.append(f"prompts {', '.join(sorted(m.prompts))}{default}")
         if m.encodings:
             offers.append(f"encodings {', '.join(m.encodings)}")
         if m.sparse:

@@ -10,7 +10,8 @@ is sent as soon as it is ready. Two loops per stream:
   service/grpc/stream_window.py); a request that does not fit waits until it does (one larger than the
   window runs alone). A client that stops reading blocks the writer, the window stays full, the reader
   stops reading, and HTTP/2 flow control stops the client's sends: the stream holds a bounded number of
-  inputs and answer bytes whatever its length, its options (token-level, sparse) or its reader's pace.
+  inputs and answer bytes whatever its length, its options (token-level, sparse) or its reader's pace. A
+  chunked request counts as max_inputs_per_request inputs, the windows its texts may become.
 - the writer sends answers in the order they finish and frees their room in the window.
 
 A failed request is answered with its id and a StreamError (code + message, as the unary RPC's status);
@@ -199,6 +200,8 @@ class _Stream:
             except errors.InvalidInput as exc:
                 arguments = exc  # answered as the request's error, in its turn
             inputs = max(1, len(request.inputs) + len(request.token_ids))
+            if request.options.HasField("chunking"):  # its texts may become this many windows
+                inputs = max(inputs, self.settings.max_inputs_per_request)
             reserved = self._reservation(request.model, arguments)
             await self.window.acquire(inputs, reserved)
             if self.draining:  # answered without work, in the window like any answer

@@ -12,7 +12,7 @@ Infer takes one BYTES input "text" of shape [n] or [n, 1] (JSON strings in "data
 data extension: `parameters.binary_data_size` and the bytes after the JSON header, whose length the
 `Inference-Header-Content-Length` header gives), and for the classify outputs only an optional second
 BYTES input "text_pair" of the same shape (sentence pairs). Outputs as on gRPC: "embedding" FP32
-[n, dimension]; "labels" BYTES + "label_scores" FP32 [n, k]; "mask_tokens"/"mask_sequences" BYTES +
+[n, dimension] (and the embedding options' outputs and parameters, service/kserve/embed_tensors.py); "labels" BYTES + "label_scores" FP32 [n, k]; "mask_tokens"/"mask_sequences" BYTES +
 "mask_scores" FP32 [n, k] (fill-mask: exactly one mask per input; only when named). Request parameters:
 normalize, truncate (bool), top_k (int), raw_scores (bool), truncation_strategy (string), binary_data_output
 (bool). An output is sent binary when its request entry has `parameters.binary_data` true, or

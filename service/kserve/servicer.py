@@ -6,7 +6,8 @@ BYTES tensor "text_pair" of the same shape: sentence pairs; request parameter "t
 and makes one inference-core call for the tasks it needs (service/core/core.py: validation, tokenization,
 the encoder's shared batches, the tasks), so every protocol shares batches, limits and metrics; domain errors are mapped by `rpc_status`. Outputs by task:
 
-    embed     "embedding"       FP32  [n, dimension]  (request parameter "normalize": bool)
+    embed     "embedding"       FP32  [n, dimension]  (request parameter "normalize": bool); the other
+              encodings, token-level and sparse outputs and their parameters: embed_tensors.py
     classify  "labels"          BYTES [n, k]          best first (request parameters "top_k": int64,
               "label_scores"    FP32  [n, k]          default all labels; "raw_scores": bool)
     fill_mask "mask_tokens"     BYTES [n, k]          best first, exactly one mask token per input
