@@ -1,7 +1,7 @@
 """int8/uint8 calibration ranges of an embedding model, computed once at export.
 
 The fixed corpus calibration_texts.txt (one English sentence a line, shipped with the package) is embedded by
-the exported fp32 encoder graph (ONNX Runtime, batches of BATCH texts in file order, no prompt); for each
+the exported fp32 encoder graph (ONNX Runtime, batches of BATCH texts of similar lengths, no prompt); for each
 size d of {hidden size} + the Matryoshka dimensions the pooled vectors are cut to their first d values
 ("<d>:raw") and then L2-normalized ("<d>:normalized"), and the range of each is its per-dimension [min, max]:
 the `ranges` sentence-transformers' quantize_embeddings computes from `calibration_embeddings`.
@@ -28,14 +28,18 @@ def calibration_texts() -> list[str]:
 
 
 def embed_texts(encoder: Path, tokenizer: Tokenizer, pad_id: int, texts: list[str]) -> np.ndarray:
-    """(len(texts), hidden) float32 pooled vectors (not normalized) of the encoder graph."""
+    """(len(texts), hidden) float32 pooled vectors (not normalized) of the encoder graph, in texts' order.
+    Batches hold texts of similar token counts (a stable sort), so that little is padding."""
     session = verify.session(encoder)
     names = {i.name for i in session.get_inputs()}
+    order = np.argsort([len(e.ids) for e in tokenizer.encode_batch(texts)], kind="stable")
     pieces = []
     for start in range(0, len(texts), BATCH):
-        feed = encode(tokenizer, texts[start : start + BATCH], pad_id)
+        feed = encode(tokenizer, [texts[i] for i in order[start : start + BATCH]], pad_id)
         pieces.append(session.run([SENTENCE_EMBEDDING], {k: v for k, v in feed.items() if k in names})[0])
-    return np.concatenate(pieces).astype(np.float32, copy=False)
+    vectors = np.empty((len(texts), pieces[0].shape[1]), dtype=np.float32)
+    vectors[order] = np.concatenate(pieces)
+    return vectors
 
 
 def cut(vectors: np.ndarray, d: int, normalized: bool) -> np.ndarray:

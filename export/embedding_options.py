@@ -18,6 +18,7 @@ ST_CONFIG = "config_sentence_transformers.json"
 DIMENSIONS_KEY = "matryoshka_dimensions"
 MAX_PROMPTS = 64  # names and texts are kept in the manifest and sent in every Info answer
 MAX_PROMPT_CHARS = 4096
+MAX_DIMENSIONS = 32  # each size adds two calibration ranges of its length to the manifest
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,10 @@ def check_dimensions(values, hidden_size: int, where: str) -> tuple[int, ...]:
             raise CheckpointError(
                 f"{where}: {d} is outside 1..{hidden_size - 1} (the hidden size {hidden_size} is the full vector)"
             )
-    return tuple(sorted(set(values)))
+    sizes = tuple(sorted(set(values)))
+    if len(sizes) > MAX_DIMENSIONS:
+        raise CheckpointError(f"{where}: {len(sizes)} sizes (at most {MAX_DIMENSIONS})")
+    return sizes
 
 
 def parse_dimensions(text: str) -> list[int]:

@@ -34,13 +34,18 @@ INIT_RANGE = 0.2
 
 def make_st_model(directory: Path, scratch: Path, seed: int = 21) -> Path:
     """Writes the sentence-transformers model into directory and returns it."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+
+    try:  # sentence-transformers 6.x
+        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    except ImportError:
+        from sentence_transformers.models import Normalize, Pooling, Transformer
 
     base = make_checkpoint(Path(scratch) / "st-base", "BertModel", seed=seed, initializer_range=INIT_RANGE)
-    transformer = models.Transformer(str(base), max_seq_length=MAX_SEQ_LENGTH)
-    pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
+    transformer = Transformer(str(base), max_seq_length=MAX_SEQ_LENGTH)
+    pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
     model = SentenceTransformer(
-        modules=[transformer, pooling, models.Normalize()],
+        modules=[transformer, pooling, Normalize()],
         device="cpu",
         prompts=PROMPTS,
         default_prompt_name=DEFAULT_PROMPT_NAME,

@@ -18,6 +18,7 @@ import numpy as np
 
 from bertserve.service.core.embed_inputs import left_truncation
 from bertserve.service.core.embed_options import embed_result
+from bertserve.service.core.prompts import call_prompt
 from bertserve.service.core.results import EmbedResult, call_meta
 from bertserve.service.core.task_calls import CHUNK_POOLINGS, Chunking, EmbedCall
 from bertserve.service.core.validation import check_count
@@ -80,7 +81,7 @@ async def embed_chunked(
     option = core._options(served, call)  # the call's dimensions, encodings and normalize, checked
     raw = core._options(served, EmbedCall(normalize=False))  # each window's raw pooled vector
     length, overlap, pooling = check_chunking(chunking, served.manifest.max_length)
-    prompt = core._prompt(served, prompt_name, True, None)
+    prompt = call_prompt(served, prompt_name, True, False)
     settings = core.settings
     check_count(texts, settings.max_inputs_per_request)
     windows_per_text: list[int] = []

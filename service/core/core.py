@@ -44,7 +44,7 @@ from bertserve.service.core.embed_inputs import check_token_id_counts, encode_to
 from bertserve.service.core.embed_options import check_embed_answer_size, embed_options, embed_result
 from bertserve.service.core.loop_lag import LoopLagMonitor
 from bertserve.service.core.pairs import PairCalls, check_two_segments
-from bertserve.service.core.prompts import prompt_text
+from bertserve.service.core.prompts import call_prompt
 from bertserve.service.core.remote_engine import EngineLink, RemoteBatcher
 from bertserve.service.core.results import (
     AttentionResult,
@@ -267,13 +267,14 @@ class InferenceCore(PairCalls):
         once, admitted together (all or none) and batched together, so one encoder run can serve them
         all. One result per call, in order. `model` "" = the default model of the first call's task.
         `pairs` (Classify only): the second text of each input, a sentence pair. `prompt_name`,
-        `truncation_direction`, `token_ids`: as `embed`'s (for every task of the call)."""
+        `truncation_direction`, `token_ids`: as `embed`'s (a prompt for embedding calls only). Setting
+        `auto_truncate`: a call of embedding tasks alone is cut as if it set `truncate`."""
         served = self._resolve(model, calls)
         options = [self._options(served, call) for call in calls]
         left = left_truncation(truncation_direction)
         embed_only = all(call.task is Task.EMBED for call in calls)
         truncate = truncate or (self.settings.auto_truncate and embed_only)
-        prompt = self._prompt(served, prompt_name, embed_only, token_ids)
+        prompt = call_prompt(served, prompt_name, embed_only, bool(token_ids))
         if token_ids:
             if texts or pairs:
                 raise InvalidInput("token_ids: give either inputs or token_ids, not both")
@@ -283,6 +284,8 @@ class InferenceCore(PairCalls):
             check_count(texts, self.settings.max_inputs_per_request)
         check_strategy(truncation_strategy)  # with pairs or not: a wrong value is never ignored
         if pairs:
+            if left:
+                raise InvalidInput("truncation_direction: sentence pairs are cut by truncation_strategy")
             check_pair_count(texts, pairs, ("inputs", "pairs"))
             if any(call.task is not Task.CLASSIFY for call in calls):
                 raise InvalidInput("pairs: only classify takes sentence pairs")
@@ -353,11 +356,12 @@ class InferenceCore(PairCalls):
         permit = await batcher.wait_room(inputs, True) if bulk else batcher.reserve(inputs, False, deadline)
         try:
             encoded, tokenize_s = await tokenize()
-            more = len(encoded) * len(options) - permit.inputs
-            if more > 0:
-                extra = (
-                    await batcher.wait_room(more, True) if bulk else batcher.reserve(more, False, deadline)
-                )
+            needed = len(encoded) * len(options)
+            if needed > permit.inputs and bulk:  # waits for all its room holding none: no hold-and-wait
+                permit.release()
+                permit = await batcher.wait_room(needed, True)
+            elif needed > permit.inputs:
+                extra = batcher.reserve(needed - permit.inputs, False, deadline)
                 permit.inputs += extra.inputs  # one permit for the lane's room: released or handed over once
                 extra.hand_over()
             masks = check(encoded) if check is not None else None
@@ -518,22 +522,6 @@ class InferenceCore(PairCalls):
         else:
             encoded = await self.off_loop(encode_token_ids, *args)
         return encoded, time.perf_counter() - started
-
-    def _prompt(
-        self,
-        model: ServedModel,
-        prompt_name: str | None,
-        embed_only: bool,
-        token_ids: Sequence[Sequence[int]] | None,
-    ) -> str:
-        """The prompt text prepended to each text of the call ("" when none)."""
-        if prompt_name and token_ids:
-            raise InvalidInput("prompt_name: token_ids are used as given, without a prompt")
-        if prompt_name and not embed_only:
-            raise InvalidInput("prompt_name: only embedding calls take a prompt")
-        if token_ids or not embed_only:
-            return ""
-        return prompt_text(model.manifest.tasks.embed, prompt_name, model.name)
 
     def _masks(self, model: ServedModel, index: int, encoded: EncodedInput) -> np.ndarray:
         spec = model.manifest.tasks.fill_mask

@@ -48,12 +48,21 @@ def encode_token_ids(
     left: bool,
     field: str = "token_ids",
 ) -> list[EncodedInput]:
-    """The lists as the graph's inputs. An id outside [0, vocab_size) is refused with its place; a list
-    over max_length is refused, or (`truncate`) sliced at the truncation direction's end."""
+    """The lists as the graph's inputs. A list over max_length is refused, or (`truncate`) sliced at the
+    truncation direction's end; an id kept outside [0, vocab_size) is refused with its place."""
     encoded = []
     for i, given in enumerate(token_ids):
+        cut = len(given) > max_length
+        if cut and not truncate:
+            raise InvalidInput(
+                f"{field}[{i}]: {len(given)} ids is more than the model's max_length {max_length} "
+                f"(set truncate to cut it)"
+            )
+        # only the kept ids are read: the work per list is bounded by max_length
+        start = len(given) - max_length if cut and left else 0
+        kept = given[start : start + max_length] if cut else given
         try:
-            ids = np.asarray(given, dtype=np.int64)
+            ids = np.asarray(kept, dtype=np.int64)
         except (OverflowError, TypeError, ValueError):
             raise InvalidInput(f"{field}[{i}]: token ids must be integers") from None
         if ids.ndim != 1:
@@ -62,15 +71,7 @@ def encode_token_ids(
         if len(outside):
             j = int(outside[0])
             raise InvalidInput(
-                f"{field}[{i}][{j}]: {int(ids[j])} is outside the vocabulary (size {vocab_size})"
+                f"{field}[{i}][{start + j}]: {int(ids[j])} is outside the vocabulary (size {vocab_size})"
             )
-        cut = len(ids) > max_length
-        if cut and not truncate:
-            raise InvalidInput(
-                f"{field}[{i}]: {len(ids)} ids is more than the model's max_length {max_length} "
-                f"(set truncate to cut it)"
-            )
-        if cut:
-            ids = ids[-max_length:] if left else ids[:max_length]
-        encoded.append(EncodedInput(np.ascontiguousarray(ids), np.zeros_like(ids), cut))
+        encoded.append(EncodedInput(ids, np.zeros_like(ids), cut))
     return encoded

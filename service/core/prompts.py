@@ -5,9 +5,13 @@ mapped to a prompt name."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from bertserve.repository import EmbedTask
 from bertserve.service.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from bertserve.service.engine.served_model import ServedModel
 
 # Cohere input types and the prompt names sentence-transformers models commonly give them, in order
 COHERE_PROMPT_NAMES = {"search_query": ("query",), "search_document": ("document", "passage")}
@@ -45,3 +49,15 @@ def cohere_prompt_name(
         if name in prompts:
             return name
     raise InvalidInput(f"{field}: {input_type!r} matches none of the model's prompts ({_names(prompts)})")
+
+
+def call_prompt(model: ServedModel, prompt_name: str | None, embed_only: bool, token_ids: bool) -> str:
+    """The prompt text prepended to each text of a call ("" when none): only calls of embedding tasks
+    alone take one, and token ids (used as given) never do."""
+    if prompt_name and token_ids:
+        raise InvalidInput("prompt_name: token_ids are used as given, without a prompt")
+    if prompt_name and not embed_only:
+        raise InvalidInput("prompt_name: only embedding calls take a prompt")
+    if token_ids or not embed_only:
+        return ""
+    return prompt_text(model.manifest.tasks.embed, prompt_name, model.name)
