@@ -1,5 +1,5 @@
-"""The README's HTTP examples run: every `curl` line of its HTTP section and its `openai` client example,
-and the quick start's call on each port, against a live server on the tiny repository (the README's model
+"""The README's HTTP examples run: every `curl` line of its HTTP and Embedding options sections and its
+`openai` client example, and the quick start's call on each port, against a live server on the tiny repository (the README's model
 names mapped to the tiny ones)."""
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def localized(text: str, base_url: str) -> str:
     return text.replace("http://localhost:8080", base_url).replace("localhost:8080", base_url)
 
 
-def curl_commands() -> list[str]:
+def curl_commands(text: str | None = None) -> list[str]:
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", http_section(), re.S):
+    for block in re.findall(r"```bash\n(.*?)```", http_section() if text is None else text, re.S):
         joined = block.replace("\\\n", " ")
         commands += [line.strip() for line in joined.splitlines() if line.strip().startswith("curl ")]
     return commands
@@ -53,6 +53,18 @@ def test_readme_curl_examples_run(tiny_server):
         result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, (command, result.stdout, result.stderr)
         assert isinstance(json.loads(result.stdout), dict), command
+
+
+def test_readme_embedding_option_examples_run(tiny_server):
+    """The Embedding options section's curl lines (TEI's routes answer JSON arrays)."""
+    commands = curl_commands(readme_section("Embedding options"))
+    assert len(commands) >= 3
+    for command in commands:
+        argv = shlex.split(localized(command, tiny_server.http_url))
+        argv[1:1] = ["--fail-with-body", "--max-time", "30"]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, (command, result.stdout, result.stderr)
+        assert json.loads(result.stdout), command
 
 
 def test_readme_openai_example_runs(tiny_server, capsys):
