@@ -85,6 +85,7 @@ def test_committed_heads_match_checksums_and_recorded_figures(committed_record):
 
 
 @needs_wordnet
+@pytest.mark.timeout(900)  # CPU-bound training: minutes on a machine shared with other work
 def test_retraining_a_subset_beats_chance(tmp_path):
     from bertserve.export.default_model import default_checkpoint_dir
     from bertserve.export.heads.assemble import verify_heads
