@@ -97,6 +97,9 @@ async def embed(front: HttpFront, call: Call) -> Response:
             chunking=chunking,
         )
     count = len(token_ids) if token_ids is not None else len(texts)
+    if result.sparse is not None:  # an id and a weight an entry
+        entries = sum(len(ids) for ids, _ in result.sparse)
+        embed_fields.check_sparse_reply(front, entries, 2 * JSON_FLOAT_BYTES)
     size = JSON_FLOAT_BYTES * reply_values(result, options)
     return await off_loop_above(front, size, _reply, result, options, count)
 
