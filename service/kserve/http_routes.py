@@ -230,6 +230,25 @@ def _answer(
     )
 
 
+def _check_json_floats(
+    front: HttpFront, requested: list[tuple[str, bool | None]], tensors: dict, binary_default: bool
+) -> None:
+    """Refuses, before the reply is built, float outputs whose JSON (about JSON_FLOAT_BYTES a value) would
+    pass max_message_bytes: the core bounds token-level outputs in binary, 4 bytes a value."""
+    floats = [
+        (name, tensors[name].values.size)
+        for name, flag in requested
+        if tensors[name].datatype in ("FP32", "FP16") and not (binary_default if flag is None else flag)
+    ]
+    size, limit = JSON_FLOAT_BYTES * sum(n for _, n in floats), front.settings.max_message_bytes
+    if floats and size > limit:
+        name = max(floats, key=lambda f: f[1])[0]
+        raise InvalidInput(
+            f"outputs[{name!r}]: about {size} bytes of JSON, more than max_message_bytes {limit}; ask for "
+            "binary_data, or send fewer or shorter inputs"
+        )
+
+
 async def infer(front: HttpFront, call: Call) -> Response:
     model = _model(front, call)
     limit = front.settings.max_inputs_per_request
@@ -270,6 +289,7 @@ async def infer(front: HttpFront, call: Call) -> Response:
         else:
             tensors.update(task_tensors(task, outcome, mask_token, "mask_sequences" in names))
     size = JSON_FLOAT_BYTES * sum(tensors[name].values.size for name in names)
+    _check_json_floats(front, requested, tensors, binary_default)
     return await off_loop_above(front, size, _answer, model, requested, tensors, binary_default, request_id)
 
 
