@@ -155,3 +155,19 @@ def test_token_id_bodies_hold_max_length_ids_per_input(http):
         assert response.status_code == 200, (path, response.text[:300])
     over = http.post("/embed", json={**ST, "inputs": [[7] * 200] * MAX_INPUTS, "truncate": True})
     assert over.status_code == 400 and "JSON values" in over.json()["error"]["message"]
+
+
+def test_sparse_json_over_max_message_bytes_is_refused_before_it_is_built(http):
+    """The core bounds a sparse answer at 8 bytes an entry (protobuf); its JSON takes several times that:
+    an answer whose JSON would pass max_message_bytes is refused naming sparse, not built and measured."""
+    texts = [f"the cat number {i} sat on the mat" for i in range(6)]
+    for path, body in (
+        ("/embed_sparse", {"inputs": texts, "model": MLM_MODEL}),
+        ("/bertserve/v1/embed", {"model": MLM_MODEL, "inputs": texts, "sparse": True}),
+    ):
+        response = http.post(path, json=body)
+        assert response.status_code == 400, (path, response.status_code, response.text[:300])
+        message = response.json()["error"]["message"]
+        assert message.startswith("sparse:") and "max_message_bytes 65536" in message, message
+    small = http.post("/embed_sparse", json={"inputs": ["a cat"], "model": MLM_MODEL})
+    assert small.status_code == 200 and small.json()[0], small.text[:300]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import numpy as np
 import pytest
 
@@ -184,3 +185,20 @@ def test_default_prompt_applies_on_kserve(server, child, st):
     outputs = infer(child, server, ST_MODEL, ["embedding"], {})["outputs"]
     assert DEFAULT_PROMPT_NAME in PROMPTS
     close(outputs["embedding"], st.encode(TEXTS, normalize_embeddings=True))
+
+
+def test_rest_json_token_embeddings_over_max_message_bytes_are_refused_unbuilt(server):
+    """8 inputs of 64 tokens x 48 floats: about 98 KB in binary (under the limit), about 490 KB as JSON:
+    refused naming the output before the JSON is built; the same outputs as binary data are answered."""
+    body = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [8], "data": [LONG] * 8}],
+        "outputs": [{"name": "token_embeddings"}],
+        "parameters": {"truncate": True},
+    }
+    url = f"{server.http_url}/v2/models/{ST_MODEL}/infer"
+    response = httpx.post(url, json=body, timeout=60)
+    assert response.status_code == 400, response.text[:300]
+    message = response.json()["error"]
+    assert message.startswith("outputs['token_embeddings']: about") and "max_message_bytes" in message
+    body["outputs"] = [{"name": "token_embeddings", "parameters": {"binary_data": True}}]
+    assert httpx.post(url, json=body, timeout=60).status_code == 200

@@ -101,6 +101,7 @@ async def embed_v2(front: HttpFront, call: Call) -> Response:
             truncation_direction=direction,
         )
     size = JSON_FLOAT_BYTES * result.vectors.size * len(types) if result.vectors is not None else 0
+    size += sum(len(text) for text in texts)  # the texts are echoed back
     return await off_loop_above(front, size, _reply, result, types, texts)
 
 

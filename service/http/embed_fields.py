@@ -234,3 +234,15 @@ async def check_tokens_reply(
             f"tokens: {sum(counts)} tokens x {hidden} values is about {size} bytes of JSON, more than "
             f"max_message_bytes {limit}; send fewer or shorter inputs"
         )
+
+
+def check_sparse_reply(front: HttpFront, entries: int, entry_bytes: int) -> None:
+    """Refuses, after the encoder ran and before its JSON is built, a sparse answer whose JSON (about
+    `entry_bytes` an entry) would pass max_message_bytes: the core bounds it in binary (8 bytes an entry),
+    JSON takes several times that, and the Python objects behind it more again."""
+    size, limit = entries * entry_bytes, front.settings.max_message_bytes
+    if size > limit:
+        raise InvalidInput(
+            f"sparse: {entries} entries is about {size} bytes of JSON, more than max_message_bytes {limit}; "
+            "raise sparse_threshold, or send fewer inputs"
+        )

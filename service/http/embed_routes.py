@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from bertserve.service.core.task_calls import EmbedCall
     from bertserve.service.http.app import HttpFront
 
+# a sparse entry in JSON: an id (up to 6 digits) with its comma, and a weight
+SPARSE_JSON_ENTRY_BYTES = 7 + JSON_FLOAT_BYTES
 FIELDS = ("inputs", "token_ids", "model", "normalize", "truncate", *embed_fields.OPTION_FIELDS)
 
 
@@ -97,6 +99,9 @@ async def embed(front: HttpFront, call: Call) -> Response:
             chunking=chunking,
         )
     count = len(token_ids) if token_ids is not None else len(texts)
+    if result.sparse is not None:
+        entries = sum(len(ids) for ids, _ in result.sparse)
+        embed_fields.check_sparse_reply(front, entries, SPARSE_JSON_ENTRY_BYTES)
     size = JSON_FLOAT_BYTES * reply_values(result, options)
     return await off_loop_above(front, size, _reply, result, options, count)
 

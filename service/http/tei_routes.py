@@ -105,8 +105,9 @@ def _sparse_reply(result: EmbedResult) -> Response:
 
 async def embed_sparse(front: HttpFront, call: Call) -> Response:
     result = await _embed(front, call, ("sparse_threshold",), {"dense": False, "sparse": True})
-    size = JSON_SPARSE_ENTRY_BYTES * sum(len(ids) for ids, _ in result.sparse)
-    return await off_loop_above(front, size, _sparse_reply, result)
+    entries = sum(len(ids) for ids, _ in result.sparse)
+    embed_fields.check_sparse_reply(front, entries, JSON_SPARSE_ENTRY_BYTES)
+    return await off_loop_above(front, JSON_SPARSE_ENTRY_BYTES * entries, _sparse_reply, result)
 
 
 ROUTES = [

@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from bertserve import __version__
 from bertserve.service.core.core import DEFAULT_FILL_MASK_TOP_K
 from bertserve.service.core.results import ModelInfo
@@ -230,6 +232,34 @@ def _answer(
     )
 
 
+ZERO_JSON_BYTES = 4  # a padding zero in JSON data: "0.0,"
+
+
+def _json_float_bytes(values: np.ndarray) -> int:
+    """About the JSON of float32 values: JSON_FLOAT_BYTES each, a padding zero "0.0," 4 bytes."""
+    nonzero = int(np.count_nonzero(values))
+    return JSON_FLOAT_BYTES * nonzero + ZERO_JSON_BYTES * (values.size - nonzero)
+
+
+def _check_json_floats(
+    front: HttpFront, requested: list[tuple[str, bool | None]], tensors: dict, binary_default: bool
+) -> None:
+    """Refuses, before the reply is built, FP32 outputs whose JSON would pass max_message_bytes: the core
+    bounds token-level outputs in binary, 4 bytes a value, and JSON takes about five times that."""
+    floats = [
+        (name, _json_float_bytes(tensors[name].values))
+        for name, flag in requested
+        if tensors[name].datatype == "FP32" and not (binary_default if flag is None else flag)
+    ]
+    size, limit = sum(n for _, n in floats), front.settings.max_message_bytes
+    if size > limit:
+        name = max(floats, key=lambda f: f[1])[0]
+        raise InvalidInput(
+            f"outputs[{name!r}]: about {size} bytes of JSON, more than max_message_bytes {limit}; ask for "
+            "binary_data, or send fewer or shorter inputs"
+        )
+
+
 async def infer(front: HttpFront, call: Call) -> Response:
     model = _model(front, call)
     limit = front.settings.max_inputs_per_request
@@ -270,6 +300,7 @@ async def infer(front: HttpFront, call: Call) -> Response:
         else:
             tensors.update(task_tensors(task, outcome, mask_token, "mask_sequences" in names))
     size = JSON_FLOAT_BYTES * sum(tensors[name].values.size for name in names)
+    _check_json_floats(front, requested, tensors, binary_default)
     return await off_loop_above(front, size, _answer, model, requested, tensors, binary_default, request_id)
 
 
