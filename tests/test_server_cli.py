@@ -141,7 +141,13 @@ def test_top_level_help_describes_each_command_without_importing_torch_or_grpc()
 # Typed results: (dataclass, protobuf message, fields the dataclass adds, {proto field: its name here}).
 RESULT_TYPES = [
     (client_results.Metadata, pb.ResponseMetadata, set(), {}),
-    (client_results.Embeddings, pb.EmbedResponse, {"model"}, {"embeddings": "vectors"}),
+    # the embedding options' outputs are unpacked from each Embedding into arrays per call
+    (
+        client_results.Embeddings,
+        pb.EmbedResponse,
+        {"model", "encodings", "tokens", "sparse", "chunks"},
+        {"embeddings": "vectors"},
+    ),
     (client_results.MaskCandidate, pb.MaskCandidate, set(), {}),
     (client_results.MaskPrediction, pb.MaskPrediction, set(), {}),
     (client_results.FillMaskResult, pb.FillMaskResult, set(), {}),
