@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.checkpoints import export_all, make_checkpoint
 
 ST_MODEL = "tiny-st"
 MLM_MODEL = "tiny-mlm"
@@ -61,22 +61,7 @@ def make_st_model(directory: Path, scratch: Path, seed: int = 21) -> Path:
 def export_st_repo(repo: Path, st_model: Path, mlm_checkpoint: Path) -> Path:
     """Exports ST_MODEL (from st_model, make_st_model's directory) and MLM_MODEL (from mlm_checkpoint) into
     repo; returns repo."""
-    from bertserve.cli import main
-
-    for name, checkpoint in ((ST_MODEL, st_model), (MLM_MODEL, mlm_checkpoint)):
-        argv = [
-            "export",
-            "--checkpoint",
-            str(checkpoint),
-            "--out",
-            str(repo),
-            "--name",
-            name,
-            "--version",
-            "1",
-        ]
-        assert main(argv) == 0, f"bertserve export of {name} failed"
-    return Path(repo)
+    return export_all(repo, [(ST_MODEL, st_model, []), (MLM_MODEL, mlm_checkpoint, [])])
 
 
 def version_dir(repo: Path, name: str = ST_MODEL) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from bertserve.repository import Manifest, read_manifest
-from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.checkpoints import export_all, make_checkpoint
 
 PAIR_CLASSIFIER = "tiny-pair-classifier"
 CROSS_ENCODER = "tiny-cross-encoder"
@@ -139,7 +139,6 @@ class PairModel:
 
 def export_pair_repo(repo: Path, scratch: Path) -> dict[str, PairModel]:
     """Exports the three models into `repo` through the CLI (version 1 each, fp32 graphs)."""
-    from bertserve.cli import main
 
     classifier = make_pair_classifier(scratch / "pair-classifier")
     cross_encoder = make_cross_encoder(scratch / "cross-encoder", scratch / "cross-encoder-base")
@@ -149,20 +148,7 @@ def export_pair_repo(repo: Path, scratch: Path) -> dict[str, PairModel]:
         (CROSS_ENCODER, cross_encoder, []),
         (PAIR_EMBED, embed, []),
     ]
-    for name, checkpoint, extra in exports:
-        argv = [
-            "export",
-            "--checkpoint",
-            str(checkpoint),
-            "--out",
-            str(repo),
-            "--name",
-            name,
-            "--version",
-            "1",
-        ]
-        code = main([*argv, *extra])
-        assert code == 0, f"bertserve export of {name} failed"
+    export_all(repo, exports)
     return {
         PAIR_CLASSIFIER: PairModel(PAIR_CLASSIFIER, repo, classifier, is_cross_encoder=False),
         CROSS_ENCODER: PairModel(CROSS_ENCODER, repo, cross_encoder, is_cross_encoder=True),

@@ -44,15 +44,20 @@ def curl_commands(text: str | None = None) -> list[str]:
     return commands
 
 
+def run_curl(command: str, base_url: str) -> object:
+    """One README curl line against `base_url`; its JSON answer (the command must succeed)."""
+    argv = shlex.split(localized(command, base_url))
+    argv[1:1] = ["--fail-with-body", "--max-time", "30"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, (command, result.stdout, result.stderr)
+    return json.loads(result.stdout)
+
+
 def test_readme_curl_examples_run(tiny_server):
     commands = curl_commands()
     assert len(commands) >= 8
     for command in commands:
-        argv = shlex.split(localized(command, tiny_server.http_url))
-        argv[1:1] = ["--fail-with-body", "--max-time", "30"]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        assert result.returncode == 0, (command, result.stdout, result.stderr)
-        assert isinstance(json.loads(result.stdout), dict), command
+        assert isinstance(run_curl(command, tiny_server.http_url), dict), command
 
 
 def test_readme_embedding_option_examples_run(tiny_server):
@@ -60,11 +65,7 @@ def test_readme_embedding_option_examples_run(tiny_server):
     commands = curl_commands(readme_section("Embedding options"))
     assert len(commands) >= 3
     for command in commands:
-        argv = shlex.split(localized(command, tiny_server.http_url))
-        argv[1:1] = ["--fail-with-body", "--max-time", "30"]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        assert result.returncode == 0, (command, result.stdout, result.stderr)
-        assert json.loads(result.stdout), command
+        assert run_curl(command, tiny_server.http_url), command
 
 
 def test_readme_openai_example_runs(tiny_server, capsys):

@@ -132,3 +132,24 @@ def load_reference(directory: Path) -> torch.nn.Module:
     config = json.loads((Path(directory) / "config.json").read_text())
     cls = getattr(transformers, config["architectures"][0])
     return cls.from_pretrained(directory, attn_implementation="eager").eval()
+
+
+def export_all(repo: Path, exports: list[tuple[str, Path, list[str]]]) -> Path:
+    """Each (name, checkpoint directory, extra flags) exported into `repo` as version 1 through the
+    `bertserve export` command, as a user would; returns `repo`."""
+    from bertserve.cli import main
+
+    for name, checkpoint, extra in exports:
+        argv = [
+            "export",
+            "--checkpoint",
+            str(checkpoint),
+            "--out",
+            str(repo),
+            "--name",
+            name,
+            "--version",
+            "1",
+        ]
+        assert main([*argv, *extra]) == 0, f"bertserve export of {name} failed"
+    return Path(repo)

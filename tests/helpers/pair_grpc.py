@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.checkpoints import export_all, make_checkpoint
 
 PAIR_CLASSIFIER, CROSS_ENCODER, EMBED = "tiny-pair-classifier", "tiny-cross-encoder", "tiny-embed"
 MAX_INPUTS = 8
@@ -50,7 +50,6 @@ class Models:
 
 
 def export_models(tmp_path_factory) -> Models:
-    from bertserve.cli import main
 
     scratch = tmp_path_factory.mktemp("pair-checkpoints")
     repo = tmp_path_factory.mktemp("pair-repo")
@@ -67,17 +66,6 @@ def export_models(tmp_path_factory) -> Models:
     cross_encoder = scratch / "cross-encoder"
     CrossEncoder(str(base), device="cpu", num_labels=1).save(str(cross_encoder))
     embed = make_checkpoint(scratch / "embed", "BertModel", seed=13, initializer_range=INIT_RANGE)
-    for name, checkpoint in ((PAIR_CLASSIFIER, classifier), (CROSS_ENCODER, cross_encoder), (EMBED, embed)):
-        argv = [
-            "export",
-            "--checkpoint",
-            str(checkpoint),
-            "--out",
-            str(repo),
-            "--name",
-            name,
-            "--version",
-            "1",
-        ]
-        assert main(argv) == 0, f"bertserve export of {name} failed"
+    exports = [(PAIR_CLASSIFIER, classifier), (CROSS_ENCODER, cross_encoder), (EMBED, embed)]
+    export_all(repo, [(name, checkpoint, []) for name, checkpoint in exports])
     return Models(repo, classifier, cross_encoder)
