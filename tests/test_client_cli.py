@@ -21,7 +21,7 @@ import pytest
 from bertserve import address as addresses
 from bertserve.cli import main
 from bertserve.client import Client
-from tests.helpers.server import ROOT, ServerThread, bertserve_command, take_sigint
+from tests.helpers.server import ROOT, ServerThread, bertserve_command, taking_sigint
 
 
 def free_port() -> int:
@@ -130,7 +130,7 @@ def _wait_until_reading_stdin(pid: int, limit_s: float = 60) -> None:
 
 
 def test_ctrl_c_ends_a_command_with_one_line_and_130(tiny_server):
-    command = [*bertserve_command(), "embed", "--address", tiny_server.address, "-"]
+    command = taking_sigint([*bertserve_command(), "embed", "--address", tiny_server.address, "-"])
     process = subprocess.Popen(
         command,
         cwd=ROOT,
@@ -138,7 +138,6 @@ def test_ctrl_c_ends_a_command_with_one_line_and_130(tiny_server):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=take_sigint,
     )
     try:
         _wait_until_reading_stdin(process.pid)
@@ -156,14 +155,13 @@ def test_ctrl_c_during_a_call_ends_it_with_one_line_and_130():
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         address = f"127.0.0.1:{silent.getsockname()[1]}"
-        command = [*bertserve_command(), "info", "--address", address, "--timeout", "120"]
+        command = taking_sigint([*bertserve_command(), "info", "--address", address, "--timeout", "120"])
         process = subprocess.Popen(
             command,
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=take_sigint,
         )
         try:
             silent.settimeout(1)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bertserve.client import Client
-from tests.helpers.server import ROOT, bertserve_command, metric, scrape, take_sigint, wait_for
+from tests.helpers.server import ROOT, bertserve_command, metric, scrape, taking_sigint, wait_for
 from tests.helpers.texts import random_texts
 
 MODEL = "tiny-embed"
@@ -30,11 +30,14 @@ def corpus(n: int, seed: int = 11) -> list[str]:
     return random_texts(n, seed)
 
 
-def embed_file(address: str, *args: str, truncate: bool = True, **popen) -> subprocess.Popen:
+def embed_file(
+    address: str, *args: str, truncate: bool = True, sigint: bool = False, **popen
+) -> subprocess.Popen:
+    """`bertserve embed-file ARGS` as a subprocess; `sigint`: it takes Ctrl-C (`taking_sigint`)."""
     command = [*bertserve_command(), "embed-file", *args, "--address", address, "--model", MODEL]
     if truncate:
         command.append("--truncate")
-    return subprocess.Popen(command, cwd=ROOT, text=True, **popen)
+    return subprocess.Popen(taking_sigint(command) if sigint else command, cwd=ROOT, text=True, **popen)
 
 
 def finish(job: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
@@ -298,7 +301,7 @@ def test_ctrl_c_ends_the_job_in_one_line_and_it_resumes(tiny_server, tmp_path):
     out = tmp_path / "vectors.npy"
     job = embed_file(
         tiny_server.address, "-", "--out", str(out), "--progress-every", "0",
-        stdin=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=take_sigint,
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE, sigint=True,
     )  # fmt: skip
     job.stdin.write("".join(t + "\n" for t in texts[:1_000]))  # and no end of input yet
     job.stdin.flush()

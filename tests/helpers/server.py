@@ -137,10 +137,16 @@ def wait_for(condition, timeout: float = 10) -> None:
         time.sleep(0.01)
 
 
-def take_sigint() -> None:
-    """A Popen preexec_fn: the child takes Ctrl-C (SIGINT) as a terminal user's command does, even when
-    the test run itself was started with SIGINT ignored (a background job of a shell without job control)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# Resets SIGINT to its default, then execs the command (same pid): exec keeps an ignored signal ignored.
+_SIGINT_EXEC = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+
+
+def taking_sigint(command: list[str]) -> list[str]:
+    """`command`, run so that it takes Ctrl-C (SIGINT) as a terminal user's command does, even when the test
+    run itself was started with SIGINT ignored (a background job of a shell without job control). Not a
+    Popen preexec_fn: that runs Python in the forked child of a process with gRPC threads, and can deadlock
+    before exec."""
+    return [sys.executable, "-c", _SIGINT_EXEC, *command]
 
 
 def bertserve_command() -> list[str]:
