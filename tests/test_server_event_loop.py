@@ -95,8 +95,9 @@ def test_embed_is_not_stuck_behind_queued_attention(medium_server):
         server_s = (meta.queue_time_ms + meta.inference_time_ms + meta.tokenize_time_ms) / 1000
         assert server_s <= seconds + 0.005  # the server's parts fit in what the client saw
         gaps.append(seconds - server_s)
-        # the wait behind an attention run is queue time, never inference time
-        assert meta.inference_time_ms / 1000 <= 10 * idle_inference_s + 0.05
+        # the wait behind the queued attention runs is queue time, never inference time (the slack is for a
+        # machine shared with other work, where one small batch's compute swings by tens of ms)
+        assert meta.inference_time_ms / 1000 <= 10 * idle_inference_s + 0.25
     # and they account for what the client saw, but for transport and scheduling (one call on a busy
     # shared machine may be held up for a few hundred ms; the median is not)
     assert statistics.median(gaps) <= 0.1, f"client - server times: {sorted(gaps)}"
