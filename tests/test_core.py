@@ -119,7 +119,7 @@ def test_short_calls_are_tokenized_on_the_loop_and_longer_ones_on_the_cpu_pool(t
     """INLINE_TOKENIZE_CHARS bounds the event-loop time a call's tokenization may take."""
     import threading
 
-    from bertserve.service.core.core import INLINE_TOKENIZE_CHARS
+    from bertserve.service.core.tokenizing import INLINE_TOKENIZE_CHARS
 
     tokenizer = tiny_server.server.core.registry.resolve("tiny-embed", None).tokenizer
     on_loop = []

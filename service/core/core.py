@@ -17,6 +17,7 @@ Data path of a batched call (embed, fill_mask, classify)::
                 │  thread runs the encoder once per batch, then each model's head on its own rows
                 └─ typed result with CallMeta (queue = waiting, inference = compute)
 
+Tokenization (service/core/tokenizing.py) and Attention (service/core/attention_calls.py) are inherited.
 Classify takes sentence pairs (`pairs`), tokenized together (`ModelTokenizer.encode_pairs`); Rerank and
 Score (service/core/pairs.py, inherited) are Classify or Embed inputs of the same path.
 
@@ -39,26 +40,26 @@ from typing import TypeVar
 import numpy as np
 
 from bertserve import __version__
+from bertserve.service.core.attention_calls import AttentionCalls
 from bertserve.service.core.chunking import embed_chunked
-from bertserve.service.core.embed_inputs import check_token_id_counts, encode_token_ids, left_truncation
+from bertserve.service.core.embed_inputs import check_token_id_counts, left_truncation
 from bertserve.service.core.embed_options import check_embed_answer_size, embed_options, embed_result
 from bertserve.service.core.loop_lag import LoopLagMonitor
 from bertserve.service.core.pairs import PairCalls, check_two_segments
 from bertserve.service.core.prompts import call_prompt
 from bertserve.service.core.remote_engine import EngineLink, RemoteBatcher
 from bertserve.service.core.results import (
-    AttentionResult,
     ClassifyResult,
     EmbedResult,
     FillMaskResult,
     LabelScore,
     ModelInfo,
     ServerInfo,
-    TokenizeResult,
 )
 from bertserve.service.core.results import call_meta as _meta
 from bertserve.service.core.server_info import library_versions, limits_of, model_info_of
 from bertserve.service.core.task_calls import Chunking, ClassifyCall, EmbedCall, FillMaskCall, TaskCall
+from bertserve.service.core.tokenizing import TokenizingCalls
 from bertserve.service.core.validation import (
     check_count,
     check_fill_mask_response_size,
@@ -66,7 +67,6 @@ from bertserve.service.core.validation import (
     check_texts,
     check_top_k,
 )
-from bertserve.service.engine.attention import check_response_size, select_indices
 from bertserve.service.engine.batcher import ItemResult, Permit, WorkItem
 from bertserve.service.engine.encoders import EncoderGroup, attach_batchers, batch_limits
 from bertserve.service.engine.model_registry import ModelRegistry
@@ -74,18 +74,12 @@ from bertserve.service.engine.pair_truncation import check_strategy
 from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tasks.classify import ranked
-from bertserve.service.engine.tasks.fill_mask import mask_positions
 from bertserve.service.engine.tokenization import EncodedInput
 from bertserve.service.errors import InvalidInput
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
 
 DEFAULT_FILL_MASK_TOP_K = 5
-# Calls with at most this many characters in all are tokenized on the event loop instead of the CPU pool.
-# Measured here (p50, a 120-character sentence): 0.32 ms through the pool and back, 0.10 ms inline. Loop
-# time per call at the limit: 0.22 ms of English words, 0.38 ms of punctuation, 0.41 ms of CJK (the worst
-# case). Longer calls go to the pool.
-INLINE_TOKENIZE_CHARS = 256
 # chunks of a stream in flight at once (admitted, batched) before the first is answered
 STREAM_CHUNKS_IN_FLIGHT = 4
 
@@ -97,11 +91,9 @@ def deadline_after(seconds: float | None) -> float | None:
     return None if seconds is None else time.monotonic() + seconds
 
 
-class InferenceCore(PairCalls):
+class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
     """One per server. Create it with the loaded models, `await start()`, call its methods from the event
     loop, `await close()` at the end."""
-
-    inline_tokenize_chars = INLINE_TOKENIZE_CHARS
 
     def __init__(
         self,
@@ -370,62 +362,6 @@ class InferenceCore(PairCalls):
             permit.release()  # room not used (the call failed before it was queued)
         return encoded, tokenize_s, results
 
-    async def tokenize(self, model: str, texts: Sequence[str], *, truncate: bool = False) -> TokenizeResult:
-        """The model's tokenization of each text (`model` "" = the first model); runs no graph."""
-        served = self.registry.resolve(model, None)
-        encoded, tokenize_s = await self._tokenize(served, self._check_texts(texts), truncate)
-        return TokenizeResult(encoded, _meta(served, encoded, tokenize_s, []))
-
-    async def attention(
-        self,
-        model: str,
-        text: str,
-        *,
-        layers: Sequence[int] = (),
-        heads: Sequence[int] = (),
-        truncate: bool = False,
-        deadline: float | None = None,
-        reply_bytes: tuple[int, int] | None = None,
-    ) -> AttentionResult:
-        """For one text, the attention probabilities of the chosen layers and heads (empty: all), in
-        request order. Admitted by the model's encoder queue owner (`max_queue_attention`). `reply_bytes`:
-        (per probability, per token) in the caller's reply, to refuse one too large before computing it
-        (None: protobuf's)."""
-        served = self.registry.resolve_attention(model)
-        dims = served.manifest.dimensions
-        chosen_layers = select_indices(layers, dims.num_hidden_layers, "layers", served.name)
-        chosen_heads = select_indices(heads, dims.num_attention_heads, "heads", served.name)
-        batcher = served.encoder.batcher
-        try:
-            checked = self._check_texts([text])
-            permit = batcher.reserve_exclusive()  # its place first: a refused call costs no tokenization
-            try:
-                encoded, tokenize_s = await self._tokenize(served, checked, truncate)
-            except BaseException:
-                permit.release()
-                raise
-        except InvalidInput as exc:  # the checks speak of inputs[0]; this call has one `input`
-            raise InvalidInput(str(exc).replace("inputs[0]", "input", 1)) from None
-        try:
-            (e,) = encoded
-            maps_count = len(chosen_layers) * len(chosen_heads)
-            check_response_size(maps_count, e.length, self.settings.max_message_bytes, *(reply_bytes or ()))
-            self.metrics.inputs.labels(served.name, "attention").inc()
-            run = served.attention.bind(e.ids, e.type_ids, chosen_layers, chosen_heads, served.name)
-        except BaseException:
-            permit.release()
-            raise
-        result = await batcher.submit_exclusive(run, e.length, deadline, permit)
-        return AttentionResult(
-            tokens=e,
-            layers=chosen_layers,
-            heads=chosen_heads,
-            maps=result.value,
-            num_layers=dims.num_hidden_layers,
-            num_heads=dims.num_attention_heads,
-            meta=_meta(served, encoded, tokenize_s, [result]),
-        )
-
     async def embed_stream(
         self,
         model: str,
@@ -486,55 +422,6 @@ class InferenceCore(PairCalls):
         if call.top_k is not None:
             check_top_k(call.top_k, len(model.manifest.tasks.classify.id2label), "top_k", "number of labels")
         return TaskOptions(Task.CLASSIFY, top_k=call.top_k or 0, raw_scores=call.raw_scores)
-
-    def _check_texts(self, texts: Sequence[str]) -> list[str]:
-        """The texts as a list, refused (InvalidInput) over max_inputs_per_request or max_input_chars."""
-        return check_texts(texts, self.settings.max_inputs_per_request, self.settings.max_input_chars)
-
-    async def _tokenize(
-        self,
-        model: ServedModel,
-        checked: list[str],
-        truncate: bool,
-        detailed: bool = True,
-        left: bool = False,
-    ) -> tuple[list[EncodedInput], float]:
-        """`checked` (from `_check_texts`) tokenized; `detailed` False: the inputs only feed the graph (no
-        token strings or offsets); `left`: a cut input keeps its last tokens. Counted in
-        bertserve_tokenized_inputs_total, refused or not."""
-        self.metrics.tokenized_of(model.name).inc(len(checked))
-        started = time.perf_counter()
-        encode = model.tokenizer.encode
-        if sum(len(text) for text in checked) <= INLINE_TOKENIZE_CHARS:
-            encoded = encode(checked, truncate, detailed, left)  # bounded: INLINE_TOKENIZE_CHARS
-        else:
-            encoded = await self.off_loop(encode, checked, truncate, detailed, left)
-        return encoded, time.perf_counter() - started
-
-    async def _from_token_ids(
-        self, model: ServedModel, token_ids: Sequence[Sequence[int]], truncate: bool, left: bool
-    ) -> tuple[list[EncodedInput], float]:
-        """Token ids checked against the graph's vocabulary and max_length (see `embed_inputs`)."""
-        started = time.perf_counter()
-        args = (token_ids, model.manifest.dimensions.vocab_size, model.manifest.max_length, truncate, left)
-        if sum(len(ids) for ids in token_ids) <= INLINE_TOKENIZE_CHARS:
-            encoded = encode_token_ids(*args)
-        else:
-            encoded = await self.off_loop(encode_token_ids, *args)
-        return encoded, time.perf_counter() - started
-
-    def _masks(self, model: ServedModel, index: int, encoded: EncodedInput) -> np.ndarray:
-        spec = model.manifest.tasks.fill_mask
-        positions = mask_positions(encoded.ids, spec.mask_token_id)
-        if len(positions) == 0:
-            cut = " after truncation" if encoded.truncated else ""
-            raise InvalidInput(f"inputs[{index}]: no {spec.mask_token} token{cut}")
-        if len(positions) > self.settings.max_masks_per_input:
-            raise InvalidInput(
-                f"inputs[{index}]: {len(positions)} {spec.mask_token} tokens is more than "
-                f"max_masks_per_input {self.settings.max_masks_per_input}"
-            )
-        return positions
 
     async def _run(
         self,

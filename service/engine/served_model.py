@@ -145,10 +145,13 @@ class ServedModel:
             if not (options.tokens or options.sparse):
                 results[row] = dense[row]
                 continue
-            tokens = outputs["last_hidden_state"][row, : batch[row].length].astype(np.float32, copy=True)
+            hidden = outputs["last_hidden_state"]
+            tokens = (
+                hidden[row, : batch[row].length].astype(np.float32, copy=True) if options.tokens else None
+            )
             results[row] = EmbedOutputs(
                 dense=dense[row],
-                tokens=tokens if options.tokens else None,
+                tokens=tokens,
                 sparse=above(weights[row], options.sparse_threshold) if options.sparse else None,
             )
 

@@ -20,6 +20,7 @@ from bertserve.service.core.task_calls import (
     Chunking,
     EmbedCall,
 )
+from bertserve.service.core.validation import check_count
 from bertserve.service.engine.tasks import Task
 from bertserve.service.errors import InvalidInput
 from bertserve.service.http.json_body import JSON_FLOAT_BYTES
@@ -56,9 +57,7 @@ def token_id_lists(front: HttpFront, value: object, field: str) -> list[list[int
     if not isinstance(value, list) or not value:
         shown = "an empty array" if value == [] else kind_of(value)
         raise InvalidInput(f"{field}: must be a non-empty array of arrays of token ids (got {shown})")
-    limit = front.settings.max_inputs_per_request
-    if len(value) > limit:
-        raise InvalidInput(f"{field}: {len(value)} inputs is more than max_inputs_per_request {limit}")
+    check_count(value, front.settings.max_inputs_per_request, field, "input")
     for i, ids in enumerate(value):
         if not isinstance(ids, list):
             raise InvalidInput(f"{field}[{i}]: must be an array of token ids (got {kind_of(ids)})")
@@ -93,9 +92,7 @@ def texts_or_ids(front: HttpFront, value: object, field: str) -> tuple[list[str]
     if isinstance(first, int) and not isinstance(first, bool):
         check_ids(value, field)
         return [], [value]
-    limit = front.settings.max_inputs_per_request
-    if len(value) > limit:
-        raise InvalidInput(f"{field}: {len(value)} inputs is more than max_inputs_per_request {limit}")
+    check_count(value, front.settings.max_inputs_per_request, field, "input")
     for i, item in enumerate(value):
         if not isinstance(item, str):
             raise InvalidInput(f"{field}[{i}]: must be a string, as {field}[0] is (got {kind_of(item)})")

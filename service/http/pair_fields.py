@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from bertserve.service.core.validation import check_count
 from bertserve.service.errors import InvalidInput
 from bertserve.service.http.schema import Fields, kind_of
 
@@ -29,9 +30,7 @@ def documents(front: HttpFront, body: dict, field: str, objects: bool = True) ->
         raise InvalidInput(f"{field}: must be an array of {kinds} (got {kind_of(value)})")
     if not value:
         raise InvalidInput(f"{field}: empty; send at least one document")
-    limit = front.settings.max_inputs_per_request
-    if len(value) > limit:
-        raise InvalidInput(f"{field}: {len(value)} documents is more than max_inputs_per_request {limit}")
+    check_count(value, front.settings.max_inputs_per_request, field, "document")
     texts = []
     for i, item in enumerate(value):
         if isinstance(item, dict) and objects:
@@ -60,9 +59,7 @@ def texts(front: HttpFront, body: dict, field: str) -> list[str]:
     if not isinstance(value, list) or not value:
         shown = "an empty array" if value == [] else kind_of(value)
         raise InvalidInput(f"{field}: must be a string or a non-empty array of strings (got {shown})")
-    limit = front.settings.max_inputs_per_request
-    if len(value) > limit:
-        raise InvalidInput(f"{field}: {len(value)} texts is more than max_inputs_per_request {limit}")
+    check_count(value, front.settings.max_inputs_per_request, field, "text")
     for i, item in enumerate(value):
         if not isinstance(item, str):
             raise InvalidInput(f"{field}[{i}]: must be a string (got {kind_of(item)})")
