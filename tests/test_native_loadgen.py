@@ -103,7 +103,8 @@ def test_open_loop_keeps_its_schedule_when_the_server_is_slow(binary):
 
     result = asyncio.run(go())
     # closed loop at concurrency 1 would need 20 x 0.2 s; arrivals every ~5 ms overlap the slow calls
-    assert result.seconds < 1.5 and len(result.latencies) == 20 and result.mode == "open"
+    # (about 0.3 s; the rest is slack for a loaded machine)
+    assert result.seconds < 3.0 and len(result.latencies) == 20 and result.mode == "open"
     assert min(result.latencies) >= 0.2 and echo.most_in_flight > 10
 
 
@@ -129,8 +130,9 @@ def test_a_phase_stops_sending_at_its_time_limit_and_awaits_what_it_sent(binary)
 def test_an_open_loop_ends_at_its_time_limit_with_nothing_in_flight_and_sends_nothing_scheduled_after_it(
     binary, monkeypatch
 ):
-    # fixed send times instead of Poisson ones; the time limit is 0.3 s
-    monkeypatch.setattr(native_loadgen, "poisson_offsets", lambda n, rate, seed: [0.0, 0.25, 0.4, 0.5][:n])
+    # fixed send times instead of Poisson ones; the time limit is 0.3 s (r1 well before it, so that a
+    # loaded machine's late timer does not push it past the limit)
+    monkeypatch.setattr(native_loadgen, "poisson_offsets", lambda n, rate, seed: [0.0, 0.15, 0.4, 0.5][:n])
     requests = _requests(["r0", "r1", "r2", "r3"])
 
     async def go(delay_s):
@@ -143,11 +145,11 @@ def test_an_open_loop_ends_at_its_time_limit_with_nothing_in_flight_and_sends_no
             finally:
                 await phase.close()
 
-    # replies at 0.1 and 0.35 s: after the second nothing is in flight and r2, r3 are still planned
+    # replies at 0.1 and 0.25 s: after the second nothing is in flight and r2, r3 are still planned
     # (the phase used to wait for a reply that could not come)
     echo, result = asyncio.run(go(0.1))
     assert result.stopped_early and len(result.latencies) == 2 and echo.received == [b"r0", b"r1"]
-    # replies at 0.5 and 0.75 s: r2 is due at 0.4 s, while both are in flight, but after the time limit
+    # replies at 0.5 and 0.65 s: r2 is due at 0.4 s, while both are in flight, but after the time limit
     echo, result = asyncio.run(go(0.5))
     assert result.stopped_early and len(result.latencies) == 2 and echo.received == [b"r0", b"r1"]
 

@@ -38,7 +38,9 @@ def test_expired_and_cancelled_inputs_skip_the_model(gated_server):
         busy = client.stub.Embed.future(pb.EmbedRequest(inputs=["a"]), timeout=30)  # 3 tokens
         assert state["computing"].wait(30)
         # cut ahead (PREFETCH_BATCHES): it waits for the instance in the executor, and expires there
-        expiring = client.stub.Embed.future(pb.EmbedRequest(inputs=["a cat"]), timeout=1.0)  # 4 tokens
+        # 4 tokens; a deadline long enough to be cut ahead first on a loaded machine, short enough to expire
+        # while held
+        expiring = client.stub.Embed.future(pb.EmbedRequest(inputs=["a cat"]), timeout=3.0)
         wait_for(lambda: len(server.server.models[0].batcher._running) == 2)
         cancelled = client.stub.Embed.future(pb.EmbedRequest(inputs=["a cat sat"]), timeout=30)  # 5 tokens
         wait_for(lambda: metric(scrape(server.metrics_url), "bertserve_queue_depth", model="tiny-embed") == 1)

@@ -150,13 +150,18 @@ def test_a_cancelled_stream_leaves_the_queue_empty_and_the_server_healthy(tiny_s
         # a unary call after the cancel: the queue owner has passed over whatever the stream had queued
         assert client.embed(["still serving"], model=MODEL).vectors.shape[0] == 1
         assert client.health() == "SERVING"
-    after = scrape(tiny_server.metrics_url)
-    assert metric(after, "bertserve_queue_depth", model=MODEL) == 0
-    cancelled = metric(after, "bertserve_requests_total", rpc="EmbedStream", code="CANCELLED") - metric(
-        before, "bertserve_requests_total", rpc="EmbedStream", code="CANCELLED"
-    )
-    assert cancelled == 1
-    assert metric(after, "bertserve_streams_open") == 0
+
+    def cancelled(samples) -> float:
+        labels = {"rpc": "EmbedStream", "code": "CANCELLED"}
+        return metric(samples, "bertserve_requests_total", **labels) - metric(
+            before, "bertserve_requests_total", **labels
+        )
+
+    # the server sees the cancel asynchronously: its stream handler ends (and is counted) in its own time
+    wait_for(lambda: cancelled(scrape(tiny_server.metrics_url)) >= 1)
+    wait_for(lambda: metric(scrape(tiny_server.metrics_url), "bertserve_streams_open") == 0)
+    wait_for(lambda: metric(scrape(tiny_server.metrics_url), "bertserve_queue_depth", model=MODEL) == 0)
+    assert cancelled(scrape(tiny_server.metrics_url)) == 1
 
 
 def test_draining_answers_what_was_read_then_ends_the_stream_unavailable(tiny_repo):
