@@ -20,10 +20,8 @@ from bertserve.service.engine.tasks.fill_mask import mask_positions
 from bertserve.service.engine.tokenization import EncodedInput
 from bertserve.service.errors import InvalidInput
 
-# Calls with at most this many characters in all are tokenized on the event loop instead of the CPU pool.
-# Measured here (p50, a 120-character sentence): 0.32 ms through the pool and back, 0.10 ms inline. Loop
-# time per call at the limit: 0.22 ms of English words, 0.38 ms of punctuation, 0.41 ms of CJK (the worst
-# case). Longer calls go to the pool.
+# Calls with at most this many characters in all are tokenized on the event loop (cheaper than the hop to
+# the CPU pool, and a bounded hold of the loop: docs/architecture.md); longer calls go to the pool.
 INLINE_TOKENIZE_CHARS = 256
 
 
