@@ -11,9 +11,7 @@ any work on the texts (`InferenceCore._admitted_run`), then batched with every o
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -21,10 +19,9 @@ import numpy as np
 from bertserve.service.core.results import CallMeta, RankedDocument, RerankResult, ScoreResult, call_meta
 from bertserve.service.core.validation import check_count, check_text, check_texts
 from bertserve.service.engine.model_registry import CROSS_ENCODER
-from bertserve.service.engine.pair_truncation import INPUT_PAIRS, PairNames, check_strategy
+from bertserve.service.engine.pair_truncation import PairNames, check_strategy
 from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks import Task, TaskOptions
-from bertserve.service.engine.tokenization import EncodedInput
 from bertserve.service.errors import InvalidInput
 
 RERANK_NAMES = PairNames(pair="documents[{i}]", first="query", second="documents[{i}]")
@@ -45,7 +42,7 @@ def check_two_segments(model: ServedModel, field: str) -> None:
 
 class PairCalls:
     """Rerank and Score, mixed into `InferenceCore` (this module imports nothing of it): they use its
-    `registry`, `settings`, `metrics`, `off_loop`, `inline_tokenize_chars`, `_tokenize` and
+    `registry`, `settings`, `metrics`, `off_loop`, `_tokenize`, `_tokenize_pairs` and
     `_admitted_run` (room in the queue first, then tokenization, then the run)."""
 
     async def rerank(
@@ -161,26 +158,6 @@ class PairCalls:
                 "texts_2",
             )
         return ScoreResult(scores, list(meta.truncated), method, meta)
-
-    async def _tokenize_pairs(
-        self,
-        model: ServedModel,
-        firsts: list[str],
-        seconds: list[str],
-        truncate: bool,
-        strategy: str,
-        names: PairNames = INPUT_PAIRS,
-    ) -> tuple[list[EncodedInput], float]:
-        """Checked sentence pairs tokenized for the graph (`ModelTokenizer.encode_pairs`), as `_tokenize`:
-        counted in bertserve_tokenized_inputs_total; small calls on the event loop, others on the CPU pool."""
-        self.metrics.tokenized_of(model.name).inc(len(firsts))
-        started = time.perf_counter()
-        encode = functools.partial(
-            model.tokenizer.encode_pairs, firsts, seconds, truncate, strategy, False, names
-        )
-        chars = sum(len(text) for text in firsts) + sum(len(text) for text in seconds)
-        encoded = encode() if chars <= self.inline_tokenize_chars else await self.off_loop(encode)
-        return encoded, time.perf_counter() - started
 
     async def _cross_scores(
         self,

@@ -6,8 +6,9 @@ is checked against max_inputs_per_request and max_input_chars before any is toke
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from bertserve.service.core.embed_inputs import encode_token_ids
 from bertserve.service.core.results import TokenizeResult
 from bertserve.service.core.results import call_meta as _meta
 from bertserve.service.core.validation import check_texts
+from bertserve.service.engine.pair_truncation import INPUT_PAIRS, PairNames
 from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks.fill_mask import mask_positions
 from bertserve.service.engine.tokenization import EncodedInput
@@ -28,8 +30,6 @@ INLINE_TOKENIZE_CHARS = 256
 class TokenizingCalls:
     """Tokenize, and the tokenizing steps of every call, mixed into `InferenceCore` (this module imports
     nothing of it): they use its `registry`, `settings`, `metrics` and `off_loop`."""
-
-    inline_tokenize_chars = INLINE_TOKENIZE_CHARS
 
     async def tokenize(self, model: str, texts: Sequence[str], *, truncate: bool = False) -> TokenizeResult:
         """The model's tokenization of each text (`model` "" = the first model); runs no graph."""
@@ -53,24 +53,43 @@ class TokenizingCalls:
         token strings or offsets); `left`: a cut input keeps its last tokens. Counted in
         bertserve_tokenized_inputs_total, refused or not."""
         self.metrics.tokenized_of(model.name).inc(len(checked))
-        started = time.perf_counter()
-        encode = model.tokenizer.encode
-        if sum(len(text) for text in checked) <= INLINE_TOKENIZE_CHARS:
-            encoded = encode(checked, truncate, detailed, left)  # bounded: INLINE_TOKENIZE_CHARS
-        else:
-            encoded = await self.off_loop(encode, checked, truncate, detailed, left)
-        return encoded, time.perf_counter() - started
+        encode = functools.partial(model.tokenizer.encode, checked, truncate, detailed, left)
+        return await self._timed(encode, sum(len(text) for text in checked))
+
+    async def _tokenize_pairs(
+        self,
+        model: ServedModel,
+        firsts: list[str],
+        seconds: list[str],
+        truncate: bool,
+        strategy: str,
+        names: PairNames = INPUT_PAIRS,
+    ) -> tuple[list[EncodedInput], float]:
+        """Checked sentence pairs tokenized for the graph (`ModelTokenizer.encode_pairs`), as `_tokenize`:
+        counted in bertserve_tokenized_inputs_total."""
+        self.metrics.tokenized_of(model.name).inc(len(firsts))
+        encode = functools.partial(
+            model.tokenizer.encode_pairs, firsts, seconds, truncate, strategy, False, names
+        )
+        chars = sum(len(text) for text in firsts) + sum(len(text) for text in seconds)
+        return await self._timed(encode, chars)
 
     async def _from_token_ids(
         self, model: ServedModel, token_ids: Sequence[Sequence[int]], truncate: bool, left: bool
     ) -> tuple[list[EncodedInput], float]:
         """Token ids checked against the graph's vocabulary and max_length (see `embed_inputs`)."""
-        started = time.perf_counter()
         args = (token_ids, model.manifest.dimensions.vocab_size, model.manifest.max_length, truncate, left)
-        if sum(len(ids) for ids in token_ids) <= INLINE_TOKENIZE_CHARS:
-            encoded = encode_token_ids(*args)
-        else:
-            encoded = await self.off_loop(encode_token_ids, *args)
+        return await self._timed(
+            functools.partial(encode_token_ids, *args), sum(len(ids) for ids in token_ids)
+        )
+
+    async def _timed(
+        self, encode: Callable[[], list[EncodedInput]], chars: int
+    ) -> tuple[list[EncodedInput], float]:
+        """`encode()` and its seconds: on the event loop up to INLINE_TOKENIZE_CHARS characters (a bounded
+        hold), else on the CPU pool."""
+        started = time.perf_counter()
+        encoded = encode() if chars <= INLINE_TOKENIZE_CHARS else await self.off_loop(encode)
         return encoded, time.perf_counter() - started
 
     def _masks(self, model: ServedModel, index: int, encoded: EncodedInput) -> np.ndarray:
