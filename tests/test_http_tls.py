@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from bertserve.client import Client
-from tests.helpers.server import ServerThread, metric, scrape
+from tests.helpers.server import ServerThread, metric, scrape, wait_for
 from tests.test_server_tls import pki, tls_server_settings  # noqa: F401  (the certificates and settings fixtures)
 
 
@@ -45,6 +45,10 @@ def _accepted_sockets(port: int) -> int:
         for c in psutil.Process().net_connections("tcp")
         if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
     )
+
+
+def _handshake_timeouts(samples) -> float:
+    return metric(samples, "bertserve_http_connections_total", outcome="handshake_timeout")
 
 
 def test_silent_connections_to_the_https_port_are_counted_before_their_handshake(
@@ -84,18 +88,13 @@ def test_silent_connections_to_the_https_port_are_counted_before_their_handshake
                     time.sleep(0.2)
             assert reply.status_code == 200
             # the first freed slot may answer /health before the other handshakes' timeouts are counted
-            deadline = time.monotonic() + 15
-            while True:
-                after = scrape(server.metrics_url)
-                timed_out = metric(after, "bertserve_http_connections_total", outcome="handshake_timeout")
-                if timed_out >= 16 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
+            wait_for(lambda: _handshake_timeouts(scrape(server.metrics_url)) >= 16, timeout=15)
+            after = scrape(server.metrics_url)
         finally:
             for sock in silent:
                 sock.close()
     refused = metric(after, "bertserve_http_connections_total", outcome="refused") - metric(
         before, "bertserve_http_connections_total", outcome="refused"
     )
-    assert refused >= 200 - 16 and timed_out >= 16
+    assert refused >= 200 - 16 and _handshake_timeouts(after) >= 16
     assert len(caplog.records) < 50  # no line (or traceback) per connection
