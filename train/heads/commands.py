@@ -47,13 +47,20 @@ def register_reranker(subparsers) -> None:
         description=(
             "Train, on WordNet 3.0 nouns, a cross-encoder on the default encoder (its top layers, pooler and a "
             "one-logit classifier; the lower layers frozen, their outputs cached in OUT/cache); measure it, "
-            "its head-only variant, BM25 and the encoder's cosine on held-out synsets over the same candidate "
-            "lists; write OUT/weights (reranker.safetensors + reranker.json) and OUT/checkpoint."
+            "its head-only variant (not with --large), BM25 and the encoder's cosine on held-out synsets over "
+            "the same candidate lists; write OUT/weights (reranker.safetensors + reranker.json) and "
+            "OUT/checkpoint."
         ),
     )
     train.add_argument("--out", metavar="DIR", required=True, help="output directory")
-    train.add_argument(
+    size = train.add_mutually_exclusive_group()
+    size.add_argument(
         "--quick", action="store_true", help="a few lists, top layer only, one epoch: a check of the pipeline"
+    )
+    size.add_argument(
+        "--large",
+        action="store_true",
+        help="18,000 lists, the top 4 layers trained, one epoch (about an hour on 2 cores)",
     )
     train.add_argument(
         "--layers",
@@ -123,10 +130,11 @@ def run_train_reranker(args: argparse.Namespace) -> int:
 
     from bertserve.export.default_model import DEFAULT_SOURCE, default_checkpoint_dir
     from bertserve.export.errors import ExportError
-    from bertserve.train.heads.rerank_training import FULL_PLAN, QUICK_PLAN, train_reranker
+    from bertserve.train.heads.rerank_training import FULL_PLAN, LARGE_PLAN, QUICK_PLAN, train_reranker
     from bertserve.train.heads.wordnet import WordNetMissing
 
-    plan = replace(QUICK_PLAN if args.quick else FULL_PLAN, threads=args.threads)
+    plan = QUICK_PLAN if args.quick else LARGE_PLAN if args.large else FULL_PLAN
+    plan = replace(plan, threads=args.threads)
     if args.layers:
         try:
             layers = tuple(int(k) for k in args.layers.split(","))

@@ -152,8 +152,11 @@ def train_top(
     list_size: int,
     training: RerankTraining,
     log: Callable[[str], None] = print,
+    progress: Callable[[int], None] | None = None,
+    every: int = 0,
 ) -> TopModel:
-    """Trains on lists of `list_size` consecutive pairs whose first pair is the relevant one."""
+    """Trains on lists of `list_size` consecutive pairs whose first pair is the relevant one; calls
+    `progress(batches)` every `every` batches (in eval mode; it must not draw random numbers)."""
     lists = len(states.states) // list_size
     torch.manual_seed(training.seed)
     head = [*model.pooler.parameters(), *model.classifier.parameters()]
@@ -185,7 +188,12 @@ def train_top(
             optimizer.step()
             schedule.step()
             total += loss.item() * len(chosen)
-            if (start // training.lists_per_batch + 1) % 50 == 0:
+            batches = start // training.lists_per_batch + 1
+            if progress is not None and batches % every == 0:
+                model.eval()
+                progress(batches)
+                model.train()
+            if batches % 50 == 0:
                 log(
                     f"   epoch {epoch + 1}, list {start + len(chosen)}/{lists}: loss {total / (start + len(chosen)):.4f}"
                 )

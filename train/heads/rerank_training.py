@@ -56,11 +56,21 @@ class RerankPlan:
     frozen_layers: int = 4  # the cached lower layers: variants may train up to the top 2
     head_only: RerankTraining = RerankTraining(epochs=20, lists_per_batch=16)
     layers: RerankTraining = field(default_factory=RerankTraining)
+    progress_every: int = 0  # batches between held-out figures in the log (0: none)
     dropout: float = 0.1
     threads: int = 2
 
 
 FULL_PLAN = RerankPlan()
+# About an hour on 2 free cores: 12 times the lists, the top 4 layers trained (docs/reranker.md).
+LARGE_PLAN = RerankPlan(
+    train=ListSizes(queries=18000, candidates=8, hard=5, seed=1),
+    variants=(4,),
+    chosen=4,
+    frozen_layers=2,
+    layers=RerankTraining(epochs=1, learning_rate=3e-5),
+    progress_every=500,
+)
 QUICK_PLAN = RerankPlan(
     train=ListSizes(queries=120, candidates=8, hard=5, seed=1),
     test=ListSizes(queries=40, candidates=20, hard=12, seed=2),
@@ -111,15 +121,26 @@ def _baselines(encoder, tokenizer, senses, test: Sequence[RankingList]) -> dict[
     }
 
 
-def _variant(encoder, lower: HiddenStates, test_lower: HiddenStates, boundary, k, plan, list_size, log):
+def _variant(
+    encoder, lower: HiddenStates, test_lower: HiddenStates, boundary, k, plan, list_size, log, held_out
+):
     """Trains the model with the top `k` layers trained; returns (model, record)."""
     blocks = encoder.encoder.layer[boundary : len(encoder.encoder.layer) - k]
     started = time.perf_counter()
-    train_states = advance(lower, blocks, cls_only=k == 0)
-    test_states = advance(test_lower, blocks, cls_only=k == 0)
+    train_states, test_states = lower, test_lower
+    if blocks or k == 0:
+        train_states = advance(lower, blocks, cls_only=k == 0)
+        test_states = advance(test_lower, blocks, cls_only=k == 0)
     model = TopModel(encoder, k, plan.dropout)
     training = plan.head_only if k == 0 else plan.layers
-    train_top(model, train_states, list_size, training, log)
+
+    def progress(batches: int) -> None:  # a learning curve in the log; nothing is chosen by it
+        log(
+            f"   after {batches} batches: held-out MRR@10 {held_out(score(model, test_states))['mrr@10']:.4f}"
+        )
+
+    every = plan.progress_every if k else 0
+    train_top(model, train_states, list_size, training, log, progress if every else None, every)
     with torch.no_grad():  # measured as shipped: float16 weights
         for p in model.parameters():
             p.copy_(p.half().float())
@@ -160,14 +181,16 @@ def train_reranker(
     test_lower = _cached_states(cache_dir, base_dir, encoder, tokenizer, _pairs(test, False), boundary, log)
     relevant, chosen_state, variants = [t.relevant for t in test], None, {}
     bounds = np.cumsum([0] + [len(t.documents) for t in test])
+
+    def held_out(scores: np.ndarray) -> dict:
+        return ranking_figures([scores[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)], relevant)
+
     for k in plan.variants:
         log(f"-> cross-encoder, top {k} layers trained ...")
         model, scores, record = _variant(
-            encoder, lower, test_lower, boundary, k, plan, plan.train.candidates, log
+            encoder, lower, test_lower, boundary, k, plan, plan.train.candidates, log, held_out
         )
-        record |= ranking_figures(
-            [scores[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)], relevant
-        )
+        record |= held_out(scores)
         log(f"   MRR@10 {record['mrr@10']:.4f}, nDCG@10 {record['ndcg@10']:.4f} ({record['seconds']:.0f} s)")
         variants[str(k)] = record
         if k == plan.chosen:
