@@ -62,7 +62,7 @@ class RerankPlan:
 
 
 FULL_PLAN = RerankPlan()
-# About an hour on 2 free cores: 12 times the lists, the top 4 layers trained (docs/reranker.md).
+# 12 times the lists, the top 4 layers trained: 74 minutes on 2 shared cores (docs/reranker.md).
 LARGE_PLAN = RerankPlan(
     train=ListSizes(queries=18000, candidates=8, hard=5, seed=1),
     variants=(4,),
@@ -124,7 +124,7 @@ def _baselines(encoder, tokenizer, senses, test: Sequence[RankingList]) -> dict[
 def _variant(
     encoder, lower: HiddenStates, test_lower: HiddenStates, boundary, k, plan, list_size, log, held_out
 ):
-    """Trains the model with the top `k` layers trained; returns (model, record)."""
+    """Trains the model with the top `k` layers trained; returns (model, held-out scores, record)."""
     blocks = encoder.encoder.layer[boundary : len(encoder.encoder.layer) - k]
     started = time.perf_counter()
     train_states, test_states = lower, test_lower
