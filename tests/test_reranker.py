@@ -230,8 +230,9 @@ def test_assembled_reranker_exports_and_scores_through_onnx_runtime(assembled, t
 
 
 def test_training_reports_progress_without_changing_the_run():
-    """`progress` runs every `every` batches in eval mode; the training after it is the same as without it
-    (dropout back on, no random numbers drawn), so a learning curve in the log costs nothing in results."""
+    """`progress` runs every `every` batches, counted over all epochs, in eval mode; the training after it
+    is the same as without it (dropout back on, no random numbers drawn), so a learning curve in the log
+    costs nothing in results."""
     from bertserve.export.model import BertConfig, BertModel
     from bertserve.train.heads.rerank_model import HiddenStates, RerankTraining, TopModel, train_top
 
@@ -239,7 +240,7 @@ def test_training_reports_progress_without_changing_the_run():
     config = BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
     encoder = BertModel(config)
     states = HiddenStates([torch.randn(3 + i % 4, 16).half() for i in range(24)])  # 6 lists of 4
-    training = RerankTraining(epochs=1, lists_per_batch=1, warmup_fraction=0.5)
+    training = RerankTraining(epochs=2, lists_per_batch=2, warmup_fraction=0.5)
 
     def trained(every: int) -> tuple[list, dict]:
         seen = []
@@ -250,7 +251,7 @@ def test_training_reports_progress_without_changing_the_run():
             assert not model.training
             seen.append(batches)
 
-        train_top(model, states, 4, training, lambda _: None, progress if every else None, every)
+        train_top(model, states, 4, training, lambda _: None, progress, every)
         return seen, model.trained_state()
 
     seen, with_progress = trained(every=2)

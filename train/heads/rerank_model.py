@@ -156,7 +156,8 @@ def train_top(
     every: int = 0,
 ) -> TopModel:
     """Trains on lists of `list_size` consecutive pairs whose first pair is the relevant one; calls
-    `progress(batches)` every `every` batches (in eval mode; it must not draw random numbers)."""
+    `progress(batches)` every `every` batches over all epochs (0: never), in eval mode (it must not draw
+    random numbers)."""
     lists = len(states.states) // list_size
     torch.manual_seed(training.seed)
     head = [*model.pooler.parameters(), *model.classifier.parameters()]
@@ -174,6 +175,7 @@ def train_top(
     target = torch.zeros(list_size)
     target[0] = 1.0
     model.train()
+    done = 0  # batches over all epochs
     for epoch in range(training.epochs):
         order = torch.randperm(lists, generator=generator)
         total = 0.0
@@ -188,12 +190,12 @@ def train_top(
             optimizer.step()
             schedule.step()
             total += loss.item() * len(chosen)
-            batches = start // training.lists_per_batch + 1
-            if progress is not None and batches % every == 0:
+            done += 1
+            if every and done % every == 0:
                 model.eval()
-                progress(batches)
+                progress(done)
                 model.train()
-            if batches % 50 == 0:
+            if (start // training.lists_per_batch + 1) % 50 == 0:
                 log(
                     f"   epoch {epoch + 1}, list {start + len(chosen)}/{lists}: loss {total / (start + len(chosen)):.4f}"
                 )

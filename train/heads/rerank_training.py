@@ -139,8 +139,7 @@ def _variant(
             f"   after {batches} batches: held-out MRR@10 {held_out(score(model, test_states))['mrr@10']:.4f}"
         )
 
-    every = plan.progress_every if k else 0
-    train_top(model, train_states, list_size, training, log, progress if every else None, every)
+    train_top(model, train_states, list_size, training, log, progress, plan.progress_every)
     with torch.no_grad():  # measured as shipped: float16 weights
         for p in model.parameters():
             p.copy_(p.half().float())
