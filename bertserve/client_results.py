@@ -143,7 +143,7 @@ class RankedDocument(_Result):
 @dataclass(frozen=True)
 class Reranking(_Result):
     results: list[RankedDocument]  # best first, the top_n
-    method: str  # "cross_encoder" | "cosine"
+    method: str  # "cross_encoder" | "cosine" | "cross_encoder+cosine"
     model: str
     metadata: Metadata  # per document, in request order
 
@@ -157,7 +157,7 @@ class PairScore(_Result):
 @dataclass(frozen=True)
 class PairScores(_Result):
     results: list[PairScore]  # one per pair, in order
-    method: str  # "cross_encoder" | "cosine"
+    method: str  # "cross_encoder" | "cosine" | "cross_encoder+cosine"
     model: str
     metadata: Metadata
 

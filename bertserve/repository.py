@@ -169,6 +169,17 @@ class FillMaskTask(_Strict):
     tied_decoder: TiedDecoder | None = None  # set: the head graph takes the decoder weight as an input
 
 
+class CosineFusion(_Strict):
+    """A cross-encoder whose score of a pair adds an embedding model's cosine of the same two texts:
+    activation(logit_weight * logit + cosine_weight * cosine + bias). The embedding model (a model of the
+    same repository) must be served beside it."""
+
+    embedding_model: str = Field(min_length=1)
+    cosine_weight: float
+    logit_weight: float
+    bias: float = 0.0
+
+
 class CrossEncoderSpec(_Strict):
     """A sentence-transformers CrossEncoder checkpoint: how its logits become scores."""
 
@@ -176,6 +187,7 @@ class CrossEncoderSpec(_Strict):
         "sigmoid"  # its activation_fn (num_labels 1: sigmoid)
     )
     max_length: int | None = None  # the CrossEncoder's own max_length, when its config names one
+    fusion: CosineFusion | None = None  # set: a pair's score also adds an embedding model's cosine
 
 
 class ClassifyTask(_Strict):

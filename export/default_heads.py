@@ -10,9 +10,10 @@ Dockerfile export them with `bertserve export-default-heads`.
   the frozen encoder, head-only like the classifier.
 - wordnet-reranker: a cross-encoder (one relevance score per query/document pair), MiniLM + the tensors
   `bertserve train-reranker` trained (export/heads/weights/reranker.safetensors): head-only on the encoder
-  model when only the pooler and classifier trained, else a model of its own (its top layers differ).
-  Exported only when its record shows it beats both baselines (BM25 and the encoder's cosine) on held-out
-  MRR@10 and nDCG@10: Rerank with no model named takes the first cross-encoder, so a weaker one would make
+  model when only the pooler and classifier trained, else a model of its own (its top layers differ); its
+  score adds the encoder model's cosine when the record fitted a fusion (train/heads/rerank_fusion.py).
+  Exported only when its record shows that served score beats both baselines (BM25 and the encoder's
+  cosine) on held-out MRR@10 and nDCG@10: Rerank with no model named takes the first cross-encoder, so a weaker one would make
   the default ranking worse than the cosine it replaces.
 """
 
@@ -36,10 +37,12 @@ from bertserve.export.heads.reranker import (
     RERANKER_NAME,
     assemble_reranker,
     beats_baselines,
+    fusion_of,
     verify_weights,
 )
 from bertserve.export.pipeline import export_model
 from bertserve.export.pretrain import output as pretrained
+from bertserve.repository import CosineFusion
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class HeadModel:
     name: str
     assemble: Callable[[Path, Path], Path]  # (base checkpoint, out dir) -> checkpoint directory
     on_encoder: bool  # head-only on the default encoder model (its encoder is the base's, unchanged)
+    fusion: CosineFusion | None = None  # a reranker whose score adds the encoder model's cosine
 
 
 def default_head_models(fill_mask_from_heads: bool = False) -> list[HeadModel]:
@@ -76,7 +80,8 @@ def reranker_models(weights_dir: Path, log: Callable[[str], None] = print) -> li
         log(f"{RERANKER_NAME}: not exported: {shortfall} (docs/reranker.md)")
         return []
     head_only = record["chosen_layers"] == 0
-    return [HeadModel(RERANKER_NAME, lambda base, out: assemble_reranker(base, weights_dir, out), head_only)]
+    assemble = lambda base, out: assemble_reranker(base, weights_dir, out)  # noqa: E731
+    return [HeadModel(RERANKER_NAME, assemble, head_only, fusion_of(record))]
 
 
 def export_default_heads(
@@ -92,5 +97,7 @@ def export_default_heads(
                 continue
             checkpoint = model.assemble(base, Path(scratch) / model.name)
             encoder = DEFAULT_MODEL_NAME if model.on_encoder else None
-            written.append(export_model(checkpoint, repo, name=model.name, encoder=encoder, log=log))
+            written.append(
+                export_model(checkpoint, repo, name=model.name, encoder=encoder, log=log, fusion=model.fusion)
+            )
     return written

@@ -38,10 +38,13 @@ from bertserve.repository import (
     CLASSIFIER_HEAD,
     CLS_HIDDEN_STATE,
     TOKENIZER_FILE,
+    CosineFusion,
     CrossEncoderSpec,
     GraphSpec,
     Parity,
     graph_file,
+    list_versions,
+    read_manifest,
 )
 
 __all__ = ["ExportError", "export_model"]
@@ -112,6 +115,23 @@ def pair_model(
     return cross_encoder, EmbeddingDefaults("mean", True, max_length, "cross-encoder config")
 
 
+def with_fusion(
+    cross_encoder: CrossEncoderSpec | None, fusion: CosineFusion, out_repo: Path, directory: Path
+) -> CrossEncoderSpec:
+    """The cross-encoder's spec with `fusion`, once its embedding model is in the repository."""
+    if cross_encoder is None or cross_encoder.activation == "softmax":
+        raise ExportError(
+            f"{directory}: a cosine fusion needs a cross-encoder of one score (sigmoid or identity)"
+        )
+    model_dir = out_repo / fusion.embedding_model
+    versions = list_versions(model_dir)
+    if not versions or read_manifest(model_dir / str(versions[-1])).tasks.embed is None:
+        raise ExportError(
+            f"fusion: embedding model {fusion.embedding_model!r} is not in {out_repo} (export it first)"
+        )
+    return cross_encoder.model_copy(update={"fusion": fusion})
+
+
 def embedding_options(
     checkpoint: Checkpoint,
     defaults: EmbeddingDefaults,
@@ -176,13 +196,15 @@ def export_model(
     encoder: str | None = None,
     pairs: bool = False,
     dimensions: list[int] | None = None,
+    fusion: CosineFusion | None = None,
 ) -> Path:
     """Exports, verifies and writes REPO/NAME/VERSION; returns that directory. Raises ExportError.
 
     `encoder` (NAME or NAME:VERSION of an encoder model in `out_repo`): write a head-only model that runs
     on that encoder model, after proving it computes this checkpoint's encoder. `pairs`: the checkpoint is
     a sequence classifier trained on sentence pairs (a sentence-transformers CrossEncoder is recognised).
-    `dimensions`: the Matryoshka sizes (each below the hidden size), instead of the checkpoint's own."""
+    `dimensions`: the Matryoshka sizes (each below the hidden size), instead of the checkpoint's own.
+    `fusion`: a cross-encoder's score also adds the cosine of an embedding model already in `out_repo`."""
     checkpoint_dir, out_repo = Path(checkpoint_dir), Path(out_repo)
     options = ExportOptions(int8=int8, fp16=fp16, attentions=attentions, tolerance=tolerance)
     if encoder is not None and (int8 or fp16 or attentions):
@@ -201,6 +223,8 @@ def export_model(
         )
         defaults = read_embedding_defaults(checkpoint_dir, c.max_position_embeddings)
         cross_encoder, defaults = pair_model(checkpoint, defaults, pairs)
+        if fusion is not None:
+            cross_encoder = with_fusion(cross_encoder, fusion, out_repo, checkpoint_dir)
         if cross_encoder is not None:
             notes.append(f"a CrossEncoder ({cross_encoder.activation}, max_length {defaults.max_length})")
         declared = embedding_options(checkpoint, defaults, cross_encoder, dimensions)

@@ -20,7 +20,7 @@ from bertserve.export.heads.assemble import (
     _base_config,
     _base_encoder_state,
 )
-from bertserve.repository import sha256_file
+from bertserve.repository import CosineFusion, sha256_file
 
 RERANKER_NAME = "wordnet-reranker"
 WEIGHTS_FILE = "reranker.safetensors"
@@ -59,6 +59,13 @@ def save_weights(directory: Path, state: dict[str, torch.Tensor], record: dict) 
     return directory / RECORD_FILE
 
 
+def rewrite_record(directory: Path, record: dict) -> None:
+    """reranker.json replaced by `record`, keeping the checked weights file's entry."""
+    files = verify_weights(directory)["files"]
+    text = json.dumps(record | {"files": files}, indent=2, sort_keys=True) + "\n"
+    (Path(directory) / RECORD_FILE).write_text(text)
+
+
 def verify_weights(directory: Path = COMMITTED_HEADS_DIR) -> dict:
     """reranker.json, after checking reranker.safetensors against its sha256."""
     directory = Path(directory)
@@ -75,9 +82,23 @@ def verify_weights(directory: Path = COMMITTED_HEADS_DIR) -> dict:
     return record
 
 
+def served_figures(record: dict) -> dict:
+    """The held-out figures of the score the server gives: the fused one when the record has a fusion."""
+    if "fusion" in record:
+        return record["fusion"]["held_out"]["fused"]
+    return record["variants"][str(record["chosen_layers"])]
+
+
+def fusion_of(record: dict) -> CosineFusion | None:
+    """The manifest's cosine fusion the record fitted, if any."""
+    if "fusion" not in record:
+        return None
+    return CosineFusion(**{k: record["fusion"][k] for k in CosineFusion.model_fields})
+
+
 def beats_baselines(record: dict) -> str | None:
-    """None when the chosen variant's held-out MRR@10 and nDCG@10 beat BM25's and the cosine's; else why not."""
-    chosen = record["variants"][str(record["chosen_layers"])]
+    """None when the served score's held-out MRR@10 and nDCG@10 beat BM25's and the cosine's; else why not."""
+    chosen = served_figures(record)
     for name, figures in record["baselines"].items():
         for metric in ("mrr@10", "ndcg@10"):
             if not chosen[metric] > figures[metric]:
@@ -115,11 +136,18 @@ def assemble_reranker(base_dir: Path, weights_dir: Path, out_dir: Path) -> Path:
 
 
 def _card(record: dict) -> str:
-    chosen = record["variants"][str(record["chosen_layers"])]
+    chosen = served_figures(record)
     base = record["baselines"]
+    fused = (
+        f"bertserve's score adds {record['fusion']['embedding_model']}'s cosine of the pair (its manifest's "
+        "fusion); the figures below are that score's, the checkpoint alone gives the logit.\n"
+        if "fusion" in record
+        else ""
+    )
     return (
         f"# {RERANKER_NAME}\n\nA cross-encoder reranker (query, document) -> relevance, sigmoid of one logit.\n"
-        f"all-MiniLM-L6-v2 with its top {record['chosen_layers']} layers, pooler and classifier trained by "
+        + fused
+        + f"all-MiniLM-L6-v2 with its top {record['chosen_layers']} layers, pooler and classifier trained by "
         "`bertserve train-reranker` on WordNet 3.0 nouns (query: a sense's example or lemmas; documents: "
         "definitions).\nHeld-out MRR@10 "
         f"{chosen['mrr@10']:.4f} (BM25 {base['bm25']['mrr@10']:.4f}, MiniLM cosine {base['cosine']['mrr@10']:.4f}) "

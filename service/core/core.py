@@ -338,14 +338,17 @@ class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
         deadline: float | None,
         bulk: bool = False,
         check: Callable[[list[EncodedInput]], list[np.ndarray] | None] | None = None,
+        permit: Permit | None = None,
     ) -> tuple[list[EncodedInput], float, list[ItemResult]]:
         """Room in the encoder's queue for `count` inputs per option FIRST (a refused call costs no work on
         its texts; a stream's request waits for it), then `tokenize()` (which checks the texts), `check`
         (fill-mask's masks), and the run: (encoded, tokenize seconds, results task by task). When `tokenize`
-        gives more inputs than `count` (a chunked call's windows), room for the others is taken then."""
+        gives more inputs than `count` (a chunked call's windows), room for the others is taken then.
+        `permit`: that room, taken already by the caller (a non-bulk call's)."""
         batcher = served.encoder.batcher
         inputs = count * len(options)
-        permit = await batcher.wait_room(inputs, True) if bulk else batcher.reserve(inputs, False, deadline)
+        if permit is None:
+            permit = await batcher.wait_room(inputs, True) if bulk else batcher.reserve(inputs, False, deadline)
         try:
             encoded, tokenize_s = await tokenize()
             needed = len(encoded) * len(options)

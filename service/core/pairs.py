@@ -10,18 +10,21 @@ any work on the texts (`InferenceCore._admitted_run`), then batched with every o
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
 from bertserve.service.core.results import CallMeta, RankedDocument, RerankResult, ScoreResult, call_meta
 from bertserve.service.core.validation import check_count, check_text, check_texts
-from bertserve.service.engine.model_registry import CROSS_ENCODER
+from bertserve.service.engine.model_registry import COSINE, CROSS_ENCODER
 from bertserve.service.engine.pair_truncation import PairNames, check_strategy
+from bertserve.service.engine.queue_room import Permit
 from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks import Task, TaskOptions
+from bertserve.service.engine.tasks.classify import label_scores
 from bertserve.service.errors import InvalidInput
 
 RERANK_NAMES = PairNames(pair="documents[{i}]", first="query", second="documents[{i}]")
@@ -73,26 +76,25 @@ class PairCalls:
             return check_texts(docs, len(docs), limit, "documents")
 
         n = len(docs)
-        if method == CROSS_ENCODER:
-            scores, meta = await self._cross_scores(
-                served,
-                lambda: ([query] * n, texts()),
-                n,
-                truncate,
-                "only_second",
-                raw_scores,
-                deadline,
-                RERANK_NAMES,
-            )
-        else:
 
+        def cross(permit: Permit | None, raw: bool):
+            pairs = lambda: ([query] * n, texts())  # noqa: E731
+            return self._cross_scores(
+                served, pairs, n, truncate, "only_second", raw, deadline, RERANK_NAMES, permit
+            )
+
+        def cosine(model: ServedModel, permit: Permit | None):
             def name(k: int) -> str:
                 return "query" if k == 0 else f"documents[{k - 1}]"
 
             left, right = [0] * n, list(range(1, n + 1))
-            scores, meta = await self._cosine_scores(
-                served, lambda: [query, *texts()], left, right, truncate, deadline, name, "documents"
+            return self._cosine_scores(
+                model, lambda: [query, *texts()], left, right, truncate, deadline, name, "documents", permit
             )
+
+        scores, meta = await self._pair_scores(
+            served, method, n, n + 1, "documents", raw_scores, deadline, cross, cosine
+        )
         order = np.argsort(-scores, kind="stable")[:top_n]
         ranked = [
             RankedDocument(int(i), float(scores[i]), docs[i] if return_documents else None, meta.truncated[i])
@@ -129,35 +131,84 @@ class PairCalls:
         def checked() -> tuple[list[str], list[str]]:
             return check_texts(texts_1, n, limit, "texts_1"), check_texts(texts_2, n, limit, "texts_2")
 
-        if method == CROSS_ENCODER:
-
+        def cross(permit: Permit | None, raw: bool):
             def pairs() -> tuple[list[str], list[str]]:
                 firsts, seconds = checked()
                 return (firsts * n if one else firsts), seconds
 
             names = ONE_TO_MANY_NAMES if one else PAIRWISE_NAMES
-            scores, meta = await self._cross_scores(
-                served, pairs, n, truncate, truncation_strategy, raw_scores, deadline, names
+            return self._cross_scores(
+                served, pairs, n, truncate, truncation_strategy, raw, deadline, names, permit
             )
-        else:
-            width = len(texts_1)
+
+        width = len(texts_1)
+
+        def cosine(model: ServedModel, permit: Permit | None):
             left = [0] * n if one else list(range(n))
             right = list(range(width, width + n))
 
             def name(k: int) -> str:
                 return f"texts_1[{k}]" if k < width else f"texts_2[{k - width}]"
 
-            scores, meta = await self._cosine_scores(
-                served,
-                lambda: [t for side in checked() for t in side],
-                left,
-                right,
-                truncate,
-                deadline,
-                name,
-                "texts_2",
-            )
+            every = lambda: [t for side in checked() for t in side]  # noqa: E731
+            return self._cosine_scores(model, every, left, right, truncate, deadline, name, "texts_2", permit)
+
+        scores, meta = await self._pair_scores(
+            served, method, n, width + n, "texts_2", raw_scores, deadline, cross, cosine
+        )
         return ScoreResult(scores, list(meta.truncated), method, meta)
+
+    async def _pair_scores(
+        self,
+        served: ServedModel,
+        method: str,
+        pairs: int,
+        texts: int,
+        field: str,
+        raw_scores: bool,
+        deadline: float | None,
+        cross: Callable[[Permit | None, bool], Awaitable[tuple[np.ndarray, CallMeta]]],
+        cosine: Callable[[ServedModel, Permit | None], Awaitable[tuple[np.ndarray, CallMeta]]],
+    ) -> tuple[np.ndarray, CallMeta]:
+        """The scores of `pairs` pairs of `texts` distinct texts by `method`: `cross(permit, raw)` gives the
+        cross-encoder's (raw: its logits), `cosine(model, permit)` the embedding model's. Fused: room for the pairs in the
+        cross-encoder's queue and for the texts in the embedding model's, both taken before any work; the
+        logits and cosines are computed at once, a failure of either cancelling the other."""
+        if method == CROSS_ENCODER:
+            return await cross(None, raw_scores)
+        if method == COSINE:
+            return await cosine(served, None)
+        partner = self.registry.fusion_partners[served.name]
+        self._check_embedded(texts, field)
+        check_two_segments(served, field)
+        first = served.batcher.reserve(pairs, False, deadline)
+        try:
+            second = partner.batcher.reserve(texts, False, deadline)
+        except BaseException:
+            first.release()
+            raise
+        tasks = [asyncio.ensure_future(cross(first, True)), asyncio.ensure_future(cosine(partner, second))]
+        try:
+            (logits, cross_meta), (cosines, cosine_meta) = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: the first failure is the one raised
+            first.release()
+            second.release()
+        fusion = served.manifest.tasks.classify.cross_encoder.fusion
+        fused = fusion.logit_weight * logits + fusion.cosine_weight * cosines + fusion.bias
+        activation = "identity" if raw_scores else served.one_label_activation
+        scores = label_scores(fused, "regression", False, activation)
+        return scores, fused_meta(cross_meta, cosine_meta)
+
+    def _check_embedded(self, count: int, field: str) -> None:
+        if count > self.settings.max_queue_inputs:  # it could never be admitted: not worth a retry
+            raise InvalidInput(
+                f"{field}: these pairs need {count} texts embedded, more than max_queue_inputs "
+                f"{self.settings.max_queue_inputs} (the model's queue); send fewer"
+            )
 
     async def _cross_scores(
         self,
@@ -169,6 +220,7 @@ class PairCalls:
         raw_scores: bool,
         deadline: float | None,
         names: PairNames,
+        permit: Permit | None = None,
     ) -> tuple[np.ndarray, CallMeta]:
         """A cross-encoder's score of each of `count` pairs (`pairs()` gives them checked): (N,) float32."""
         check_two_segments(served, names.second.split("[")[0])
@@ -178,7 +230,9 @@ class PairCalls:
             firsts, seconds = pairs()
             return await self._tokenize_pairs(served, firsts, seconds, truncate, strategy, names)
 
-        encoded, tokenize_s, results = await self._admitted_run(served, options, count, tokenize, deadline)
+        encoded, tokenize_s, results = await self._admitted_run(
+            served, options, count, tokenize, deadline, permit=permit
+        )
         scores = np.array([r.value[0] for r in results], dtype=np.float32)
         return scores, call_meta(served, encoded, tokenize_s, results)
 
@@ -192,6 +246,7 @@ class PairCalls:
         deadline: float | None,
         name: Callable[[int], str],
         field: str,
+        permit: Permit | None = None,
     ) -> tuple[np.ndarray, CallMeta]:
         """The cosine of texts[left[i]] and texts[right[i]] per pair, each text embedded once (normalized).
         The metadata is per pair: its tokens are those of its own texts, a text shared by several pairs
@@ -207,12 +262,10 @@ class PairCalls:
                 raise InvalidInput(message) from None
 
         count = max(left + right) + 1
-        if count > self.settings.max_queue_inputs:  # it could never be admitted: not worth a retry
-            raise InvalidInput(
-                f"{field}: these pairs need {count} texts embedded, more than max_queue_inputs "
-                f"{self.settings.max_queue_inputs} (the model's queue); send fewer"
-            )
-        encoded, tokenize_s, results = await self._admitted_run(served, options, count, tokenize, deadline)
+        self._check_embedded(count, field)
+        encoded, tokenize_s, results = await self._admitted_run(
+            served, options, count, tokenize, deadline, permit=permit
+        )
         vectors = np.stack([r.value for r in results])  # (texts, dimension), rows normalized
         scores = np.einsum("ij,ij->i", vectors[left], vectors[right]).astype(np.float32)
         seen: set[int] = set()
@@ -223,3 +276,16 @@ class PairCalls:
         truncated = [encoded[a].truncated or encoded[b].truncated for a, b in zip(left, right, strict=True)]
         meta = call_meta(served, encoded, tokenize_s, results)
         return scores, dataclasses.replace(meta, input_tokens=tokens, truncated=truncated)
+
+
+def fused_meta(cross: CallMeta, cosine: CallMeta) -> CallMeta:
+    """One pair's metadata from both models: its tokens in each, cut if either cut it, both runs' times."""
+    return dataclasses.replace(
+        cross,
+        input_tokens=[a + b for a, b in zip(cross.input_tokens, cosine.input_tokens, strict=True)],
+        truncated=[a or b for a, b in zip(cross.truncated, cosine.truncated, strict=True)],
+        queue_s=max(cross.queue_s, cosine.queue_s),
+        inference_s=cross.inference_s + cosine.inference_s,
+        tokenize_s=cross.tokenize_s + cosine.tokenize_s,
+        batches=cross.batches + cosine.batches,
+    )

@@ -105,7 +105,7 @@ class RankedDocument:
 @dataclass(frozen=True)
 class RerankResult:
     results: list[RankedDocument]  # best first (ties: lower index first), the top_n
-    method: str  # "cross_encoder" | "cosine"
+    method: str  # "cross_encoder" | "cosine" | "cross_encoder+cosine"
     meta: CallMeta  # per document, in request order
 
 
@@ -113,7 +113,7 @@ class RerankResult:
 class ScoreResult:
     scores: np.ndarray  # (N,) float32, one per pair, in order
     truncated: list[bool]  # per pair
-    method: str  # "cross_encoder" | "cosine"
+    method: str  # "cross_encoder" | "cosine" | "cross_encoder+cosine"
     meta: CallMeta  # per pair, in order
 
 

@@ -25,7 +25,8 @@ from bertserve.service.settings import Settings, shares_session
 
 log = logging.getLogger(__name__)
 
-CROSS_ENCODER, COSINE = "cross_encoder", "cosine"  # how Rerank and Score score a pair (their `method`)
+# how Rerank and Score score a pair (their `method`); FUSED: a cross-encoder whose score adds a cosine
+CROSS_ENCODER, COSINE, FUSED = "cross_encoder", "cosine", "cross_encoder+cosine"
 
 
 def _encoder_identity(files: ModelFiles) -> tuple[str, str, str]:
@@ -169,6 +170,23 @@ def _cosine_model(model: ServedModel) -> bool:
     return Task.EMBED in model.tasks and (classify is None or len(classify.id2label) == 1)
 
 
+def _fusion(model: ServedModel):
+    classify = model.manifest.tasks.classify
+    return classify.cross_encoder.fusion if classify is not None and classify.cross_encoder else None
+
+
+def _fusion_partner(model: ServedModel, by_name: dict[str, ServedModel]) -> ServedModel:
+    """The embedding model a fused cross-encoder adds the cosine of; refuses to start without it."""
+    name = _fusion(model).embedding_model
+    partner = by_name.get(name)
+    if partner is None or not _cosine_model(partner):
+        raise StartupError(
+            f"model {model.name}: its scores add the cosine of embedding model {name!r}, which is not "
+            f"served here (serve both: the models setting, or the whole repository)"
+        )
+    return partner
+
+
 class ModelRegistry:
     def __init__(self, models: list[ServedModel], encoders: list[EncoderGroup] | None = None):
         self.ordered = list(models)  # the order of the `models` setting, else by name
@@ -187,6 +205,8 @@ class ModelRegistry:
         # by cosine (an embed task and no classify task of several labels, as `resolve_pairs` takes).
         cosine = next((m for m in self.ordered if _cosine_model(m)), None)
         self.pairs_default = next((m for m in self.ordered if m.cross_encoder), cosine)
+        # A cross-encoder whose score adds an embedding model's cosine: that model, served here too.
+        self.fusion_partners = {m.name: _fusion_partner(m, self.by_name) for m in models if _fusion(m)}
         # Attention: the first model (in order) whose repository holds the encoder_attentions graph.
         self.attention_default = next((m for m in self.ordered if m.attention is not None), None)
 
@@ -224,7 +244,8 @@ class ModelRegistry:
 
     def resolve_pairs(self, name: str) -> tuple[ServedModel, str]:
         """The model that answers Rerank and Score (`name` "" = the default) and how it scores a pair:
-        "cross_encoder" (a classifier with one label) or "cosine" (an embedding model)."""
+        "cross_encoder" (a classifier with one label), "cross_encoder+cosine" (one whose manifest adds an
+        embedding model's cosine: `fusion_partners`) or "cosine" (an embedding model)."""
         if not name:
             model = self.pairs_default
             if model is None:
@@ -232,10 +253,10 @@ class ModelRegistry:
                     "model: no loaded model is a cross-encoder (a classifier of one label) or an embedding "
                     "model without a classify task of several labels, which Rerank and Score need"
                 )
-            return model, CROSS_ENCODER if model.cross_encoder else COSINE
+            return model, self._pair_method(model)
         model = self.resolve(name, None)
         if model.cross_encoder:
-            return model, CROSS_ENCODER
+            return model, self._pair_method(model)
         if Task.CLASSIFY in model.tasks:
             labels = len(model.manifest.tasks.classify.id2label)
             raise TaskUnavailable(
@@ -249,6 +270,11 @@ class ModelRegistry:
             f"model {model.name}: is neither a cross-encoder nor an embedding model (tasks: {have}), which "
             "Rerank and Score need"
         )
+
+    def _pair_method(self, model: ServedModel) -> str:
+        if model.name in self.fusion_partners:
+            return FUSED
+        return CROSS_ENCODER if model.cross_encoder else COSINE
 
     def default_rpcs(self, model: ServedModel) -> list[str]:
         rpc = {Task.EMBED: "Embed", Task.FILL_MASK: "FillMask", Task.CLASSIFY: "Classify"}

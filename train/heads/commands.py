@@ -48,8 +48,8 @@ def register_reranker(subparsers) -> None:
             "Train, on WordNet 3.0 nouns, a cross-encoder on the default encoder (its top layers, pooler and a "
             "one-logit classifier; the lower layers frozen, their outputs cached in OUT/cache); measure it, "
             "its head-only variant (not with --large), BM25 and the encoder's cosine on held-out synsets over "
-            "the same candidate lists; write OUT/weights (reranker.safetensors + reranker.json) and "
-            "OUT/checkpoint."
+            "the same candidate lists; fit the sum of its logit and the cosine on training-split lists and "
+            "measure it too; write OUT/weights (reranker.safetensors + reranker.json) and OUT/checkpoint."
         ),
     )
     train.add_argument("--out", metavar="DIR", required=True, help="output directory")
@@ -66,6 +66,11 @@ def register_reranker(subparsers) -> None:
         "--layers",
         metavar="K[,K...]",
         help="trained top layers of each variant measured, the last one written (default 0,1: head only, then 1)",
+    )
+    train.add_argument(
+        "--fit-fusion",
+        action="store_true",
+        help="no training: fit again the fusion of OUT/weights' cross-encoder with the cosine, and record it",
     )
     train.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     train.set_defaults(run=run_train_reranker)
@@ -130,7 +135,13 @@ def run_train_reranker(args: argparse.Namespace) -> int:
 
     from bertserve.export.default_model import DEFAULT_SOURCE, default_checkpoint_dir
     from bertserve.export.errors import ExportError
-    from bertserve.train.heads.rerank_training import FULL_PLAN, LARGE_PLAN, QUICK_PLAN, train_reranker
+    from bertserve.train.heads.rerank_training import (
+        FULL_PLAN,
+        LARGE_PLAN,
+        QUICK_PLAN,
+        fit_fused_score,
+        train_reranker,
+    )
     from bertserve.train.heads.wordnet import WordNetMissing
 
     plan = QUICK_PLAN if args.quick else LARGE_PLAN if args.large else FULL_PLAN
@@ -148,10 +159,12 @@ def run_train_reranker(args: argparse.Namespace) -> int:
             print("bertserve train-reranker: error: --layers: each from 0 to 6", file=sys.stderr)
             return 2
         plan = replace(plan, variants=layers, chosen=layers[-1])
+    log = lambda s: print(s, flush=True)  # noqa: E731
     try:
-        train_reranker(
-            Path(args.out), default_checkpoint_dir(), DEFAULT_SOURCE, plan, log=lambda s: print(s, flush=True)
-        )
+        if args.fit_fusion:
+            fit_fused_score(Path(args.out), default_checkpoint_dir(), plan, log=log)
+        else:
+            train_reranker(Path(args.out), default_checkpoint_dir(), DEFAULT_SOURCE, plan, log=log)
     except (ExportError, WordNetMissing) as e:
         print(f"bertserve train-reranker: error: {e}", file=sys.stderr)
         return 1

@@ -21,11 +21,13 @@ import torch
 
 from bertserve import __version__
 from bertserve.export.checkpoint import load_checkpoint
+from bertserve.export.default_model import DEFAULT_MODEL_NAME
 from bertserve.export.heads import reranker as committed
 from bertserve.export.tokenizer_files import load_tokenizer
 from bertserve.repository import sha256_file
 from bertserve.train.heads.features import tokenize
 from bertserve.train.heads.rerank_data import ListSizes, RankingList, Relations, build_lists, load_senses
+from bertserve.train.heads.rerank_fusion import fit_fusion
 from bertserve.train.heads.rerank_metrics import Bm25, ranking_figures
 from bertserve.train.heads.rerank_model import (
     HiddenStates,
@@ -57,6 +59,8 @@ class RerankPlan:
     head_only: RerankTraining = RerankTraining(epochs=20, lists_per_batch=16)
     layers: RerankTraining = field(default_factory=RerankTraining)
     progress_every: int = 0  # batches between held-out figures in the log (0: none)
+    # training-split lists the fusion with the cosine is fitted on (train/heads/rerank_fusion.py)
+    calibration: ListSizes = ListSizes(queries=1000, candidates=20, hard=12, seed=3)
     dropout: float = 0.1
     threads: int = 2
 
@@ -78,6 +82,7 @@ QUICK_PLAN = RerankPlan(
     chosen=1,
     frozen_layers=5,
     layers=RerankTraining(epochs=1),
+    calibration=ListSizes(queries=60, candidates=20, hard=12, seed=3),
 )
 
 
@@ -214,6 +219,34 @@ def train_reranker(
     }
     if chosen_state is not None:
         committed.save_weights(out_dir / WEIGHTS_SUBDIR, chosen_state, record)
-        committed.assemble_reranker(base_dir, out_dir / WEIGHTS_SUBDIR, out_dir / CHECKPOINT_SUBDIR)
-    log(f"-> wrote {out_dir} ({record['seconds_total']:.0f} s)")
+        record = fit_fused_score(out_dir, base_dir, plan, relations, log)
+    log(f"-> wrote {out_dir} ({time.perf_counter() - started:.0f} s)")
+    return record
+
+
+def fit_fused_score(
+    out_dir: Path, base_dir: Path, plan: RerankPlan, relations: Relations | None = None, log: Callable = print
+) -> dict:
+    """Fits the fusion of OUT/weights' cross-encoder with the embedding model's cosine and records it in
+    OUT/weights/reranker.json; writes OUT/checkpoint; returns the record."""
+    weights, checkpoint = Path(out_dir) / WEIGHTS_SUBDIR, Path(out_dir) / CHECKPOINT_SUBDIR
+    record = {k: v for k, v in committed.verify_weights(weights).items() if k not in ("fusion", "files")}
+    committed.assemble_reranker(base_dir, weights, checkpoint)
+    log("-> its logit plus the cosine ...")
+    started = time.perf_counter()
+    torch.set_num_threads(plan.threads)
+    relations = relations or Relations(load_senses())
+    fusion = fit_fusion(
+        checkpoint,
+        base_dir,
+        DEFAULT_MODEL_NAME,
+        relations,
+        plan.calibration,
+        plan.test,
+        plan.held_out_percent,
+        log,
+    )
+    record["fusion"] = fusion | {"seconds": round(time.perf_counter() - started, 1)}
+    committed.rewrite_record(weights, record)
+    committed.assemble_reranker(base_dir, weights, checkpoint)  # its card names the fused figures
     return record

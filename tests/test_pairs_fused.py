@@ -1,0 +1,186 @@
+"""A cross-encoder whose score adds an embedding model's cosine (manifest `cross_encoder.fusion`), as the
+default reranker serves it: exported with `export_model(fusion=...)`, served over gRPC and HTTP beside its
+embedding model, each score equal to activation(logit_weight * logit + cosine_weight * cosine + bias) with
+the logit from transformers and the cosine from the server's own Score on the embedding model, within 1e-4.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from bertserve.export.errors import ExportError
+from bertserve.export.pipeline import export_model
+from bertserve.repository import CosineFusion
+from bertserve.service.errors import StartupError
+from bertserve.v1 import inference_pb2 as pb
+from bertserve.v1 import inference_pb2_grpc as pb_grpc
+from tests.helpers.server import ServerThread
+from tests.pair_models import PAIR_EMBED
+
+FUSED = "tiny-fused-reranker"
+FUSION = CosineFusion(embedding_model=PAIR_EMBED, cosine_weight=1.5, logit_weight=0.7, bias=-0.2)
+TOL = 1e-4
+QUERY = "where is the cat"
+DOCS = ["the cat sat on the mat", "paris is the capital", "a dog", "the mat is in paris", "cat and dog"]
+FIRSTS = ["the cat sat on the mat", "a dog", "paris is the capital"]
+SECONDS = ["a cat is on a mat", "the dog sat", "capital of paris"]
+
+
+@pytest.fixture(scope="module")
+def repo(pair_repo, tiny_cross_encoder, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("fused") / "repo"
+    shutil.copytree(pair_repo, repo)
+    export_model(
+        tiny_cross_encoder.checkpoint, repo, name=FUSED, version=1, fusion=FUSION, log=lambda _: None
+    )
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    with ServerThread(model_repo=repo, max_queue_delay_ms=5) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    with grpc.insecure_channel(server.address) as channel:
+        yield pb_grpc.InferenceStub(channel)
+
+
+def logits(model, firsts, seconds, truncation) -> np.ndarray:
+    batch = model.encode_pairs(firsts, seconds, truncation)
+    with torch.no_grad():
+        out = model.transformers_model()(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits
+    return out[:, 0].numpy()
+
+
+def cosines(stub, firsts, seconds) -> np.ndarray:
+    response = stub.Score(pb.ScoreRequest(texts_1=firsts, texts_2=seconds, model=PAIR_EMBED), timeout=30)
+    assert response.method == "cosine"
+    return np.array([r.score for r in response.results])
+
+
+def fused(logit: np.ndarray, cosine: np.ndarray) -> np.ndarray:
+    return FUSION.logit_weight * logit + FUSION.cosine_weight * cosine + FUSION.bias
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def test_manifest_records_the_fusion(repo):
+    from bertserve.repository import read_manifest
+
+    assert read_manifest(repo / FUSED / "1").tasks.classify.cross_encoder.fusion == FUSION
+
+
+def test_rerank_adds_the_cosine_to_the_logit(stub, tiny_cross_encoder):
+    linear = fused(
+        logits(tiny_cross_encoder, [QUERY] * len(DOCS), DOCS, "only_second"), cosines(stub, [QUERY], DOCS)
+    )
+    for raw, expected in ((False, sigmoid(linear)), (True, linear)):
+        response = stub.Rerank(
+            pb.RerankRequest(query=QUERY, documents=DOCS, model=FUSED, raw_scores=raw), timeout=30
+        )
+        assert response.method == "cross_encoder+cosine"
+        got = np.array([r.score for r in response.results])
+        np.testing.assert_allclose(got, expected[[r.index for r in response.results]], atol=TOL)
+        assert sorted(r.index for r in response.results) == list(range(len(DOCS)))
+        assert all(got[i] >= got[i + 1] for i in range(len(got) - 1))
+    # each document's tokens: its pair in the cross-encoder plus its own text in the embedding model
+    tokens = list(response.metadata.input_tokens)
+    assert len(tokens) == len(DOCS) and all(t > 0 for t in tokens)
+    plain = stub.Rerank(pb.RerankRequest(query=QUERY, documents=DOCS, model=PAIR_EMBED), timeout=30)
+    assert all(t > c for t, c in zip(tokens, plain.metadata.input_tokens, strict=True))
+
+
+def test_score_one_to_many_and_pairwise(stub, tiny_cross_encoder):
+    for firsts in ([QUERY], FIRSTS):
+        seconds = DOCS[: len(FIRSTS)] if len(firsts) > 1 else DOCS
+        pair_firsts = firsts * len(seconds) if len(firsts) == 1 else firsts
+        expected = sigmoid(
+            fused(
+                logits(tiny_cross_encoder, pair_firsts, seconds, "longest_first"),
+                cosines(stub, firsts, seconds),
+            )
+        )
+        response = stub.Score(pb.ScoreRequest(texts_1=firsts, texts_2=seconds, model=FUSED), timeout=30)
+        assert response.method == "cross_encoder+cosine"
+        np.testing.assert_allclose([r.score for r in response.results], expected, atol=TOL)
+
+
+def test_http_rerank_gives_the_fused_score(server, stub):
+    grpc_scores = {
+        r.index: r.score
+        for r in stub.Rerank(pb.RerankRequest(query=QUERY, documents=DOCS, model=FUSED), timeout=30).results
+    }
+    body = {"model": FUSED, "query": QUERY, "documents": DOCS, "top_n": 2}
+    reply = httpx.post(f"{server.http_url}/v2/rerank", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text[:300]
+    results = reply.json()["results"]
+    assert [r["index"] for r in results] == sorted(grpc_scores, key=lambda i: -grpc_scores[i])[:2]
+    for r in results:
+        assert abs(r["relevance_score"] - grpc_scores[r["index"]]) <= TOL
+
+
+def test_default_reranker_is_the_first_cross_encoder_and_reports_its_method(repo):
+    with (
+        ServerThread(model_repo=repo, models=[PAIR_EMBED, FUSED]) as server,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        response = pb_grpc.InferenceStub(channel).Rerank(
+            pb.RerankRequest(query=QUERY, documents=DOCS), timeout=30
+        )
+        assert response.method == "cross_encoder+cosine" and response.metadata.model == FUSED
+
+
+def test_server_refuses_to_start_without_the_embedding_model(repo):
+    with pytest.raises(StartupError, match=f"cosine of embedding model '{PAIR_EMBED}', which is not served"):
+        ServerThread(model_repo=repo, models=[FUSED]).start()
+
+
+def test_texts_over_the_embedding_queue_are_refused_before_any_work(repo):
+    """Rerank of n documents embeds n + 1 texts: over max_queue_inputs it is refused as the cosine is."""
+    n = len(DOCS)
+    settings = dict(model_repo=repo, max_queue_inputs=n, max_inputs_per_request=n, max_queue_delay_ms=5)
+    with ServerThread(**settings) as server, grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        assert (
+            len(
+                stub.Rerank(
+                    pb.RerankRequest(query=QUERY, documents=DOCS, model="tiny-cross-encoder"), timeout=30
+                ).results
+            )
+            == n
+        )
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Rerank(pb.RerankRequest(query=QUERY, documents=DOCS, model=FUSED), timeout=30)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (
+            f"documents: these pairs need {n + 1} texts embedded, more than max_queue_inputs {n}"
+            in error.value.details()
+        )
+        assert (
+            len(
+                stub.Rerank(
+                    pb.RerankRequest(query=QUERY, documents=DOCS[:-1], model=FUSED), timeout=30
+                ).results
+            )
+            == n - 1
+        )
+
+
+def test_export_refuses_a_fusion_it_cannot_serve(
+    pair_repo, tiny_cross_encoder, tiny_pair_classifier, tmp_path
+):
+    with pytest.raises(ExportError, match=f"embedding model '{PAIR_EMBED}' is not in"):
+        export_model(tiny_cross_encoder.checkpoint, tmp_path, name="x", fusion=FUSION, log=lambda _: None)
+    with pytest.raises(ExportError, match="needs a cross-encoder of one score"):
+        export_model(tiny_pair_classifier.checkpoint, tmp_path, name="y", fusion=FUSION, log=lambda _: None)
