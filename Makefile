@@ -47,8 +47,10 @@ proto: setup
 # MiniLM's graph computes the head checkpoint's encoder), and wordnet-fill-mask: MiniLM with the committed
 # masked-LM pretraining (export/pretrain/weights), a model of its own whose manifest lists the modules it
 # shares with MiniLM, and wordnet-reranker: the cross-encoder of `make train-reranker` (export/heads/weights/
-# reranker.*), only when its record beats BM25 and MiniLM's cosine on held-out queries. Each model is exported only when it has no version yet, so a failed run resumes.
-$(REPO)/.default-exported: | setup
+# reranker.*) whose score adds MiniLM's cosine, only when its record beats BM25 and MiniLM's cosine on
+# held-out queries. Each model is exported only when it has no version yet, so a failed run resumes (and
+# new committed weights add their model to an exported repository).
+$(REPO)/.default-exported: export/heads/weights/reranker.json | setup
 	compgen -G '$(REPO)/all-minilm-l6-v2/*/manifest.json' >/dev/null || \
 	  $(BIN)/bertserve export --default --attentions --out $(REPO)
 	$(BIN)/bertserve export-default-heads --out $(REPO)
@@ -82,15 +84,16 @@ bench: setup export-default
 gpu-check:
 	scripts/gpu-check.sh
 
-# The default reranker (`bertserve train-reranker`, train/heads/rerank_*.py; docs/reranker.md): a cross-encoder
-# on MiniLM trained on WordNet nouns (query: a sense's example or lemmas; documents: definitions with hard
-# negatives), its lower layers frozen and their outputs cached in RERANKER_OUT/cache; measured on held-out
-# synsets with the head-only variant, BM25 and MiniLM's cosine over the same candidate lists. Rewrites the
-# committed weights and their record (figures, sha256) in export/heads/weights/. Niced; resumes from the cache.
+# The default reranker (`bertserve train-reranker --large`, train/heads/rerank_*.py; docs/reranker.md): a
+# cross-encoder on MiniLM trained on WordNet nouns (query: a sense's example or lemmas; documents: definitions
+# with hard negatives), its top 4 layers trained, the lower ones frozen and their outputs cached in
+# RERANKER_OUT/cache, then the sum of its logit and MiniLM's cosine fitted on training-split lists; measured on
+# held-out synsets with BM25 and MiniLM's cosine over the same candidate lists. Rewrites the committed weights
+# and their record (figures, sha256) in export/heads/weights/. Niced; resumes from the cache.
 RERANKER_OUT ?= build/reranker
 .PHONY: train-reranker
 train-reranker: setup system-packages
-	nice -n 10 $(BIN)/bertserve train-reranker --out $(RERANKER_OUT)
+	nice -n 10 $(BIN)/bertserve train-reranker --large --out $(RERANKER_OUT)
 	cp $(RERANKER_OUT)/weights/reranker.safetensors $(RERANKER_OUT)/weights/reranker.json export/heads/weights/
 
 # The default fill-mask model's continued masked-LM pretraining (`bertserve pretrain`, train/pretrain/; docs/models.md,

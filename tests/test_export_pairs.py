@@ -106,6 +106,7 @@ def test_pair_manifests(pair_repo, tiny_pair_classifier, tiny_cross_encoder):
     assert cross.tasks.classify.cross_encoder.model_dump() == {
         "activation": "sigmoid",
         "max_length": CROSS_ENCODER_MAX_LENGTH,
+        "fusion": None,  # its scores are its own (a fused one: tests/test_pairs_fused.py)
     }
     assert cross.max_length == CROSS_ENCODER_MAX_LENGTH == tiny_cross_encoder.cross_encoder().max_seq_length
     assert cross.tasks.embed.normalize is True  # its modules.json has no Normalize: that is not an embedder's

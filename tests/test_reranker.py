@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from bertserve.export.default_model import DEFAULT_MODEL_NAME
 from bertserve.train.heads.rerank_data import parse_sense
 from bertserve.train.heads.rerank_metrics import Bm25, rank_of_relevant, ranking_figures
 from bertserve.train.heads.wordnet import split_of, wordnet_dir
@@ -103,15 +104,24 @@ def record():
     return verify_weights(COMMITTED_HEADS_DIR)  # raises when reranker.safetensors' sha256 differs
 
 
-def test_committed_reranker_figures_are_recorded_and_beat_bm25_and_head_only(record):
-    """What the committed record shows (docs/reranker.md): MiniLM's cosine is not beaten yet."""
+def test_committed_reranker_figures_are_recorded_and_its_served_score_beats_both_baselines(record):
+    """What the committed record shows (docs/reranker.md): the cross-encoder alone is measured, and the
+    score the server gives (its logit plus MiniLM's cosine, fitted on training-split lists) beats BM25 and
+    the cosine on the held-out lists."""
+    from bertserve.export.heads.reranker import beats_baselines, fusion_of
+
     chosen = record["variants"][str(record["chosen_layers"])]
-    head_only = record["variants"]["0"]
+    fusion = record["fusion"]
     assert record["data"]["test"]["lists"] >= 300 and record["data"]["test"]["candidates"] == 20
+    assert fusion["fit"]["split"] == "train" and fusion["fit"]["lists"] >= 300
+    assert fusion_of(record).embedding_model == DEFAULT_MODEL_NAME
+    assert fusion["cosine_weight"] > 0 and fusion["logit_weight"] > 0
+    assert beats_baselines(record) is None
+    fused = fusion["held_out"]["fused"]
     for metric in ("mrr@10", "ndcg@10"):
         assert chosen[metric] > record["baselines"]["bm25"][metric] + 0.05
-        assert chosen[metric] > head_only[metric]
-        assert 0 < record["baselines"]["cosine"][metric] < 1
+        assert fused[metric] > record["baselines"]["cosine"][metric] > 0
+    assert fused["mrr@10_minus_cosine"] > fused["paired_standard_error"] > 0
 
 
 def test_altered_weights_are_refused(record, tmp_path):
@@ -128,9 +138,9 @@ def test_altered_weights_are_refused(record, tmp_path):
         assemble_reranker(default_checkpoint_dir(), tmp_path, tmp_path / "out")
 
 
-def _record(chosen_mrr: float, cosine_mrr: float) -> dict:
+def _record(chosen_mrr: float, cosine_mrr: float, fused_mrr: float | None = None) -> dict:
     figures = {"mrr@10": chosen_mrr, "ndcg@10": chosen_mrr}
-    return {
+    record = {
         "chosen_layers": 1,
         "variants": {"0": {"mrr@10": 0.1, "ndcg@10": 0.1}, "1": figures},
         "baselines": {
@@ -138,6 +148,16 @@ def _record(chosen_mrr: float, cosine_mrr: float) -> dict:
             "cosine": {"mrr@10": cosine_mrr, "ndcg@10": cosine_mrr},
         },
     }
+    if fused_mrr is not None:
+        fused = {"mrr@10": fused_mrr, "ndcg@10": fused_mrr}
+        weights = {
+            "embedding_model": DEFAULT_MODEL_NAME,
+            "cosine_weight": 4.0,
+            "logit_weight": 0.5,
+            "bias": -3.0,
+        }
+        record["fusion"] = weights | {"held_out": {"fused": fused, "cross_encoder": figures}}
+    return record
 
 
 def test_export_default_takes_the_reranker_only_when_it_beats_both_baselines(tmp_path):
@@ -153,6 +173,13 @@ def test_export_default_takes_the_reranker_only_when_it_beats_both_baselines(tmp
     save_weights(tmp_path, state, _record(chosen_mrr=0.5, cosine_mrr=0.6))
     assert reranker_models(tmp_path, log=lines.append) == []
     assert "mrr@10 0.5000 is not above cosine's 0.6000" in lines[-1]
+    # with a fusion the served score is the fused one: it decides, and the model carries the fusion
+    save_weights(tmp_path, state, _record(chosen_mrr=0.5, cosine_mrr=0.6, fused_mrr=0.65))
+    (model,) = reranker_models(tmp_path, log=lines.append)
+    assert model.fusion.embedding_model == DEFAULT_MODEL_NAME and model.fusion.cosine_weight == 4.0
+    save_weights(tmp_path, state, _record(chosen_mrr=0.7, cosine_mrr=0.6, fused_mrr=0.55))
+    assert reranker_models(tmp_path, log=lines.append) == []
+    assert "mrr@10 0.5500 is not above cosine's 0.6000" in lines[-1]
 
 
 @pytest.fixture(scope="module")
@@ -201,32 +228,79 @@ def test_assembled_reranker_is_a_cross_encoder_that_ranks_held_out_pairs(assembl
         assert scores[start] > scores[start + 1 : stop].max(), pairs[start][0]
 
 
-def test_assembled_reranker_exports_and_scores_through_onnx_runtime(assembled, tmp_path):
-    import onnxruntime as ort
+@pytest.fixture(scope="module")
+def served_repo(assembled, record, default_repo, tmp_path_factory):
+    """The default repository's MiniLM and the reranker exported beside it with the record's fusion."""
+    from bertserve.export.heads.reranker import RERANKER_NAME, fusion_of
+    from bertserve.export.pipeline import export_model
+
+    repo = tmp_path_factory.mktemp("served") / "repo"
+    shutil.copytree(default_repo, repo)
+    export_model(assembled, repo, name=RERANKER_NAME, version=1, fusion=fusion_of(record), log=lambda _: None)
+    return repo
+
+
+def _logits(assembled, pairs):
+    """The tokenized pairs (numpy) and transformers' logit of each."""
     from transformers import AutoTokenizer, BertForSequenceClassification
 
-    from bertserve.export.pipeline import export_model
-    from bertserve.manifest import CLASSIFIER_HEAD, ENCODER, Manifest
-
-    version_dir = export_model(assembled, tmp_path, name="wordnet-reranker", version=1, log=lambda _: None)
-    manifest = Manifest.read(version_dir)
-    assert len(manifest.tasks.classify.id2label) == 1
-    pairs, _ = _held_out_pairs()
     batch = AutoTokenizer.from_pretrained(assembled)(
         [q for q, _ in pairs], [d for _, d in pairs], padding=True, return_tensors="np"
     )
+    with torch.no_grad():
+        model = BertForSequenceClassification.from_pretrained(assembled).eval()
+        logits = model(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits[:, 0].numpy()
+    return batch, logits
+
+
+def test_assembled_reranker_exports_and_scores_through_onnx_runtime(assembled, served_repo):
+    import onnxruntime as ort
+
+    from bertserve.export.heads.reranker import RERANKER_NAME
+    from bertserve.manifest import CLASSIFIER_HEAD, ENCODER, Manifest
+
+    version_dir = served_repo / RERANKER_NAME / "1"
+    manifest = Manifest.read(version_dir)
+    assert len(manifest.tasks.classify.id2label) == 1
+    pairs, _ = _held_out_pairs()
+    batch, expected = _logits(assembled, pairs)
     encoder = ort.InferenceSession(str(version_dir / manifest.graphs[ENCODER].file))
     head = ort.InferenceSession(str(version_dir / manifest.graphs[CLASSIFIER_HEAD].file))
     feeds = {i.name: batch[i.name] for i in encoder.get_inputs()}
     classifier_input = head.get_inputs()[0].name
     logits = head.run(["logits"], {classifier_input: encoder.run([classifier_input], feeds)[0]})[0][:, 0]
-    with torch.no_grad():
-        expected = (
-            BertForSequenceClassification.from_pretrained(assembled)
-            .eval()(**{k: torch.from_numpy(v) for k, v in batch.items()})
-            .logits[:, 0]
-        )
-    np.testing.assert_allclose(logits, expected.numpy(), atol=1e-4)
+    np.testing.assert_allclose(logits, expected, atol=1e-4)
+
+
+def test_served_default_reranker_adds_minilm_cosine_and_ranks_held_out_lists(assembled, record, served_repo):
+    """Rerank with no model named, on the server: the reranker's logit plus MiniLM's cosine (its Score),
+    as the record's fusion weighs them, within 1e-4; the relevant definition of each held-out case first."""
+    import grpc
+
+    from bertserve.export.heads.reranker import RERANKER_NAME
+    from bertserve.v1 import inference_pb2 as pb
+    from bertserve.v1 import inference_pb2_grpc as pb_grpc
+    from tests.helpers.server import ServerThread
+
+    pairs, starts = _held_out_pairs()
+    _, logits = _logits(assembled, pairs)
+    fusion = record["fusion"]
+    server = ServerThread(model_repo=served_repo, max_queue_delay_ms=5)
+    with server, grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        for start, stop in zip(starts, [*starts[1:], len(pairs)], strict=True):
+            query, documents = pairs[start][0], [d for _, d in pairs[start:stop]]
+            cosines = stub.Score(
+                pb.ScoreRequest(texts_1=[query], texts_2=documents, model=DEFAULT_MODEL_NAME), timeout=60
+            )
+            linear = fusion["logit_weight"] * logits[start:stop] + fusion["bias"]
+            linear += fusion["cosine_weight"] * np.array([r.score for r in cosines.results])
+            response = stub.Rerank(pb.RerankRequest(query=query, documents=documents), timeout=60)
+            assert response.method == "cross_encoder+cosine" and response.metadata.model == RERANKER_NAME
+            got = {r.index: r.score for r in response.results}
+            expected = 1 / (1 + np.exp(-linear))
+            np.testing.assert_allclose([got[i] for i in range(len(documents))], expected, atol=1e-4)
+            assert response.results[0].index == 0, query
 
 
 def test_training_reports_progress_without_changing_the_run():
