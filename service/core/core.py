@@ -348,7 +348,9 @@ class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
         batcher = served.encoder.batcher
         inputs = count * len(options)
         if permit is None:
-            permit = await batcher.wait_room(inputs, True) if bulk else batcher.reserve(inputs, False, deadline)
+            permit = (
+                await batcher.wait_room(inputs, True) if bulk else batcher.reserve(inputs, False, deadline)
+            )
         try:
             encoded, tokenize_s = await tokenize()
             needed = len(encoded) * len(options)
