@@ -175,9 +175,9 @@ class CosineFusion(_Strict):
     same repository) must be served beside it."""
 
     embedding_model: str = Field(min_length=1)
-    cosine_weight: float
-    logit_weight: float
-    bias: float = 0.0
+    cosine_weight: float = Field(allow_inf_nan=False)
+    logit_weight: float = Field(allow_inf_nan=False)
+    bias: float = Field(0.0, allow_inf_nan=False)
 
 
 class CrossEncoderSpec(_Strict):

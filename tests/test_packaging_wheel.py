@@ -136,19 +136,21 @@ def models(request, venv, stages, default_repo, make_tiny_checkpoint, tmp_path_f
 def test_the_exporter_stage_as_written_writes_every_default_model(venv, stages, tmp_path, cwd):
     from bertserve.export.default_model import DEFAULT_MODEL_NAME
     from bertserve.export.heads.assemble import CLASSIFIER_NAME, FILL_MASK_NAME
+    from bertserve.export.heads.reranker import RERANKER_NAME
 
     models = tmp_path / "models"
     _run_sh(" && ".join(_moved(c, models) for c in _bertserve_commands(stages["exporter"])), venv, cwd)
     written = {path.parent.parent.name for path in models.glob("*/*/manifest.json")}
-    assert written == {DEFAULT_MODEL_NAME, CLASSIFIER_NAME, FILL_MASK_NAME}
+    assert written == {DEFAULT_MODEL_NAME, CLASSIFIER_NAME, FILL_MASK_NAME, RERANKER_NAME}
 
 
 def test_the_exporter_stage_writes_every_default_model(models):
     from bertserve.export.default_model import DEFAULT_MODEL_NAME
     from bertserve.export.heads.assemble import CLASSIFIER_NAME, FILL_MASK_NAME
+    from bertserve.export.heads.reranker import RERANKER_NAME
 
     written = {path.parent.parent.name for path in models.glob("*/*/manifest.json")}
-    assert written == {DEFAULT_MODEL_NAME, CLASSIFIER_NAME, FILL_MASK_NAME}
+    assert written == {DEFAULT_MODEL_NAME, CLASSIFIER_NAME, FILL_MASK_NAME, RERANKER_NAME}
 
 
 def _stage_env(stage) -> dict[str, str]:
@@ -161,6 +163,7 @@ def _stage_env(stage) -> dict[str, str]:
 def test_the_cpu_stage_serves_the_exported_models(venv, stages, models, cwd):
     from bertserve.export.default_model import DEFAULT_MODEL_NAME
     from bertserve.export.heads.assemble import CLASSIFIER_NAME, FILL_MASK_NAME
+    from bertserve.export.heads.reranker import RERANKER_NAME
 
     stage = stages["cpu"]
     settings = {k: v for k, v in _stage_env(stage).items() if k.startswith("BERTSERVE_")}
@@ -202,6 +205,11 @@ def test_the_cpu_stage_serves_the_exported_models(venv, stages, models, cwd):
                 timeout=60,
             )
             assert len(filled.results[0].masks[0].candidates) == 5
+            reranked = stub.Rerank(
+                inference_pb2.RerankRequest(query="a pet that barks", documents=["a wild cat", "a dog"]),
+                timeout=60,
+            )
+            assert reranked.metadata.model == RERANKER_NAME and reranked.method == "cross_encoder+cosine"
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0, log.text()
     finally:

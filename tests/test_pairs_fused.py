@@ -24,6 +24,7 @@ from tests.helpers.server import ServerThread
 from tests.pair_models import PAIR_EMBED
 
 FUSED = "tiny-fused-reranker"
+SELF_FUSED = "tiny-self-fused"
 FUSION = CosineFusion(embedding_model=PAIR_EMBED, cosine_weight=1.5, logit_weight=0.7, bias=-0.2)
 TOL = 1e-4
 QUERY = "where is the cat"
@@ -38,6 +39,16 @@ def repo(pair_repo, tiny_cross_encoder, tmp_path_factory):
     shutil.copytree(pair_repo, repo)
     export_model(
         tiny_cross_encoder.checkpoint, repo, name=FUSED, version=1, fusion=FUSION, log=lambda _: None
+    )
+    # the same cross-encoder adding its own embeddings' cosine: both runs in one encoder's queue
+    self_fusion = FUSION.model_copy(update={"embedding_model": "tiny-cross-encoder"})
+    export_model(
+        tiny_cross_encoder.checkpoint,
+        repo,
+        name=SELF_FUSED,
+        version=1,
+        fusion=self_fusion,
+        log=lambda _: None,
     )
     return repo
 
@@ -177,6 +188,45 @@ def test_texts_over_the_embedding_queue_are_refused_before_any_work(repo):
         )
 
 
+def test_pairs_and_texts_in_one_queue_are_counted_together(repo):
+    """A fusion whose embedding model runs on the cross-encoder's own encoder puts the N pairs and the N + 1
+    texts in one queue: over max_queue_inputs together, refused as the client's mistake (not a retry)."""
+    n = len(DOCS)
+    settings = dict(model_repo=repo, max_queue_inputs=2 * n, max_inputs_per_request=n, max_queue_delay_ms=5)
+    with ServerThread(**settings) as server, grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Rerank(pb.RerankRequest(query=QUERY, documents=DOCS, model=SELF_FUSED), timeout=30)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        expected = (
+            f"need {2 * n + 1} texts embedded and pairs, in one queue, more than max_queue_inputs {2 * n}"
+        )
+        assert expected in error.value.details()
+        response = stub.Rerank(
+            pb.RerankRequest(query=QUERY, documents=DOCS[:-1], model=SELF_FUSED), timeout=30
+        )
+        assert response.method == "cross_encoder+cosine" and len(response.results) == n - 1
+
+
+def test_a_fusion_that_cannot_add_up_is_refused(repo, tmp_path):
+    """Weights must be finite (the manifest's schema); softmax over one label is always 1, which would drop
+    the sum: the server refuses to start on such a manifest."""
+    import json
+
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        CosineFusion(embedding_model=PAIR_EMBED, cosine_weight=float("nan"), logit_weight=1.0)
+    broken = tmp_path / "repo"
+    shutil.copytree(repo, broken)
+    path = broken / FUSED / "1" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["tasks"]["classify"]["cross_encoder"]["activation"] = "softmax"
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(StartupError, match="a cosine fusion needs a sigmoid or identity activation"):
+        ServerThread(model_repo=broken, models=[PAIR_EMBED, FUSED]).start()
+
+
 def test_export_refuses_a_fusion_it_cannot_serve(
     pair_repo, tiny_cross_encoder, tiny_pair_classifier, tmp_path
 ):
@@ -184,3 +234,21 @@ def test_export_refuses_a_fusion_it_cannot_serve(
         export_model(tiny_cross_encoder.checkpoint, tmp_path, name="x", fusion=FUSION, log=lambda _: None)
     with pytest.raises(ExportError, match="needs a cross-encoder of one score"):
         export_model(tiny_pair_classifier.checkpoint, tmp_path, name="y", fusion=FUSION, log=lambda _: None)
+
+
+def test_fronts_of_several_processes_serve_the_fused_score(repo, stub):
+    """`serve --workers 2`: each front computes the sum from the engine's logits and cosines."""
+    from tests.helpers.server import ServerProcess
+
+    request = pb.RerankRequest(query=QUERY, documents=DOCS, model=FUSED)
+    expected = {r.index: r.score for r in stub.Rerank(request, timeout=30).results}
+    server = ServerProcess("--model-repo", str(repo), "--workers", "2").start(timeout=180)
+    try:
+        for _ in range(4):  # each a new connection, which the kernel gives to either front
+            with grpc.insecure_channel(server.address) as channel:
+                response = pb_grpc.InferenceStub(channel).Rerank(request, timeout=60)
+            assert response.method == "cross_encoder+cosine"
+            for r in response.results:
+                assert abs(r.score - expected[r.index]) <= TOL
+    finally:
+        assert server.terminate() == 0

@@ -171,15 +171,16 @@ class PairCalls:
         cosine: Callable[[ServedModel, Permit | None], Awaitable[tuple[np.ndarray, CallMeta]]],
     ) -> tuple[np.ndarray, CallMeta]:
         """The scores of `pairs` pairs of `texts` distinct texts by `method`: `cross(permit, raw)` gives the
-        cross-encoder's (raw: its logits), `cosine(model, permit)` the embedding model's. Fused: room for the pairs in the
-        cross-encoder's queue and for the texts in the embedding model's, both taken before any work; the
-        logits and cosines are computed at once, a failure of either cancelling the other."""
+        cross-encoder's (raw: its logits), `cosine(model, permit)` the embedding model's. Fused: room for the
+        pairs in the cross-encoder's queue and for the texts in the embedding model's, both taken before any
+        work; the logits and cosines are computed at once, a failure of either cancelling the other."""
         if method == CROSS_ENCODER:
             return await cross(None, raw_scores)
         if method == COSINE:
             return await cosine(served, None)
         partner = self.registry.fusion_partners[served.name]
-        self._check_embedded(texts, field)
+        shared = served.batcher is partner.batcher  # one queue holds both runs' inputs
+        self._check_embedded(texts + pairs if shared else texts, field, shared)
         check_two_segments(served, field)
         first = served.batcher.reserve(pairs, False, deadline)
         try:
@@ -190,11 +191,15 @@ class PairCalls:
         tasks = [asyncio.ensure_future(cross(first, True)), asyncio.ensure_future(cosine(partner, second))]
         try:
             (logits, cross_meta), (cosines, cosine_meta) = await asyncio.gather(*tasks)
-        finally:
+        except BaseException:
             for task in tasks:
                 task.cancel()
-                if task.done() and not task.cancelled():
+            await asyncio.wait(tasks)  # the other run stopped before its room is given back
+            for task in tasks:
+                if not task.cancelled():
                     task.exception()  # retrieved: the first failure is the one raised
+            raise
+        finally:
             first.release()
             second.release()
         fusion = served.manifest.tasks.classify.cross_encoder.fusion
@@ -203,10 +208,12 @@ class PairCalls:
         scores = label_scores(fused, "regression", False, activation)
         return scores, fused_meta(cross_meta, cosine_meta)
 
-    def _check_embedded(self, count: int, field: str) -> None:
-        if count > self.settings.max_queue_inputs:  # it could never be admitted: not worth a retry
+    def _check_embedded(self, count: int, field: str, with_pairs: bool = False) -> None:
+        """A call that could never be admitted is refused as the client's mistake, not worth a retry."""
+        if count > self.settings.max_queue_inputs:
+            what = "texts embedded and pairs, in one queue" if with_pairs else "texts embedded"
             raise InvalidInput(
-                f"{field}: these pairs need {count} texts embedded, more than max_queue_inputs "
+                f"{field}: these pairs need {count} {what}, more than max_queue_inputs "
                 f"{self.settings.max_queue_inputs} (the model's queue); send fewer"
             )
 

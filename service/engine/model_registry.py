@@ -176,7 +176,13 @@ def _fusion(model: ServedModel):
 
 
 def _fusion_partner(model: ServedModel, by_name: dict[str, ServedModel]) -> ServedModel:
-    """The embedding model a fused cross-encoder adds the cosine of; refuses to start without it."""
+    """The embedding model a fused cross-encoder adds the cosine of; refuses to start without it, or with
+    softmax (over one label it is 1: the sum would be lost)."""
+    if model.one_label_activation not in ("sigmoid", "identity"):
+        raise StartupError(
+            f"model {model.name}: a cosine fusion needs a sigmoid or identity activation "
+            f"(its manifest has {model.one_label_activation})"
+        )
     name = _fusion(model).embedding_model
     partner = by_name.get(name)
     if partner is None or not _cosine_model(partner):

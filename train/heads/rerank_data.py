@@ -119,12 +119,17 @@ class Relations:
 
 
 def build_lists(
-    relations: Relations, split: str, sizes: ListSizes, held_out_percent: int = 10
+    relations: Relations,
+    split: str,
+    sizes: ListSizes,
+    held_out_percent: int = 10,
+    not_queries: frozenset[int] = frozenset(),
 ) -> list[RankingList]:
-    """`sizes.queries` ranking lists whose queries come from synsets of `split` ("train" or "test")."""
+    """`sizes.queries` ranking lists whose queries come from synsets of `split` ("train" or "test"), none
+    of them in `not_queries`."""
     senses = relations.senses
     in_split = [o for o in sorted(senses) if split_of(o, held_out_percent) == split]
-    with_query = [o for o in in_split if query_of(senses[o]) is not None]
+    with_query = [o for o in in_split if query_of(senses[o]) is not None and o not in not_queries]
     rng = np.random.default_rng(sizes.seed)
     chosen = sorted(rng.choice(with_query, size=min(sizes.queries, len(with_query)), replace=False).tolist())
     # Negatives of a training list come from training synsets only; held-out lists may use any synset.

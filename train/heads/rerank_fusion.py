@@ -1,10 +1,11 @@
 """The default reranker's served score: its logit plus the embedding model's cosine of the same pair.
 
-Each of the two is divided by its spread over training-split pairs (equal weights, fixed before any
-measuring: no label chooses them), then one logistic calibration of their sum (its scale and bias, fitted on
-the same training-split pairs) makes the score a probability; the calibration cannot change a ranking. The
-held-out figures are measured as the server computes the score: the assembled checkpoint's logits (float16
-weights) and the embedding model's normalized mean-pooled embeddings.
+Each of the two is divided by its spread over training-split pairs whose queries the cross-encoder never
+trained on (equal weights, fixed before any measuring: no label chooses them), then one logistic calibration
+of their sum (its scale and bias, fitted on the same pairs) makes the score a probability; the calibration
+cannot change a ranking. The held-out figures are those of the served computation: the assembled
+checkpoint's logits (float16 weights) and the embedding model's normalized mean-pooled embeddings (WordNet's
+texts are shorter than any cut).
 """
 
 from __future__ import annotations
@@ -81,13 +82,15 @@ def fit_fusion(
     calibration: ListSizes,
     test: ListSizes,
     held_out_percent: int,
+    trained_queries: frozenset[int] = frozenset(),
     log: Callable[[str], None] = print,
 ) -> dict:
-    """The manifest's fusion (weights of the cosine and the logit, bias) and its held-out figures."""
+    """The manifest's fusion (weights of the cosine and the logit, bias) and its held-out figures; the
+    calibration lists' queries are none of `trained_queries` (the synsets of the training lists)."""
     cross_encoder = load_checkpoint(checkpoint_dir).model
     encoder = load_checkpoint(base_dir).encoder
     tokenizer = load_tokenizer(base_dir)
-    fit_lists = build_lists(relations, "train", calibration, held_out_percent)
+    fit_lists = build_lists(relations, "train", calibration, held_out_percent, trained_queries)
     cosines, logits = (
         list_cosines(encoder, tokenizer, fit_lists),
         list_logits(cross_encoder, tokenizer, fit_lists),
@@ -128,6 +131,11 @@ def fit_fusion(
         }
         log(f"   held-out {name}: MRR@10 {figures[name]['mrr@10']:.4f} ({gain.mean():+.4f} on the cosine)")
     return fusion | {
-        "fit": asdict(calibration) | {"split": "train", "lists": len(fit_lists), "pairs": int(labels.size)},
+        "fit": asdict(calibration)
+        | {
+            "split": "train, no query of the training lists",
+            "lists": len(fit_lists),
+            "pairs": int(labels.size),
+        },
         "held_out": figures,
     }

@@ -236,6 +236,10 @@ def fit_fused_score(
     started = time.perf_counter()
     torch.set_num_threads(plan.threads)
     relations = relations or Relations(load_senses())
+    trained = ListSizes(**{k: record["data"]["train"][k] for k in ("queries", "candidates", "hard", "seed")})
+    trained_queries = frozenset(
+        t.offset for t in build_lists(relations, "train", trained, plan.held_out_percent)
+    )
     fusion = fit_fusion(
         checkpoint,
         base_dir,
@@ -244,6 +248,7 @@ def fit_fused_score(
         plan.calibration,
         plan.test,
         plan.held_out_percent,
+        trained_queries,
         log,
     )
     record["fusion"] = fusion | {"seconds": round(time.perf_counter() - started, 1)}
