@@ -178,10 +178,11 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     assert result["gemm"]["peak_gflops"] > 0
     limits = result["ratios"]["limits"]
     theory = limits["theoretical"]
-    assert math.isclose(
+    assert math.isclose(  # the peak is written to one decimal (rounded up where the clock was fitted)
         theory["fp32_gflops"],
         theory["cores"] * theory["clock_ghz"] * theory["fp32_ops_per_cycle_per_core"],
         rel_tol=1e-3,
+        abs_tol=0.1,
     )
     assert limits["kernel"]["fp32_gflops"] > 0 and limits["kernel"]["int8_gops"] > 0
     assert {"server-fp32", "server-int8", "inprocess-fp32-mixed"} <= set(limits["fractions"])
