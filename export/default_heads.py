@@ -13,8 +13,8 @@ Dockerfile export them with `bertserve export-default-heads`.
   model when only the pooler and classifier trained, else a model of its own (its top layers differ); its
   score adds the encoder model's cosine when the record fitted a fusion (train/heads/rerank_fusion.py).
   Exported only when its record shows that served score beats both baselines (BM25 and the encoder's
-  cosine) on held-out MRR@10 and nDCG@10: Rerank with no model named takes the first cross-encoder, so a weaker one would make
-  the default ranking worse than the cosine it replaces.
+  cosine) on held-out MRR@10 and nDCG@10: Rerank with no model named takes the first cross-encoder, so a
+  weaker one would make the default ranking worse than the cosine it replaces.
 """
 
 from __future__ import annotations

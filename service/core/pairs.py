@@ -5,7 +5,8 @@ input of its Classify task ([CLS] a [SEP] b [SEP], `ModelTokenizer.encode_pairs`
 activation of the logit (`raw_scores`: the logit). An embedding model scores the cosine of the two texts'
 normalized embeddings, each distinct side embedded once (Rerank's query once). Either way the inputs are
 ordinary work items of the model's encoder: counted against max_inputs_per_request and admitted before
-any work on the texts (`InferenceCore._admitted_run`), then batched with every other call.
+any work on the texts (`InferenceCore._admitted_run`), then batched with every other call. A cross-encoder
+whose manifest has a `fusion` adds an embedding model's cosine of the same pair (`_pair_scores`).
 """
 
 from __future__ import annotations
