@@ -141,6 +141,21 @@ def test_http_rerank_gives_the_fused_score(server, stub):
         assert abs(r["relevance_score"] - grpc_scores[r["index"]]) <= TOL
 
 
+def test_a_client_token_limit_must_cover_both_models_cuts(server, repo):
+    """Cohere's max_tokens_per_doc below the embedding model's max_length is refused: the cosine side would
+    read more of each document than the client allowed."""
+    from bertserve.repository import read_manifest
+
+    cross, embed = (read_manifest(repo / name / "1").max_length for name in (FUSED, PAIR_EMBED))
+    assert cross < embed  # the tiny cross-encoder's own max_length, the embedding model's positions
+    body = {"model": FUSED, "query": QUERY, "documents": DOCS}
+    reply = httpx.post(f"{server.http_url}/v2/rerank", json=body | {"max_tokens_per_doc": cross}, timeout=60)
+    assert reply.status_code == 400, reply.text[:300]
+    assert f"model {PAIR_EMBED}'s max_length {embed}" in reply.text
+    reply = httpx.post(f"{server.http_url}/v2/rerank", json=body | {"max_tokens_per_doc": embed}, timeout=60)
+    assert reply.status_code == 200, reply.text[:300]
+
+
 def test_default_reranker_is_the_first_cross_encoder_and_reports_its_method(repo):
     with (
         ServerThread(model_repo=repo, models=[PAIR_EMBED, FUSED]) as server,

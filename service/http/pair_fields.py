@@ -75,17 +75,22 @@ def top_n(fields: Fields) -> int | None:
 
 def check_token_limit(front: HttpFront, model: str, tokens: int | None, field: str) -> None:
     """A client's own token limit (vLLM's truncate_prompt_tokens, Cohere's max_tokens_per_doc) is taken when
-    it cuts nothing that max_length would not: pairs are cut to the answering model's max_length only.
+    it cuts nothing that max_length would not: pairs are cut to the answering model's max_length only (and
+    a fused cross-encoder's texts to its embedding model's).
     None or -1 (vLLM's "max_length"): nothing to check. `model` "": the default for rerank and score."""
     if tokens is None or tokens == -1:
         return
-    served, _ = front.core.registry.resolve_pairs(model)
-    max_length = front.core.model_info(served.name).max_length
-    if tokens < max_length:
-        raise InvalidInput(
-            f"{field}: {tokens} tokens is less than model {served.name}'s max_length {max_length}; bertserve "
-            f"cuts pairs to max_length only (leave {field} out, or send at least {max_length})"
-        )
+    registry = front.core.registry
+    served, _ = registry.resolve_pairs(model)
+    # a fused cross-encoder's embedding model cuts the texts to its own max_length
+    partner = registry.fusion_partners.get(served.name)
+    for one in (served, partner) if partner is not None else (served,):
+        max_length = front.core.model_info(one.name).max_length
+        if tokens < max_length:
+            raise InvalidInput(
+                f"{field}: {tokens} tokens is less than model {one.name}'s max_length {max_length}; bertserve "
+                f"cuts pairs to max_length only (leave {field} out, or send at least {max_length})"
+            )
 
 
 @contextmanager
