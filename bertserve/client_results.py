@@ -238,6 +238,7 @@ class ModelInfo(_Result):
     default_prompt_name: str  # the prompt a call naming none gets ("": none)
     encodings: list[str]  # the dense encodings offered
     sparse: bool  # answers sparse (SPLADE) embeddings
+    cosine_of: str  # a cross-encoder whose scores add this embedding model's cosine ("": none)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ __all__ = [
     "SENTENCE_EMBEDDING", "TOKEN_INPUTS", "DECODER_WEIGHT", "DECODER_WEIGHT_FILE", "TiedDecoder",
     "CLASSIFIER_HEAD", "ENCODER", "ENCODER_ATTENTIONS", "ENCODER_BY_PRECISION", "ENCODER_FP16",
     "ENCODER_INT8", "ENCODER_KEYS", "HEAD_KEYS", "MANIFEST_FILE", "MLM_HEAD", "MODEL_SPEC", "NAME_PATTERN",
-    "SCHEMA_VERSION", "STAGING_PREFIX", "TOKENIZER_FILE", "ClassifyTask", "CrossEncoderSpec", "EmbedTask", "EncoderRef",
+    "SCHEMA_VERSION", "STAGING_PREFIX", "TOKENIZER_FILE", "ClassifyTask", "CosineFusion", "CrossEncoderSpec", "EmbedTask", "EncoderRef",
     "ExportInfo", "FillMaskTask", "GraphSpec", "Manifest", "ModelDimensions", "Parity", "Precision", "PretrainingInfo",
     "RepositoryError", "Tasks", "TensorSpec", "TokenizerSpec", "check_file", "graph_file", "is_staging",
     "is_version_name",

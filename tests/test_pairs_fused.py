@@ -156,6 +156,18 @@ def test_a_client_token_limit_must_cover_both_models_cuts(server, repo):
     assert reply.status_code == 200, reply.text[:300]
 
 
+def test_info_names_the_embedding_model_a_reranker_adds(server):
+    """Info (gRPC, the client library and HTTP) says which model's cosine a fused cross-encoder adds."""
+    from bertserve.client import Client
+
+    with Client(server.address) as client:
+        info = {m.name: m for m in client.info().models}
+    assert info[FUSED].cosine_of == PAIR_EMBED and info[FUSED].cross_encoder
+    assert info["tiny-cross-encoder"].cosine_of == "" and info[PAIR_EMBED].cosine_of == ""
+    reply = httpx.get(f"{server.http_url}/bertserve/v1/info", timeout=30).json()
+    assert {m["name"]: m["cosine_of"] for m in reply["models"]}[FUSED] == PAIR_EMBED
+
+
 def test_default_reranker_is_the_first_cross_encoder_and_reports_its_method(repo):
     with (
         ServerThread(model_repo=repo, models=[PAIR_EMBED, FUSED]) as server,

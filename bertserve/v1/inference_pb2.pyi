@@ -335,7 +335,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "tasks", "default_for", "dimension", "max_length", "vocab_size", "num_layers", "precision", "provider", "pooling", "normalize_default", "mask_token", "labels", "problem_type", "encoder", "pairs", "cross_encoder", "dimensions", "prompts", "default_prompt_name", "encodings", "sparse")
+    __slots__ = ("name", "version", "tasks", "default_for", "dimension", "max_length", "vocab_size", "num_layers", "precision", "provider", "pooling", "normalize_default", "mask_token", "labels", "problem_type", "encoder", "pairs", "cross_encoder", "dimensions", "prompts", "default_prompt_name", "encodings", "sparse", "cosine_of")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -366,6 +366,7 @@ class ModelInfo(_message.Message):
     DEFAULT_PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
     ENCODINGS_FIELD_NUMBER: _ClassVar[int]
     SPARSE_FIELD_NUMBER: _ClassVar[int]
+    COSINE_OF_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     tasks: _containers.RepeatedScalarFieldContainer[str]
@@ -389,7 +390,8 @@ class ModelInfo(_message.Message):
     default_prompt_name: str
     encodings: _containers.RepeatedScalarFieldContainer[str]
     sparse: bool
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., dimension: _Optional[int] = ..., max_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., pooling: _Optional[str] = ..., normalize_default: _Optional[bool] = ..., mask_token: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., problem_type: _Optional[str] = ..., encoder: _Optional[str] = ..., pairs: _Optional[bool] = ..., cross_encoder: _Optional[bool] = ..., dimensions: _Optional[_Iterable[int]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., encodings: _Optional[_Iterable[str]] = ..., sparse: _Optional[bool] = ...) -> None: ...
+    cosine_of: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., default_for: _Optional[_Iterable[str]] = ..., dimension: _Optional[int] = ..., max_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., precision: _Optional[str] = ..., provider: _Optional[str] = ..., pooling: _Optional[str] = ..., normalize_default: _Optional[bool] = ..., mask_token: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., problem_type: _Optional[str] = ..., encoder: _Optional[str] = ..., pairs: _Optional[bool] = ..., cross_encoder: _Optional[bool] = ..., dimensions: _Optional[_Iterable[int]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., encodings: _Optional[_Iterable[str]] = ..., sparse: _Optional[bool] = ..., cosine_of: _Optional[str] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("max_inputs_per_request", "max_input_chars", "max_message_bytes", "max_batch_size", "max_batch_tokens", "max_queue_inputs", "max_queue_delay_ms", "max_masks_per_input", "max_padding_ratio", "max_queue_attention")

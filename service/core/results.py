@@ -155,6 +155,7 @@ class ModelInfo:
     problem_type: str  # "" without classify
     pairs: bool = False  # a classifier trained on sentence pairs (the manifest says)
     cross_encoder: bool = False  # one score per pair (a classifier with one label): answers Rerank and Score
+    cosine_of: str = ""  # a cross-encoder whose scores add this embedding model's cosine (manifest fusion)
     dimensions: list[int] = field(default_factory=list)  # Matryoshka sizes besides `dimension`
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str = ""

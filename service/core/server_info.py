@@ -37,6 +37,7 @@ def model_info_of(model: ServedModel, default_for: list[str]) -> ModelInfo:
         problem_type=tasks.classify.problem_type if tasks.classify else "",
         pairs=bool(tasks.classify and tasks.classify.pairs),
         cross_encoder=model.cross_encoder,
+        cosine_of=fusion.embedding_model if (fusion := model.fusion) else "",
         dimensions=sorted(set(tasks.embed.dimensions)) if tasks.embed else [],
         prompts=dict(tasks.embed.prompts) if tasks.embed else {},
         default_prompt_name=(tasks.embed.default_prompt_name or "") if tasks.embed else "",

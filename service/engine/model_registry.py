@@ -170,11 +170,6 @@ def _cosine_model(model: ServedModel) -> bool:
     return Task.EMBED in model.tasks and (classify is None or len(classify.id2label) == 1)
 
 
-def _fusion(model: ServedModel):
-    classify = model.manifest.tasks.classify
-    return classify.cross_encoder.fusion if classify is not None and classify.cross_encoder else None
-
-
 def _fusion_partner(model: ServedModel, by_name: dict[str, ServedModel]) -> ServedModel:
     """The embedding model a fused cross-encoder adds the cosine of; refuses to start without it, or with
     softmax (over one label it is 1: the sum would be lost)."""
@@ -183,7 +178,7 @@ def _fusion_partner(model: ServedModel, by_name: dict[str, ServedModel]) -> Serv
             f"model {model.name}: a cosine fusion needs a sigmoid or identity activation "
             f"(its manifest has {model.one_label_activation})"
         )
-    name = _fusion(model).embedding_model
+    name = model.fusion.embedding_model
     partner = by_name.get(name)
     if partner is None or not _cosine_model(partner):
         raise StartupError(
@@ -212,7 +207,7 @@ class ModelRegistry:
         cosine = next((m for m in self.ordered if _cosine_model(m)), None)
         self.pairs_default = next((m for m in self.ordered if m.cross_encoder), cosine)
         # A cross-encoder whose score adds an embedding model's cosine: that model, served here too.
-        self.fusion_partners = {m.name: _fusion_partner(m, self.by_name) for m in models if _fusion(m)}
+        self.fusion_partners = {m.name: _fusion_partner(m, self.by_name) for m in models if m.fusion}
         # Attention: the first model (in order) whose repository holds the encoder_attentions graph.
         self.attention_default = next((m for m in self.ordered if m.attention is not None), None)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertserve.manifest import Manifest
+from bertserve.manifest import CosineFusion, Manifest
 from bertserve.service.engine.attention import AttentionGraph
 from bertserve.service.engine.batcher import Batcher, WorkItem
 from bertserve.service.engine.repository import ModelFiles
@@ -78,6 +78,12 @@ class ServedModel:
             )
             if i is not None
         }
+
+    @property
+    def fusion(self) -> CosineFusion | None:
+        """The embedding model's cosine a cross-encoder's scores add (manifest `cross_encoder.fusion`)."""
+        classify = self.manifest.tasks.classify
+        return classify.cross_encoder.fusion if classify is not None and classify.cross_encoder else None
 
     @property
     def cross_encoder(self) -> bool:

@@ -226,6 +226,7 @@ def info(server: ServerInfo) -> bytes:
             problem_type=m.problem_type,
             pairs=m.pairs,
             cross_encoder=m.cross_encoder,
+            cosine_of=m.cosine_of,
             dimensions=m.dimensions,
             prompts=m.prompts,
             default_prompt_name=m.default_prompt_name,
