@@ -156,14 +156,18 @@ def test_a_client_token_limit_must_cover_both_models_cuts(server, repo):
     assert reply.status_code == 200, reply.text[:300]
 
 
-def test_info_names_the_embedding_model_a_reranker_adds(server):
-    """Info (gRPC, the client library and HTTP) says which model's cosine a fused cross-encoder adds."""
+def test_info_names_the_embedding_model_a_reranker_adds(server, capsys):
+    """Info (gRPC, the client library, `bertserve info` and HTTP) says which model's cosine a fused
+    cross-encoder adds."""
+    from bertserve.cli import main
     from bertserve.client import Client
 
     with Client(server.address) as client:
         info = {m.name: m for m in client.info().models}
     assert info[FUSED].cosine_of == PAIR_EMBED and info[FUSED].cross_encoder
     assert info["tiny-cross-encoder"].cosine_of == "" and info[PAIR_EMBED].cosine_of == ""
+    assert main(["info", "--address", server.address]) == 0
+    assert f"reranks with {PAIR_EMBED}'s cosine added" in capsys.readouterr().out
     reply = httpx.get(f"{server.http_url}/bertserve/v1/info", timeout=30).json()
     assert {m["name"]: m["cosine_of"] for m in reply["models"]}[FUSED] == PAIR_EMBED
 

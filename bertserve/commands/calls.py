@@ -89,6 +89,8 @@ def _describe_info(result, _inputs) -> str:
             offers.append(f"encodings {', '.join(m.encodings)}")
         if m.sparse:
             offers.append("sparse")
+        if m.cosine_of:
+            offers.append(f"reranks with {m.cosine_of}'s cosine added")
         if offers:
             lines.append(f"    {'; '.join(offers)}")
     return "\n".join(lines)
