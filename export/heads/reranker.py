@@ -131,8 +131,13 @@ def assemble_reranker(base_dir: Path, weights_dir: Path, out_dir: Path) -> Path:
         ("config_sentence_transformers.json", ST_MODEL_CONFIG),
     ):
         (out_dir / name).write_text(json.dumps(content, indent=2) + "\n")
-    (out_dir / "README.md").write_text(_card(record))
+    write_card(out_dir, record)
     return out_dir
+
+
+def write_card(out_dir: Path, record: dict) -> None:
+    """The checkpoint's README.md: what it is and its recorded held-out figures."""
+    (Path(out_dir) / "README.md").write_text(_card(record))
 
 
 def _card(record: dict) -> str:

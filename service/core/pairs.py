@@ -203,7 +203,7 @@ class PairCalls:
         finally:
             first.release()
             second.release()
-        fusion = served.manifest.tasks.classify.cross_encoder.fusion
+        fusion = served.fusion
         fused = fusion.logit_weight * logits + fusion.cosine_weight * cosines + fusion.bias
         activation = "identity" if raw_scores else served.one_label_activation
         scores = label_scores(fused, "regression", False, activation)

@@ -21,7 +21,7 @@ from bertserve.export.checkpoint import load_checkpoint
 from bertserve.export.tokenizer_files import load_tokenizer
 from bertserve.train.heads.features import length_batches, pad, tokenize
 from bertserve.train.heads.rerank_data import ListSizes, RankingList, Relations, build_lists
-from bertserve.train.heads.rerank_metrics import rank_of_relevant, ranking_figures
+from bertserve.train.heads.rerank_metrics import per_list, ranking_figures, reciprocal_ranks
 from bertserve.train.heads.rerank_model import mean_pooled, tokenize_pairs
 
 COSINE_MAX_TOKENS = 128  # as the cosine baseline embeds (WordNet's texts are shorter)
@@ -49,9 +49,7 @@ def list_cosines(encoder: torch.nn.Module, tokenizer, lists: Sequence[RankingLis
 
 
 def list_logits(model: torch.nn.Module, tokenizer, lists: Sequence[RankingList]) -> list[np.ndarray]:
-    logits = pair_logits(model, tokenizer, [(t.query, d) for t in lists for d in t.documents])
-    bounds = np.cumsum([0] + [len(t.documents) for t in lists])
-    return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return per_list(pair_logits(model, tokenizer, [(t.query, d) for t in lists for d in t.documents]), lists)
 
 
 def logistic_fit(x: np.ndarray, y: np.ndarray, steps: int = 50) -> tuple[float, float]:
@@ -67,11 +65,6 @@ def logistic_fit(x: np.ndarray, y: np.ndarray, steps: int = 50) -> tuple[float, 
         if np.abs(step).max() < 1e-10:
             break
     return float(theta[0]), float(theta[1])
-
-
-def reciprocal_ranks(score_lists: Sequence[np.ndarray], relevant: Sequence[int]) -> np.ndarray:
-    ranks = np.array([rank_of_relevant(s, r) for s, r in zip(score_lists, relevant, strict=True)])
-    return np.where(ranks <= 10, 1.0 / ranks, 0.0)
 
 
 def fit_fusion(

@@ -25,8 +25,25 @@ def rank_of_relevant(scores: np.ndarray, relevant: int) -> int:
     return int(above) + 1
 
 
+def ranks_of(score_lists: Sequence[np.ndarray], relevant: Sequence[int]) -> np.ndarray:
+    """The relevant document's rank in each list."""
+    return np.array([rank_of_relevant(s, r) for s, r in zip(score_lists, relevant, strict=True)])
+
+
+def reciprocal_ranks(score_lists: Sequence[np.ndarray], relevant: Sequence[int]) -> np.ndarray:
+    """Per list, 1/rank of the relevant document within the cutoff, else 0 (MRR@10 is their mean)."""
+    ranks = ranks_of(score_lists, relevant)
+    return np.where(ranks <= CUTOFF, 1.0 / ranks, 0.0)
+
+
+def per_list(values: np.ndarray, lists: Sequence) -> list[np.ndarray]:
+    """`values` of every list's documents, in order, cut back into one array per list."""
+    bounds = np.cumsum([0] + [len(t.documents) for t in lists])
+    return [values[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
 def ranking_figures(score_lists: Sequence[np.ndarray], relevant: Sequence[int]) -> dict[str, float]:
-    ranks = np.array([rank_of_relevant(s, r) for s, r in zip(score_lists, relevant, strict=True)])
+    ranks = ranks_of(score_lists, relevant)
     within = ranks <= CUTOFF
     return {
         "mrr@10": float(np.where(within, 1.0 / ranks, 0.0).mean()),

@@ -25,17 +25,15 @@ from bertserve.export.default_model import DEFAULT_MODEL_NAME
 from bertserve.export.heads import reranker as committed
 from bertserve.export.tokenizer_files import load_tokenizer
 from bertserve.repository import sha256_file
-from bertserve.train.heads.features import tokenize
 from bertserve.train.heads.rerank_data import ListSizes, RankingList, Relations, build_lists, load_senses
-from bertserve.train.heads.rerank_fusion import fit_fusion
-from bertserve.train.heads.rerank_metrics import Bm25, ranking_figures
+from bertserve.train.heads.rerank_fusion import fit_fusion, list_cosines
+from bertserve.train.heads.rerank_metrics import Bm25, per_list, ranking_figures
 from bertserve.train.heads.rerank_model import (
     HiddenStates,
     RerankTraining,
     TopModel,
     advance,
     lower_states,
-    mean_pooled,
     score,
     tokenize_pairs,
     train_top,
@@ -114,10 +112,7 @@ def _baselines(encoder, tokenizer, senses, test: Sequence[RankingList]) -> dict[
     bm25 = Bm25(s.definition for s in senses.values())
     relevant = [t.relevant for t in test]
     bm25_scores = [bm25.scores(t.query, t.documents) for t in test]
-    texts = sorted({t.query for t in test} | {d for t in test for d in t.documents})
-    embeddings = mean_pooled(encoder, tokenize(tokenizer, texts, max_tokens=128))
-    row = {text: i for i, text in enumerate(texts)}
-    cosine_scores = [embeddings[[row[d] for d in t.documents]] @ embeddings[row[t.query]] for t in test]
+    cosine_scores = list_cosines(encoder, tokenizer, test)
     return {
         "bm25": ranking_figures(bm25_scores, relevant)
         | {"note": "Okapi k1 1.2, b 0.75, idf over all noun definitions"},
@@ -184,10 +179,9 @@ def train_reranker(
     lower = _cached_states(cache_dir, base_dir, encoder, tokenizer, _pairs(train, True), boundary, log)
     test_lower = _cached_states(cache_dir, base_dir, encoder, tokenizer, _pairs(test, False), boundary, log)
     relevant, chosen_state, variants = [t.relevant for t in test], None, {}
-    bounds = np.cumsum([0] + [len(t.documents) for t in test])
 
     def held_out(scores: np.ndarray) -> dict:
-        return ranking_figures([scores[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)], relevant)
+        return ranking_figures(per_list(scores, test), relevant)
 
     for k in plan.variants:
         log(f"-> cross-encoder, top {k} layers trained ...")
@@ -253,5 +247,5 @@ def fit_fused_score(
     )
     record["fusion"] = fusion | {"seconds": round(time.perf_counter() - started, 1)}
     committed.rewrite_record(weights, record)
-    committed.assemble_reranker(base_dir, weights, checkpoint)  # its card names the fused figures
+    committed.write_card(checkpoint, record)  # the checkpoint's card names the fused figures
     return record
