@@ -108,6 +108,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bench's process, which takes more of the cores it shares with the server",
     )
     parser.add_argument(
+        "--connections",
+        choices=("one", "per-caller"),
+        default="one",
+        help="gRPC connections of the sweep's callers: one shared by all, or one per caller as independent "
+        "clients open (needed to spread calls over a server's front processes, workers > 1; the "
+        "simulated-device target always uses per-caller)",
+    )
+    parser.add_argument(
         "--server-setting", type=_setting, action="append", default=[], metavar="NAME=VALUE",
         help="extra bertserve setting for the bertserve targets (repeatable), e.g. max_queue_delay_ms=1",
     )  # fmt: skip
@@ -153,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         } | overrides
     common = dict(model_repo=args.model_repo, out=args.out, model=args.model, checkpoint=args.checkpoint,
                   threads=args.threads, server_settings=settings, provider=args.provider,
-                  loadgen=args.loadgen)  # fmt: skip
+                  loadgen=args.loadgen, connections=args.connections)  # fmt: skip
     config = (
         BenchConfig.quick_preset(**common, **overrides) if args.quick else BenchConfig(**common, **overrides)
     )

@@ -49,6 +49,10 @@ class BenchConfig:
     # what sends the gRPC targets' requests: "native" (bench/native_loadgen.py, the Python client when it
     # cannot be built here) or "python" (bench/loadgen.py, in this process)
     loadgen: str = "native"
+    # gRPC connections of the sweep's callers: "one" shared by all (the CPU rounds' protocol) or
+    # "per-caller", as independent clients (a server with several front processes gets each connection in
+    # one of them); the simulated-device target always uses per-caller
+    connections: str = "one"
 
     @property
     def measured_targets(self) -> list[str]:

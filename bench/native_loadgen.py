@@ -144,11 +144,13 @@ class NativePhase:
         time_limit_s: float | None = None,
         timeout_s: float = 300.0,
         seed: int = 0,
+        connections: int = 1,
     ):
         self.binary, self.address, self.method = binary, address, method
         self.requests, self.warmup = list(requests), list(warmup)
         self.concurrency, self.rate, self.seed = concurrency, rate, seed
         self.time_limit_s, self.timeout_s = time_limit_s, timeout_s
+        self.connections = connections  # TCP connections the calls are spread over (loadgen.cc)
         self._scratch: tempfile.TemporaryDirectory | None = None
         self._process: asyncio.subprocess.Process | None = None
 
@@ -180,6 +182,7 @@ class NativePhase:
             str(len(self.warmup)),
             str(self.time_limit_s or 0),
             str(self.timeout_s),
+            str(self.connections),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

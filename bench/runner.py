@@ -232,7 +232,9 @@ async def run(config: BenchConfig) -> dict:
         targets: dict[str, dict] = {}
         open_rate = config.open_rate
         for name, server in _servers(config, model, config.out / "logs").items():
-            targets[name] = await TargetRun(server, model.name, workload, log, native).run(open_rate)
+            per_caller = config.connections == "per-caller"
+            run = TargetRun(server, model.name, workload, log, native, per_caller)
+            targets[name] = await run.run(open_rate)
             open_rate = (
                 open_rate or targets[name]["open"]["offered_rate_rps"]
             )  # the same offered load for all
@@ -311,7 +313,7 @@ async def run(config: BenchConfig) -> dict:
             "server_settings": config.server_settings,
             "open_rate_rps": open_rate,
             "phase_time_limit_s": config.phase_time_limit_s,
-            "load_generator": loadgen,
+            "load_generator": loadgen | {"grpc_connections": config.connections},
         },  # fmt: skip
         "flops": {
             "per_input_mean_gflop_mixed": corpus_flops(dims, mixed.tokens) / len(mixed.tokens) / 1e9,

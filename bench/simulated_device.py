@@ -69,7 +69,7 @@ async def _one(
                 f"{workers} fronts: this server does not take BERTSERVE_WORKERS",
             }
         log(f"  {name} ready in {startup_s:.1f} s, {processes} process(es)")
-        run = TargetRun(server, model, None, log, native)
+        run = TargetRun(server, model, None, log, native, per_caller=True)  # one process per connection
         async with run.connected(PER_CALL_CONCURRENCY):
             plan = [("single", requests, PER_CALL_CONCURRENCY)]
             phase = (await run.closed_phases(plan, time_limit_s))["single"]

@@ -7,6 +7,7 @@ of the server's /metrics, so server-side figures cover exactly the phase's reque
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -27,6 +28,11 @@ PER_CALL_CONCURRENCY = 32  # single-input callers, against requests of this many
 BULK_CALLERS = 2  # callers sending those requests: enough to keep the server busy
 REQUEST_TIMEOUT_S = 300.0  # a hung server fails its requests (DEADLINE_EXCEEDED), never the bench
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20)]
+
+
+def _channel(address: str) -> grpc.aio.Channel:
+    """A channel with a connection of its own (channels with equal options would share one)."""
+    return grpc.aio.insecure_channel(address, options=[*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
 
 
 @dataclass(frozen=True)
@@ -135,9 +141,14 @@ class TargetRun:
         workload: Workload | None,
         log: Callable[[str], None],
         native: Path | None = None,
+        per_caller: bool = False,
     ):
+        """`per_caller`: gRPC callers each get a connection of their own (up to `connected`'s count), as
+        independent clients would; else one connection carries every call."""
         self.server, self.model, self.workload, self.log = server, model, workload, log
         self.native = native if server.protocol == "grpc" else None
+        self.per_caller = per_caller
+        self.connections = 1
         self.call: Call | None = None
 
     def _load(
@@ -155,9 +166,10 @@ class TargetRun:
         call, method = via or (self.call, native_embed(self.model))
         assert call is not None, "inside connected()"
         if self.native is not None:
+            connections = self.connections if rate else min(concurrency, self.connections)
             return NativePhase(
                 self.native, self.server.address, method, requests, concurrency, warmup or [], rate,
-                time_limit_s, REQUEST_TIMEOUT_S,
+                time_limit_s, REQUEST_TIMEOUT_S, connections=connections,
             )  # fmt: skip
         warm = (lambda: closed_loop(call, warmup, concurrency, label=f"{label} warm-up")) if warmup else None
         if rate is None:
@@ -210,8 +222,18 @@ class TargetRun:
             finally:
                 await pool.close()
         else:
-            async with grpc.aio.insecure_channel(self.server.address, options=CHANNEL_OPTIONS) as channel:
-                yield embed_call(channel, self.model)
+            self.connections = connections if self.per_caller else 1
+            async with contextlib.AsyncExitStack() as stack:
+                calls = [
+                    embed_call(await stack.enter_async_context(_channel(self.server.address)), self.model)
+                    for _ in range(self.connections)
+                ]
+                turns = itertools.cycle(calls)  # the Python client's calls go round-robin
+
+                async def call(texts: list[str]) -> inference_pb2.EmbedResponse:
+                    return await next(turns)(texts)
+
+                yield call if len(calls) > 1 else calls[0]
 
     async def run(self, open_rate: float | None) -> dict:
         """All phases; `open_rate` None: a fraction of this target's own saturation rate."""

@@ -111,7 +111,7 @@ phase_export() {
 
 phase_bench() {  # phase_bench WORKERS
     local workers="$1" run="${SCRATCH}/workers-$1"
-    local args=(--provider cuda --quick --model-repo "${REPO}" --model "${MODEL}" --targets "${TARGETS}" --out "${run}")
+    local args=(--provider cuda --quick --connections per-caller --model-repo "${REPO}" --model "${MODEL}" --targets "${TARGETS}" --out "${run}")
     if "${PYTHON_BIN}" -m bertserve.cli bench --help 2>/dev/null | grep -q -- '--workers'; then
         args+=(--workers "${workers}")
     elif "${PYTHON_BIN}" -c 'import sys; from bertserve.service.settings import Settings; sys.exit("workers" not in Settings.model_fields)'; then

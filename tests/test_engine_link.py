@@ -94,7 +94,7 @@ async def _unread_answers(settings, address: str, calls: int) -> int:
     serving = asyncio.ensure_future(engine.serve())
     link = EngineLink(address)
     await link.connect({"tiny-embed": 1})
-    link._tasks[0].cancel()  # the front stops reading (its loop busy): the engine's answers pile up
+    link._socket.pause_reading()  # the front stops reading (its loop busy): the engine's answers pile up
     core = InferenceCore(model_registry.load(settings, front=True), settings, Metrics(), None, engine=link)
     pending = [asyncio.ensure_future(core.embed("tiny-embed", [f"x {i}"])) for i in range(calls)]
 
@@ -105,7 +105,7 @@ async def _unread_answers(settings, address: str, calls: int) -> int:
         return computed == calls and engine._calls == {}
 
     await _until(answered, timeout=120)
-    link._tasks[0] = asyncio.ensure_future(link._receive())  # the front reads again
+    link._socket.resume_reading()  # the front reads again
     done, _ = await asyncio.wait(pending, timeout=60)
     engine.stop()
     await serving

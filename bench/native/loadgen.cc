@@ -6,6 +6,11 @@
 // C++, and records each reply's bytes for the Python side to parse.
 //
 // Usage: bertserve-loadgen TARGET METHOD REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP TIME_LIMIT_S TIMEOUT_S
+//        [CONNECTIONS]
+//   CONNECTIONS (default 1): TCP connections to TARGET, as that many clients would open; a closed loop's
+//   callers are spread over them (each answered call's successor goes out on its connection), an open
+//   loop's requests go round-robin. A server whose processes share one port (SO_REUSEPORT) gets each
+//   connection in one of them, so one connection would measure one process.
 //   REQUESTS_FILE: records of [f64 scheduled send offset, s; negative: closed loop][u32 length][bytes].
 //   The first WARMUP records are sent first, closed loop at CONCURRENCY, and not recorded. Then it writes
 //   "ready\n" to stdout and waits for a line on stdin; the measured phase starts when that line comes:
@@ -45,6 +50,7 @@ struct Request {
 
 struct Call {
   size_t index = 0;
+  size_t connection = 0;
   bool recorded = false;
   Clock::time_point started;
   grpc::ClientContext context;
@@ -88,8 +94,10 @@ std::vector<Request> read_requests(const char* path) {
 
 class Runner {
  public:
-  Runner(std::shared_ptr<grpc::Channel> channel, std::string method, double timeout_s)
-      : stub_(channel), method_(std::move(method)), timeout_(timeout_s) {}
+  Runner(const std::vector<std::shared_ptr<grpc::Channel>>& channels, std::string method, double timeout_s)
+      : method_(std::move(method)), timeout_(timeout_s) {
+    for (const auto& channel : channels) stubs_.push_back(std::make_unique<grpc::GenericStub>(channel));
+  }
 
   // Sends requests[first, last) and waits for all of them; open loop when their offsets are >= 0.
   // Returns how many were sent (fewer than last - first when the time limit cut the phase short).
@@ -101,13 +109,15 @@ class Runner {
     auto limit_passed = [&] {
       return time_limit_s > 0 && std::chrono::duration<double>(Clock::now() - start).count() > time_limit_s;
     };
-    auto send = [&](Clock::time_point scheduled) {
+    size_t round_robin = 0;
+    auto send = [&](Clock::time_point scheduled, size_t connection) {
       auto* call = new Call;
       call->index = next;
+      call->connection = connection;
       call->recorded = record;
       call->started = scheduled;
       call->context.set_deadline(wall_clock_in(std::chrono::duration<double>(timeout_)));
-      call->reader = stub_.PrepareUnaryCall(&call->context, method_, requests[next].payload, &queue_);
+      call->reader = stubs_[connection]->PrepareUnaryCall(&call->context, method_, requests[next].payload, &queue_);
       call->reader->StartCall();
       call->reader->Finish(&call->reply, &call->status, call);
       ++next;
@@ -121,11 +131,12 @@ class Runner {
       return time_limit_s > 0 && requests[i].offset_s > time_limit_s;
     };
     if (!open)
-      while (next < last && in_flight < concurrency) send(Clock::now());
+      while (next < last && in_flight < concurrency) send(Clock::now(), in_flight % stubs_.size());
     while (in_flight > 0 || (open && next < last)) {
       if (open) {
         // everything due goes out first, so replies arriving back to back never hold up a send
-        while (next < last && !scheduled_past_limit(next) && due(next) <= Clock::now()) send(due(next));
+        while (next < last && !scheduled_past_limit(next) && due(next) <= Clock::now())
+          send(due(next), round_robin++ % stubs_.size());
         if (next < last && (scheduled_past_limit(next) || limit_passed())) {
           last = next;  // stop sending; await those sent (the loop ends here when none are in flight)
           continue;
@@ -142,6 +153,7 @@ class Runner {
       }
       auto* call = static_cast<Call*>(tag);
       const Clock::time_point done = Clock::now();
+      const size_t connection = call->connection;
       --in_flight;
       if (call->recorded) write_record(out, *call, done);
       delete call;
@@ -149,7 +161,7 @@ class Runner {
         if (limit_passed())
           last = next;
         else
-          send(Clock::now());
+          send(Clock::now(), connection);
       }
     }
     return next - first;
@@ -171,7 +183,7 @@ class Runner {
     for (const auto& s : slices) std::fwrite(s.begin(), 1, s.size(), out);
   }
 
-  grpc::GenericStub stub_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
   std::string method_;
   double timeout_;
   grpc::CompletionQueue queue_;
@@ -180,9 +192,9 @@ class Runner {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 9) {
+  if (argc != 9 && argc != 10) {
     std::cerr << "usage: bertserve-loadgen TARGET METHOD REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP "
-                 "TIME_LIMIT_S TIMEOUT_S\n";
+                 "TIME_LIMIT_S TIMEOUT_S [CONNECTIONS]\n";
     return 2;
   }
   try {
@@ -194,15 +206,22 @@ int main(int argc, char** argv) {
     std::FILE* out = std::fopen(argv[4], "wb");
     if (!out) throw std::runtime_error(std::string("cannot write ") + argv[4]);
 
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    args.SetMaxSendMessageSize(64 << 20);
-    auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-    if (!channel->WaitForConnected(wall_clock_in(std::chrono::seconds(30)))) {
-      std::cerr << "bertserve-loadgen: cannot connect to " << target << "\n";
-      return 3;
+    const size_t connections = argc == 10 ? std::max<long>(1, std::atol(argv[9])) : 1;
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    for (size_t k = 0; k < connections; ++k) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(64 << 20);
+      args.SetMaxSendMessageSize(64 << 20);
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own, not a shared one
+      channels.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
     }
-    Runner runner(channel, method, timeout_s);
+    for (const auto& channel : channels) {
+      if (!channel->WaitForConnected(wall_clock_in(std::chrono::seconds(30)))) {
+        std::cerr << "bertserve-loadgen: cannot connect to " << target << "\n";
+        return 3;
+      }
+    }
+    Runner runner(channels, method, timeout_s);
     runner.run(requests, 0, warmup, concurrency, 0, false, out);
 
     std::cout << "ready" << std::endl;

@@ -16,12 +16,11 @@ import logging
 from collections.abc import Callable
 
 import zmq
-import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from bertserve.service import errors
 from bertserve.service.engine.batch_items import BatchLimits, ItemResult, WorkItem
-from bertserve.service.engine.messages import pack, unpack
+from bertserve.service.engine.loop_socket import LoopSocket
 from bertserve.service.engine.queue_room import LaneRoom, Permit
 
 log = logging.getLogger("bertserve.front")
@@ -33,18 +32,14 @@ class EngineLink:
     """One front's connection to the engine. `on_lost` is called once if the engine goes away."""
 
     def __init__(self, address: str, on_lost: Callable[[], None] = lambda: None):
-        self._context = zmq.asyncio.Context()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        for hwm in (zmq.SNDHWM, zmq.RCVHWM):  # bounded by this front's admission, never by dropping
-            self._socket.setsockopt(hwm, 0)
-        events = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
-        self._monitor = self._socket.get_monitor_socket(events)
-        self._socket.connect(address)
+        self._address = address
+        self._context = zmq.Context()
+        self._socket: LoopSocket | None = None
+        self._monitor: LoopSocket | None = None
         self._calls: dict[int, Answer] = {}
         self._ids = itertools.count(1)
         self._hello: asyncio.Future | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._connected = False
         self._on_lost = on_lost
         self.lost: Exception | None = None  # set once the engine went away
         self.encoders: dict[str, tuple[str, str]] = {}  # encoder -> (provider, device), from the hello
@@ -52,11 +47,16 @@ class EngineLink:
     async def connect(self, models: dict[str, int]) -> dict[str, tuple[str, str]]:
         """Waits until the engine answers (it binds once its models are warm); returns its encoders.
         StartupError when the engine serves other models than `models` (name -> version: this front's)."""
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        for hwm in (zmq.SNDHWM, zmq.RCVHWM):  # bounded by this front's admission, never by dropping
+            socket.setsockopt(hwm, 0)
+        monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        socket.connect(self._address)
         self._hello = asyncio.get_running_loop().create_future()
-        self._tasks = [asyncio.ensure_future(self._receive()), asyncio.ensure_future(self._watch())]
-        for task in self._tasks:
-            task.add_done_callback(self._stopped)
-        self._send(("hello",))
+        self._socket = LoopSocket(socket, self._received, self._broken)
+        self._monitor = LoopSocket(monitor, self._watch, self._broken, raw=True)
+        self._socket.post(("hello",))
         self.encoders, engine_models = await self._hello
         if engine_models != models:
             raise errors.StartupError(
@@ -72,7 +72,7 @@ class EngineLink:
             raise self.lost
         call = next(self._ids)
         self._calls[call] = answer
-        self._send((message[0], call, *message[1:]))
+        self._socket.post((message[0], call, *message[1:]))
         return call
 
     def cancel(self, call: int, then: Callable[[], None]) -> None:
@@ -80,52 +80,47 @@ class EngineLink:
         gone), so what the call holds is freed only when the engine no longer holds its inputs."""
         if call in self._calls:
             self._calls[call] = lambda results, error: then()
-            self._send(("cancel", call))
+            self._socket.post(("cancel", call))
 
     def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        for socket in (self._socket, self._monitor):
+            if socket is not None:
+                socket.close()
         self._context.destroy(linger=0)  # every socket of it, then the context (term alone waits for them)
 
-    def _send(self, message: tuple) -> None:
-        self._socket.send_multipart(pack(message), copy=False)
+    def _received(self, _peer: None, message: tuple) -> None:
+        kind = message[0]
+        if kind == "hello":
+            if self._hello is not None and not self._hello.done():
+                self._hello.set_result(message[1:])
+            return
+        answer = self._calls.pop(message[1], None)
+        if answer is None:
+            return
+        if kind == "done":
+            answer(message[2], None)
+        elif kind == "cancelled":
+            answer(None, errors.ShuttingDown("cancelled"))  # only a cancelled call's `then` hears it
+        else:
+            kind_of_error = getattr(errors, message[2], errors.InferenceFailed)
+            answer(None, kind_of_error(message[3]))
 
-    async def _receive(self) -> None:
-        while True:
-            message = unpack(await self._socket.recv_multipart(copy=False))
-            kind = message[0]
-            if kind == "hello":
-                if self._hello is not None and not self._hello.done():
-                    self._hello.set_result(message[1:])
-                continue
-            answer = self._calls.pop(message[1], None)
-            if answer is None:
-                continue
-            if kind == "done":
-                answer(message[2], None)
-            elif kind == "cancelled":
-                answer(None, errors.ShuttingDown("cancelled"))  # only a cancelled call's `then` hears it
-            else:
-                kind_of_error = getattr(errors, message[2], errors.InferenceFailed)
-                answer(None, kind_of_error(message[3]))
+    def _watch(self, _peer: None, frames: list) -> None:
+        event = parse_monitor_message([f.bytes for f in frames])["event"]
+        if event == zmq.EVENT_CONNECTED:
+            self._connected = True
+        elif event == zmq.EVENT_DISCONNECTED and self._connected:
+            self._lose(errors.EngineUnavailable("the engine process is gone; the server is restarting"))
 
-    async def _watch(self) -> None:
-        connected = False
-        while True:
-            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
-            if event == zmq.EVENT_CONNECTED:
-                connected = True
-            elif event == zmq.EVENT_DISCONNECTED and connected:
-                self._lose(errors.EngineUnavailable("the engine process is gone; the server is restarting"))
-                return
-
-    def _stopped(self, task: asyncio.Task) -> None:
-        """A reading task that fails leaves no call waiting for an answer that cannot come."""
-        if not task.cancelled() and task.exception() is not None and self.lost is None:
-            log.error("the link to the engine failed: %r", task.exception())
+    def _broken(self, exc: BaseException) -> None:
+        """A socket that fails leaves no call waiting for an answer that cannot come."""
+        if self.lost is None:
+            log.error("the link to the engine failed: %r", exc)
             self._lose(errors.EngineUnavailable("the link to the engine failed; the server is restarting"))
 
     def _lose(self, error: Exception) -> None:
+        if self.lost is not None:
+            return
         self.lost = error
         calls, self._calls = self._calls, {}
         for answer in calls.values():

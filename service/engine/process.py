@@ -16,19 +16,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import zmq
-import zmq.asyncio
 
 from bertserve.service import errors
 from bertserve.service.engine import model_registry
 from bertserve.service.engine.batcher import ItemResult, WorkItem
 from bertserve.service.engine.encoders import attach_batchers
-from bertserve.service.engine.messages import pack, unpack
+from bertserve.service.engine.loop_socket import LoopSocket
 from bertserve.service.engine.model_registry import ModelRegistry
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
 
 log = logging.getLogger("bertserve.engine")
-MESSAGES_PER_TURN = 256  # read from the fronts before the event loop runs anything else
 
 
 class Engine:
@@ -43,8 +41,8 @@ class Engine:
         self.registry: ModelRegistry | None = None
         self._calls: dict[tuple[bytes, int], asyncio.Task] = {}  # (front, call id) -> its task
         self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertserve-engine-load")
-        self._context = zmq.asyncio.Context()
-        self._socket: zmq.asyncio.Socket | None = None
+        self._context = zmq.Context()
+        self._socket: LoopSocket | None = None
         self._stopping = asyncio.Event()
         self.failed = False
 
@@ -56,59 +54,44 @@ class Engine:
         for group in self.registry.encoders:
             group.batcher.start()
             await loop.run_in_executor(group.executor, group.warm_up)
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
+        socket = self._context.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.LINGER, 0)
         # A ROUTER drops what it cannot queue: no high-water mark, so no answer is lost (what a front can
         # have in flight is bounded by its own admission, service/core/remote_engine.py).
-        self._socket.setsockopt(zmq.SNDHWM, 0)
-        self._socket.setsockopt(zmq.RCVHWM, 0)
-        self._socket.bind(self.address)  # fronts connect only now: a hello answered means ready
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)
+        socket.bind(self.address)  # fronts connect only now: a hello answered means ready
+        # messages already here are queued before the batcher's owner runs, so they share a batch
+        self._socket = LoopSocket(socket, self._handle, self._socket_failed, routed=True)
         log.info("engine ready in %.1fs", time.perf_counter() - started)
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def serve(self) -> None:
-        receiving = asyncio.ensure_future(self._receive())
-        receiving.add_done_callback(self._receiving_stopped)
         await self._stopping.wait()
         # the fronts have drained (the supervisor stops the engine last): finish what is queued
         for group in self.registry.encoders:
             await group.batcher.close()
-        receiving.cancel()
+        self._socket.close()
         self._context.destroy(linger=0)
         for group in self.registry.encoders:
             group.executor.shutdown(wait=False, cancel_futures=True)
 
-    async def _receive(self) -> None:
-        while True:
-            self._handle(await self._socket.recv_multipart(copy=False))
-            # messages already here are queued before the batcher's owner runs, so they share a batch; a
-            # bounded number per turn, so a flood of them never keeps the owner from cutting batches
-            for _ in range(MESSAGES_PER_TURN):
-                if not self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    break
-                self._handle(self._socket.recv_multipart(zmq.NOBLOCK, copy=False).result())
-            await asyncio.sleep(0)
-
-    def _receiving_stopped(self, task: asyncio.Task) -> None:
+    def _socket_failed(self, exc: BaseException) -> None:
         """The engine cannot go on without its socket: it stops, and the supervisor with it (exit 1)."""
-        if not task.cancelled() and task.exception() is not None:
-            log.error("engine: receiving from the fronts failed: %r", task.exception())
-            self.failed = True
-            self._stopping.set()
+        log.error("engine: receiving from the fronts failed: %r", exc)
+        self.failed = True
+        self._stopping.set()
 
-    def _handle(self, frames: list) -> None:
-        front, *rest = frames
-        message = ()
+    def _handle(self, front: bytes, message: tuple) -> None:
         try:
-            message = unpack(rest)
-            self._dispatch(front.bytes, message)
+            self._dispatch(front, message)
         except Exception as exc:
             log.exception("engine: a message from a front failed")
             if message and message[0] in ("submit", "attention"):  # answered, so the call never hangs
-                self._calls.pop((front.bytes, message[1]), None)
-                self._send(front.bytes, _error(message[1], exc))
+                self._calls.pop((front, message[1]), None)
+                self._send(front, _error(message[1], exc))
 
     def _dispatch(self, front: bytes, message: tuple) -> None:
         kind = message[0]
@@ -198,7 +181,7 @@ class Engine:
         self._send(front, ("done", call, task.result()) if exc is None else _error(call, exc))
 
     def _send(self, front: bytes, message: tuple) -> None:
-        self._socket.send_multipart([front, *pack(message)], copy=False)
+        self._socket.post(message, front)
 
     def _group(self, name: str):
         return next(g for g in self.registry.encoders if g.name == name)
