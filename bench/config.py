@@ -87,6 +87,6 @@ class BenchConfig:
             ceiling_passes=2,
             gemm_seconds_per_shape=0.1,
             phase_time_limit_s=8.0,
-            simulated_device_calls=1500,
+            simulated_device_calls=3000,
         )
         return cls(**(preset | overrides))

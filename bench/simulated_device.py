@@ -2,7 +2,9 @@
 
 bertserve with `simulated_device_ms` (service/engine/simulated_device.py: each encoder batch answered after a sleep
 that costs no CPU, as a GPU's batch) takes single-input Embed callers (PER_CALL_CONCURRENCY of them, the
-single-input phase of server-fp32) once per workers value (`workers`, BERTSERVE_WORKERS). A value the server
+single-input phase of server-fp32), each caller on a connection of its own (a server's fronts share one port
+and each connection lands in one of them), from one server per workers value (`workers`,
+BERTSERVE_WORKERS), all started first and measured in interleaved rounds. A value the server
 refuses (it exits at start, or runs fewer processes than the fronts asked for: a server that does not know
 the setting) is skipped with a note. Its CPU is the whole process tree's (bench/process_tree.py), so
 `cpu_ms_per_call` covers every front, the engine and the supervisor.
@@ -10,16 +12,18 @@ the setting) is skipped with a note. Its CPU is the whole process tree's (bench/
 
 from __future__ import annotations
 
+import collections
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 from bertserve.bench.loadgen import Request
-from bertserve.bench.processes import BenchError, bertserve_process, child_pythonpath
+from bertserve.bench.processes import BenchError, ServerProcess, bertserve_process, child_pythonpath
 from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun
 
 WORKERS = ("1", "2", "auto")  # the server's `workers` values, in measuring order
+ROUNDS = 3  # phases per server, interleaved with the other servers' phases
 STARTUP_TIMEOUT_S = 180.0
-KEYS = ("inputs_per_s", "requests_per_s", "p50_ms", "p99_ms", "server_cpu_cores", "client_cpu_cores")
 
 
 def _calls(single: list[Request], calls: int) -> list[Request]:
@@ -27,30 +31,53 @@ def _calls(single: list[Request], calls: int) -> list[Request]:
     return [single[i % len(single)] for i in range(max(calls, len(single)))]
 
 
-def _row(workers: str, processes: int, startup_s: float, exit_code: int | None, phase: dict) -> dict:
-    server = phase.get("server") or {}
+def _row(workers: str, processes: int, startup_s: float, exit_code: int | None, phases: list[dict]) -> dict:
+    """One server's figures over its rounds: rates and CPU pooled over every round, latencies the median of
+    the rounds' (each round's phase is kept under "rounds")."""
+    seconds = sum(p["seconds"] for p in phases)
+    inputs = sum(p["inputs"] for p in phases)
+    servers = [p.get("server") or {} for p in phases]
+
+    def pooled(key: str) -> float | None:  # a per-second figure over all rounds
+        values = [p.get(key) for p in phases]
+        return (
+            None
+            if None in values
+            else sum(v * p["seconds"] for v, p in zip(values, phases, strict=True)) / seconds
+        )
+
+    def median(values: list) -> float | None:
+        return None if not values or None in values else statistics.median(values)
+
+    cores = pooled("server_cpu_cores")
     return {
         "workers": workers,
         "processes": processes,  # the server's process tree once ready
         "startup_s": startup_s,
         "exit_code": exit_code,
-        **{key: phase.get(key) for key in KEYS},
+        "inputs_per_s": inputs / seconds,
+        "requests_per_s": sum(p["requests_ok"] for p in phases) / seconds,
+        "p50_ms": median([p["p50_ms"] for p in phases]),
+        "p99_ms": median([p["p99_ms"] for p in phases]),
+        "server_cpu_cores": cores,
+        "client_cpu_cores": pooled("client_cpu_cores"),
         # CPU of every process of the server per single-input call (an input each)
-        "cpu_ms_per_call": phase.get("server_cpu_ms_per_input"),
-        "batch_size_mean": server.get("batch_size_mean"),
-        "device_busy_fraction": server.get("inference_busy_fraction"),
-        "calls": phase["requests_ok"],
-        "errors": phase["errors"],
-        "stopped_early": phase["stopped_early"],
-        "phase": phase,
+        "cpu_ms_per_call": 1e3 * cores * seconds / inputs if cores is not None and inputs else None,
+        "batch_size_mean": median([s.get("batch_size_mean") for s in servers]),
+        "device_busy_fraction": median([s.get("inference_busy_fraction") for s in servers]),
+        "calls": sum(p["requests_ok"] for p in phases),
+        "errors": dict(sum((collections.Counter(p["errors"]) for p in phases), collections.Counter())),
+        "stopped_early": any(p["stopped_early"] for p in phases),
+        "rounds": phases,
     }
 
 
-async def _one(
-    workers: str, settings: dict[str, str], repo: Path, spec: str, model: str, threads: int, logs: Path,
-    requests: list[Request], time_limit_s: float | None, log: Callable[[str], None], native: Path | None,
-) -> dict:  # fmt: skip
-    """One server with `workers`: its row, or {"skipped": why} when it refused the value."""
+async def _start(
+    workers: str, settings: dict[str, str], repo: Path, spec: str, threads: int, logs: Path,
+    log: Callable[[str], None],
+) -> tuple[ServerProcess | None, dict]:  # fmt: skip
+    """The server with `workers`, started: (it, its row so far), or (None, {"skipped": why}) when it refused
+    the value."""
     name = f"simulated-device-w{workers}"
     server = bertserve_process(name, repo, spec, threads, logs, settings | {"workers": workers})
     server.env.update(child_pythonpath())
@@ -59,23 +86,17 @@ async def _one(
     except BenchError as error:  # its first line, and its log's last (the server's reason)
         lines = str(error).splitlines()
         why = lines[0] if len(lines) < 2 else f"{lines[0]} {lines[-1].strip()}"
-        return {"workers": workers, "skipped": f"the server refused workers={workers}: {why}"}
-    try:
-        processes = server.processes() or 0
-        if workers.isdigit() and int(workers) > 1 and processes <= int(workers):
-            return {
-                "workers": workers,
-                "skipped": f"workers={workers} ran {processes} process(es), not a supervisor, an engine and "
-                f"{workers} fronts: this server does not take BERTSERVE_WORKERS",
-            }
-        log(f"  {name} ready in {startup_s:.1f} s, {processes} process(es)")
-        run = TargetRun(server, model, None, log, native, per_caller=True)  # one process per connection
-        async with run.connected(PER_CALL_CONCURRENCY):
-            plan = [("single", requests, PER_CALL_CONCURRENCY)]
-            phase = (await run.closed_phases(plan, time_limit_s))["single"]
-    finally:
-        exit_code = await server.stop()
-    return _row(workers, processes, startup_s, exit_code, phase)
+        return None, {"workers": workers, "skipped": f"the server refused workers={workers}: {why}"}
+    processes = server.processes() or 0
+    if workers.isdigit() and int(workers) > 1 and processes <= int(workers):
+        await server.stop()
+        return None, {
+            "workers": workers,
+            "skipped": f"workers={workers} ran {processes} process(es), not a supervisor, an engine and "
+            f"{workers} fronts: this server does not take BERTSERVE_WORKERS",
+        }
+    log(f"  {name} ready in {startup_s:.1f} s, {processes} process(es)")
+    return server, {"workers": workers, "processes": processes, "startup_s": startup_s}
 
 
 async def measure(
@@ -83,19 +104,35 @@ async def measure(
     calls: int, threads: int, logs: Path, time_limit_s: float | None, log: Callable[[str], None],
     native: Path | None, notes: list[str], workers_values: tuple[str, ...] = WORKERS,
 ) -> dict:  # fmt: skip
-    """Every workers value in turn; a skipped one adds its reason to `notes`. `settings`: the bertserve
-    targets' own; the device's sessions are loaded on the CPU and never run."""
+    """Every workers value's server, started together, then ROUNDS rounds of one phase per server in turn
+    (`calls` per server in all), so a machine whose speed drifts slows each alike; a skipped value adds its
+    reason to `notes`. `settings`: the bertserve targets' own; the device's sessions are loaded on the CPU
+    and never run."""
     settings = settings | {"provider": "cpu", "simulated_device_ms": f"{device_ms:g}"}
-    requests = _calls(single, calls)
-    rows = {}
-    for workers in workers_values:
-        row = await _one(
-            workers, settings, repo, spec, model, threads, logs, requests, time_limit_s, log, native
+    requests = _calls(single, calls // ROUNDS)
+    rows, servers = {}, {}
+    try:
+        for workers in workers_values:
+            server, rows[workers] = await _start(workers, settings, repo, spec, threads, logs, log)
+            if server is None:
+                notes.append(f"simulated-device: {rows[workers]['skipped']}")
+                log(f"  {notes[-1]}")
+            else:
+                servers[workers] = server
+        phases: dict[str, list[dict]] = {workers: [] for workers in servers}
+        for _ in range(ROUNDS):
+            for workers, server in servers.items():
+                run = TargetRun(server, model, None, log, native, per_caller=True)  # a front per connection
+                async with run.connected(PER_CALL_CONCURRENCY):
+                    plan = [("single", requests, PER_CALL_CONCURRENCY)]
+                    phases[workers].append((await run.closed_phases(plan, time_limit_s))["single"])
+    finally:
+        exit_codes = {workers: await server.stop() for workers, server in servers.items()}
+    for workers in servers:
+        row = rows[workers]
+        rows[workers] = _row(
+            workers, row["processes"], row["startup_s"], exit_codes[workers], phases[workers]
         )
-        if "skipped" in row:
-            notes.append(f"simulated-device: {row['skipped']}")
-            log(f"  {notes[-1]}")
-        rows[workers] = row
     return summarize(rows, device_ms)
 
 

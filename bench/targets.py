@@ -32,7 +32,9 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20)]
 
 def _channel(address: str) -> grpc.aio.Channel:
     """A channel with a connection of its own (channels with equal options would share one)."""
-    return grpc.aio.insecure_channel(address, options=[*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
+    return grpc.aio.insecure_channel(
+        address, options=[*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+    )
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import pytest
 from bertserve.service.core.core import InferenceCore
 from bertserve.service.core.remote_engine import EngineLink
 from bertserve.service.engine import model_registry
+from bertserve.service.engine.messages import options_out, small
 from bertserve.service.engine.process import Engine
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.errors import InferenceFailed, Overloaded, StartupError
@@ -96,7 +97,10 @@ async def _unread_answers(settings, address: str, calls: int) -> int:
     await link.connect({"tiny-embed": 1})
     link._socket.pause_reading()  # the front stops reading (its loop busy): the engine's answers pile up
     core = InferenceCore(model_registry.load(settings, front=True), settings, Metrics(), None, engine=link)
-    pending = [asyncio.ensure_future(core.embed("tiny-embed", [f"x {i}"])) for i in range(calls)]
+    pending = []
+    for i in range(calls):  # a turn each: one message each way per call, as many as there are calls
+        pending.append(asyncio.ensure_future(core.embed("tiny-embed", [f"x {i}"])))
+        await asyncio.sleep(0)
 
     def answered() -> bool:  # every input computed and every call answered by the engine
         computed = engine.metrics.registry.get_sample_value(
@@ -114,12 +118,13 @@ async def _unread_answers(settings, address: str, calls: int) -> int:
 
 
 def test_no_answer_is_dropped_when_a_front_reads_late(tiny_repo, tmp_path):
-    """More answers than ZeroMQ's default high-water marks (1,000 queued per side) wait for a front that
-    is slow to read; none is dropped."""
+    """More answers than ZeroMQ's default high-water marks (1,000 messages queued per side) wait for a
+    front that is slow to read; none is dropped. One input per batch, so answers leave in many messages."""
     calls = 3000
     settings = load_settings(
-        model_repo=tiny_repo, models=["tiny-embed"], max_queue_inputs=calls, metrics_port=-1, http_port=-1
-    )
+        model_repo=tiny_repo, models=["tiny-embed"], max_queue_inputs=calls, max_batch_size=1,
+        metrics_port=-1, http_port=-1,
+    )  # fmt: skip
     assert asyncio.run(_unread_answers(settings, f"ipc://{tmp_path}/engine", calls)) == calls
 
 
@@ -133,9 +138,10 @@ async def _mismatches(tiny_repo, address: str) -> tuple[str, tuple]:
         with pytest.raises(StartupError) as refused:  # a front that loaded another repository's models
             await link.connect({"tiny-embed": 1, "tiny-classifier": 1})
         answered = asyncio.get_running_loop().create_future()
-        options = TaskOptions(Task.EMBED)
+        options = options_out(TaskOptions(Task.EMBED))
         ids = np.array([101, 7, 102])
-        message = ("submit", "tiny-embed", False, None, [("no-such-model", options, ids, ids * 0, None)])
+        item = ("no-such-model", options, small(ids), small(ids * 0), None)
+        message = ("submit", "tiny-embed", False, None, [item])
         link.call(message, lambda results, error: answered.set_result((results, error)))
         results, error = await asyncio.wait_for(answered, 30)  # answered, not left to hang
     finally:

@@ -21,6 +21,7 @@ from zmq.utils.monitor import parse_monitor_message
 from bertserve.service import errors
 from bertserve.service.engine.batch_items import BatchLimits, ItemResult, WorkItem
 from bertserve.service.engine.loop_socket import LoopSocket
+from bertserve.service.engine.messages import array, options_out, small
 from bertserve.service.engine.queue_room import LaneRoom, Permit
 
 log = logging.getLogger("bertserve.front")
@@ -198,7 +199,10 @@ class RemoteBatcher:
         self._check()
         bulk = items[0].bulk
         deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
-        payload = [(i.model.name, i.options, i.ids, i.type_ids, i.mask_positions) for i in items]
+        payload = [
+            (i.model.name, options_out(i.options), small(i.ids), small(i.type_ids), small(i.mask_positions))
+            for i in items
+        ]
         futures = [item.future for item in items]
         self._send(("submit", self.name, bulk, deadline, payload), futures, permit)
 
@@ -233,7 +237,8 @@ class RemoteBatcher:
                     if error is not None:
                         future.set_exception(error)
                     else:
-                        future.set_result(ItemResult(*results[k]))
+                        value, *times = results[k]
+                        future.set_result(ItemResult(array(value), *times))
 
         call = self._link.call(message, answer)
         permit.hand_over()

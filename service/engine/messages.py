@@ -1,5 +1,7 @@
-"""Messages between fronts and the engine process: pickled tuples whose numpy arrays travel as their own
-ZeroMQ frames (pickle protocol 5, out of band), so an array is copied only by the socket itself.
+"""Messages between fronts and the engine process: pickled tuples whose large numpy arrays travel as their
+own ZeroMQ frames (pickle protocol 5, out of band), so such an array is copied only by the socket itself.
+What one event-loop turn posts for a peer leaves as one ZeroMQ message, the list of them
+(service/engine/loop_socket.py).
 
 Only this server's own processes can connect: the socket lives in a directory private to its user
 (service/supervisor/processes.py), so unpickling a message trusts no one else.
@@ -9,22 +11,67 @@ Front -> engine: ("hello",) | ("submit", call, encoder, bulk, deadline, items) |
 Engine -> front: ("hello", {encoder: (provider, device)}, {model: version}) | ("done", call, results) |
 ("error", call, error class name, message) | ("cancelled", call): every call is answered exactly once, a
 cancelled one too, so a front frees a call's room only when the engine no longer holds its inputs.
-`results`: (value, queue_s, inference_s, batch_id) per item.
+`items`: (model, options, ids, type_ids, mask positions) per input; `results`: (value, queue_s,
+inference_s, batch_id) per input. Small arrays travel as `small` tuples and options as `options_out`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import pickle
 
+import numpy as np
 
-def pack(message: tuple) -> list:
-    """The frames of `message`: the pickle, then each out-of-band buffer (sent without a copy)."""
+from bertserve.service.engine.tasks import Task, TaskOptions
+
+# Buffers smaller than this travel inside the pickle: a frame of its own costs ZeroMQ more than the copy.
+IN_BAND_BYTES = 65536
+
+
+def pack(message: object) -> list:
+    """The frames of `message`: the pickle, then each large out-of-band buffer (sent without a copy)."""
     buffers: list[pickle.PickleBuffer] = []
-    head = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        if buffer.raw().nbytes < IN_BAND_BYTES:
+            return True  # in band
+        buffers.append(buffer)
+        return False
+
+    head = pickle.dumps(message, protocol=5, buffer_callback=out_of_band)
     return [head, *(b.raw() for b in buffers)]
 
 
-def unpack(frames: list) -> tuple:
+def unpack(frames: list) -> object:
     """`frames` from `pack` (zmq Frames or bytes) back into the message; arrays view the frames' memory."""
     head, *buffers = frames
     return pickle.loads(memoryview(head), buffers=[memoryview(b) for b in buffers])
+
+
+def small(value: object) -> object:
+    """An array under IN_BAND_BYTES as (bytes, dtype, shape), which pickle writes and reads several times
+    faster than the array itself; anything else as is (a larger array travels out of band)."""
+    if isinstance(value, np.ndarray) and value.nbytes < IN_BAND_BYTES:
+        return (value.tobytes(), value.dtype.str, value.shape)
+    return value
+
+
+def array(value: object) -> object:
+    """`small`'s value back (the array views the message's bytes: read-only)."""
+    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[0], bytes):
+        data, dtype, shape = value
+        return np.frombuffer(data, dtype).reshape(shape)
+    return value
+
+
+@functools.lru_cache(maxsize=1024)
+def options_out(options: TaskOptions) -> tuple:
+    """A call's options as the tuple of their fields' values (the task by its value)."""
+    return tuple(v.value if isinstance(v, Task) else v for v in dataclasses.astuple(options))
+
+
+@functools.lru_cache(maxsize=1024)
+def options_in(fields: tuple) -> TaskOptions:
+    """`options_out`'s options back."""
+    return TaskOptions(Task(fields[0]), *fields[1:])

@@ -22,6 +22,7 @@ from bertserve.service.engine import model_registry
 from bertserve.service.engine.batcher import ItemResult, WorkItem
 from bertserve.service.engine.encoders import attach_batchers
 from bertserve.service.engine.loop_socket import LoopSocket
+from bertserve.service.engine.messages import array, options_in, small
 from bertserve.service.engine.model_registry import ModelRegistry
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
@@ -157,12 +158,12 @@ class Engine:
         loop = asyncio.get_running_loop()
         return [
             WorkItem(
-                ids,
-                type_ids,
-                options,
+                array(ids),
+                array(type_ids),
+                options_in(options),
                 loop.create_future(),
                 deadline,
-                masks,
+                array(masks),
                 model=self.registry.by_name[model],
                 bulk=bulk,
                 origin=front,
@@ -216,7 +217,7 @@ class Engine:
 
 def _result(result: ItemResult) -> tuple:
     """One item's result as a `done` message carries it (the front rebuilds the ItemResult)."""
-    return (result.value, result.queue_s, result.inference_s, result.batch_id)
+    return (small(result.value), result.queue_s, result.inference_s, result.batch_id)
 
 
 def _error(call: int, exc: BaseException) -> tuple:
