@@ -8,13 +8,14 @@ property is checked against what the server itself saw.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 
 import grpc
 import pytest
 
-from bertserve.bench import native_loadgen
+from bertserve.bench import native_loadgen, targets
 from bertserve.bench.loadgen import Request
 from bertserve.bench.native_loadgen import NativeMethod, NativePhase
 from bertserve.bench.targets import embed_request, native_embed
@@ -36,10 +37,12 @@ class EchoServer:
     def __init__(self, delay_s: float = 0.0, fail: frozenset[bytes] = frozenset()):
         self.delay_s, self.fail = delay_s, fail
         self.received: list[bytes] = []
+        self.peers: list[str] = []  # each call's client address: one per connection
         self.in_flight = self.most_in_flight = 0
 
     async def call(self, payload: bytes, context) -> bytes:
         self.received.append(payload)
+        self.peers.append(context.peer())
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
@@ -89,6 +92,46 @@ def test_closed_loop_sends_each_request_once_at_its_concurrency_after_an_unrecor
     assert min(result.latencies) >= 0.01 and result.seconds >= 10 * 0.01  # 40 calls of 10 ms, 4 at a time
     assert not result.stopped_early and result.concurrency == 4 and result.mode == "closed"
     assert result.client_cpu_s > 0  # the child's CPU over the measured part
+
+
+@pytest.mark.parametrize("rate", [None, 200.0])
+def test_calls_are_spread_over_the_connections_asked_for(binary, rate):
+    """A server whose front processes share a port gets each connection in one of them: `connections`
+    opens that many, each closed-loop caller keeps its own, an open loop goes round-robin."""
+    echo = EchoServer(delay_s=0.005)
+    requests = _requests([f"t{i}" for i in range(30)])
+
+    async def go(connections: int) -> list[str]:
+        echo.peers.clear()
+        async with echo.serving() as address:
+            phase = NativePhase(binary, address, ECHO, requests, 6, rate=rate, connections=connections)
+            await phase.warm_up()
+            await phase.measure()
+        return list(echo.peers)
+
+    spread, one = asyncio.run(go(3)), asyncio.run(go(1))
+    assert len(spread) == len(one) == 30
+    assert len(set(spread)) == 3 and len(set(one)) == 1
+    per_connection = sorted(collections.Counter(spread).values())
+    if rate:  # round-robin
+        assert per_connection == [10, 10, 10]
+    else:  # two callers each, whose calls stay on their connection
+        assert min(per_connection) >= 3
+
+
+def test_the_python_clients_channels_each_open_a_connection():
+    echo = EchoServer()
+
+    async def go() -> set[str]:
+        async with echo.serving() as address:
+            channels = [targets._channel(address) for _ in range(3)]
+            for channel in channels:
+                await channel.unary_unary(METHOD)(b"x")
+            for channel in channels:
+                await channel.close()
+        return set(echo.peers)
+
+    assert len(asyncio.run(go())) == 3
 
 
 def test_open_loop_keeps_its_schedule_when_the_server_is_slow(binary):

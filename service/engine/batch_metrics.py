@@ -16,6 +16,7 @@ class ModelObserver(BatchObserver):
         self.m, self.model, self.graph = metrics, model, graph
         self._dropped = {r: metrics.dropped.labels(model, r) for r in ("cancelled", "deadline")}  # 0 at start
         self._depth = metrics.queue_depth.labels(model)
+        self._last_depth = 0  # what the gauge holds: set again only when it changes
         self._queue = metrics.queue_duration.labels(model)
         self._inference = metrics.inference_duration.labels(model, graph)
         self._size = metrics.batch_size.labels(model)
@@ -24,7 +25,9 @@ class ModelObserver(BatchObserver):
         self._fronts = metrics.batch_fronts.labels(model)
 
     def queue_depth(self, depth: int) -> None:
-        self._depth.set(depth)
+        if depth != self._last_depth:
+            self._last_depth = depth
+            self._depth.set(depth)
 
     def dropped(self, reason: str, count: int) -> None:
         self._dropped[reason].inc(count)
