@@ -1,4 +1,4 @@
-"""Embed outputs across processes (`serve --workers N`): a real `Engine` on an ipc:// socket and a front core
+"""Embed outputs across processes (`serve --workers N`): a real `Engine` on an Unix socket and a front core
 linked to it (as tests/test_engine_link.py) answer what a core computing in-process answers: the per-row
 values (vectors, EmbedOutputs with token-level and sparse arrays) travel pickled between the two."""
 
@@ -61,7 +61,7 @@ async def _both(settings, address: str) -> tuple[list, list]:
 def test_embed_outputs_cross_processes(st_repo, tmp_path):
     repo = make_options_repo(st_repo, tmp_path)
     settings = load_settings(model_repo=repo, metrics_port=-1, http_port=-1)
-    remote, local = asyncio.run(_both(settings, f"ipc://{tmp_path}/engine"))
+    remote, local = asyncio.run(_both(settings, f"{tmp_path}/engine"))
     assert len(remote) == len(local) == 3
     for got, want in zip(remote, local, strict=True):
         assert (got.vectors is None) == (want.vectors is None)

@@ -1,4 +1,4 @@
-"""The engine process's admission, in one test process: a real `Engine` on an ipc:// socket and two front
+"""The engine process's admission, in one test process: a real `Engine` on an Unix socket and two front
 cores (models loaded without sessions, each with its own `EngineLink`), as `serve --workers 2` runs them.
 
 The queue bound is global: the engine refuses a call once the inputs queued from EVERY front reach
@@ -82,7 +82,7 @@ def test_the_queue_bound_holds_over_every_front(tiny_repo, tmp_path):
     settings = load_settings(
         model_repo=tiny_repo, models=["tiny-embed"], max_queue_inputs=QUEUE, metrics_port=-1, http_port=-1
     )
-    outcome = asyncio.run(_scenario(settings, f"ipc://{tmp_path}/engine"))
+    outcome = asyncio.run(_scenario(settings, f"{tmp_path}/engine"))
     assert f"the unary queue holds {QUEUE} of max_queue_inputs {QUEUE}" in outcome["engine"]
     assert f"this front holds {QUEUE} of max_queue_inputs {QUEUE}" in outcome["front"]
     assert outcome["queued_after"] == QUEUE  # the refused calls left nothing queued
@@ -95,7 +95,7 @@ async def _unread_answers(settings, address: str, calls: int) -> int:
     serving = asyncio.ensure_future(engine.serve())
     link = EngineLink(address)
     await link.connect({"tiny-embed": 1})
-    link._socket.pause_reading()  # the front stops reading (its loop busy): the engine's answers pile up
+    link.pause_reading()  # the front stops reading (its loop busy): the engine's answers pile up
     core = InferenceCore(model_registry.load(settings, front=True), settings, Metrics(), None, engine=link)
     pending = []
     for i in range(calls):  # a turn each: one message each way per call, as many as there are calls
@@ -109,7 +109,7 @@ async def _unread_answers(settings, address: str, calls: int) -> int:
         return computed == calls and engine._calls == {}
 
     await _until(answered, timeout=120)
-    link._socket.resume_reading()  # the front reads again
+    link.resume_reading()  # the front reads again
     done, _ = await asyncio.wait(pending, timeout=60)
     engine.stop()
     await serving
@@ -118,14 +118,14 @@ async def _unread_answers(settings, address: str, calls: int) -> int:
 
 
 def test_no_answer_is_dropped_when_a_front_reads_late(tiny_repo, tmp_path):
-    """More answers than ZeroMQ's default high-water marks (1,000 messages queued per side) wait for a
-    front that is slow to read; none is dropped. One input per batch, so answers leave in many messages."""
+    """Thousands of answers wait for a front that is slow to read (in its connection, not dropped as a
+    bounded queue would); none is lost. One input per batch, so answers leave in many frames."""
     calls = 3000
     settings = load_settings(
         model_repo=tiny_repo, models=["tiny-embed"], max_queue_inputs=calls, max_batch_size=1,
         metrics_port=-1, http_port=-1,
     )  # fmt: skip
-    assert asyncio.run(_unread_answers(settings, f"ipc://{tmp_path}/engine", calls)) == calls
+    assert asyncio.run(_unread_answers(settings, f"{tmp_path}/engine", calls)) == calls
 
 
 async def _mismatches(tiny_repo, address: str) -> tuple[str, tuple]:
@@ -152,6 +152,6 @@ async def _mismatches(tiny_repo, address: str) -> tuple[str, tuple]:
 
 
 def test_the_engine_answers_what_it_cannot_serve(tiny_repo, tmp_path):
-    refused, (results, error) = asyncio.run(_mismatches(tiny_repo, f"ipc://{tmp_path}/engine"))
+    refused, (results, error) = asyncio.run(_mismatches(tiny_repo, f"{tmp_path}/engine"))
     assert "this front loaded" in refused and "restart the server" in refused
     assert results is None and isinstance(error, InferenceFailed) and "no-such-model" in str(error)

@@ -1,4 +1,5 @@
-"""A front's side of the engine process (`workers` > 1): `EngineLink` is the ZeroMQ connection, and
+"""A front's side of the engine process (`workers` > 1): `EngineLink` is the connection (a Unix socket,
+service/engine/frame_link.py), and
 `RemoteBatcher` takes the place of an encoder's `Batcher` in the front's core, sending each call's
 tokenized inputs to the engine's batcher for that encoder and resolving the items' futures from its answer.
 
@@ -15,18 +16,16 @@ import itertools
 import logging
 from collections.abc import Callable
 
-import zmq
-from zmq.utils.monitor import parse_monitor_message
-
 from bertserve.service import errors
 from bertserve.service.engine.batch_items import BatchLimits, ItemResult, WorkItem
-from bertserve.service.engine.loop_socket import LoopSocket
+from bertserve.service.engine.frame_link import FrameLink
 from bertserve.service.engine.messages import array, options_out, small
 from bertserve.service.engine.queue_room import LaneRoom, Permit
 
 log = logging.getLogger("bertserve.front")
 
 Answer = Callable[[list | None, Exception | None], None]
+CONNECT_RETRY_S = 0.05  # while the engine loads its models and does not listen yet
 
 
 class EngineLink:
@@ -34,30 +33,29 @@ class EngineLink:
 
     def __init__(self, address: str, on_lost: Callable[[], None] = lambda: None):
         self._address = address
-        self._context = zmq.Context()
-        self._socket: LoopSocket | None = None
-        self._monitor: LoopSocket | None = None
+        self._link: FrameLink | None = None
         self._calls: dict[int, Answer] = {}
         self._ids = itertools.count(1)
         self._hello: asyncio.Future | None = None
-        self._connected = False
         self._on_lost = on_lost
+        self._closing = False
         self.lost: Exception | None = None  # set once the engine went away
         self.encoders: dict[str, tuple[str, str]] = {}  # encoder -> (provider, device), from the hello
 
     async def connect(self, models: dict[str, int]) -> dict[str, tuple[str, str]]:
-        """Waits until the engine answers (it binds once its models are warm); returns its encoders.
+        """Waits until the engine answers (it listens once its models are warm); returns its encoders.
         StartupError when the engine serves other models than `models` (name -> version: this front's)."""
-        socket = self._context.socket(zmq.DEALER)
-        socket.setsockopt(zmq.LINGER, 0)
-        for hwm in (zmq.SNDHWM, zmq.RCVHWM):  # bounded by this front's admission, never by dropping
-            socket.setsockopt(hwm, 0)
-        monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        socket.connect(self._address)
-        self._hello = asyncio.get_running_loop().create_future()
-        self._socket = LoopSocket(socket, self._received, self._broken)
-        self._monitor = LoopSocket(monitor, self._watch, self._broken, raw=True)
-        self._socket.post(("hello",))
+        loop = asyncio.get_running_loop()
+        self._hello = loop.create_future()
+        while True:  # the supervisor ends the server if the engine fails to start
+            try:
+                _, self._link = await loop.create_unix_connection(
+                    lambda: FrameLink(self._received, self._closed), self._address
+                )
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                await asyncio.sleep(CONNECT_RETRY_S)
+        self._link.post(("hello",))
         self.encoders, engine_models = await self._hello
         if engine_models != models:
             raise errors.StartupError(
@@ -73,7 +71,7 @@ class EngineLink:
             raise self.lost
         call = next(self._ids)
         self._calls[call] = answer
-        self._socket.post((message[0], call, *message[1:]))
+        self._link.post((message[0], call, *message[1:]))
         return call
 
     def cancel(self, call: int, then: Callable[[], None]) -> None:
@@ -81,15 +79,20 @@ class EngineLink:
         gone), so what the call holds is freed only when the engine no longer holds its inputs."""
         if call in self._calls:
             self._calls[call] = lambda results, error: then()
-            self._socket.post(("cancel", call))
+            self._link.post(("cancel", call))
+
+    def pause_reading(self) -> None:
+        self._link.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._link.resume_reading()
 
     def close(self) -> None:
-        for socket in (self._socket, self._monitor):
-            if socket is not None:
-                socket.close()
-        self._context.destroy(linger=0)  # every socket of it, then the context (term alone waits for them)
+        self._closing = True
+        if self._link is not None:
+            self._link.close()
 
-    def _received(self, _peer: None, message: tuple) -> None:
+    def _received(self, _link: FrameLink, message: tuple) -> None:
         kind = message[0]
         if kind == "hello":
             if self._hello is not None and not self._hello.done():
@@ -106,18 +109,13 @@ class EngineLink:
             kind_of_error = getattr(errors, message[2], errors.InferenceFailed)
             answer(None, kind_of_error(message[3]))
 
-    def _watch(self, _peer: None, frames: list) -> None:
-        event = parse_monitor_message([f.bytes for f in frames])["event"]
-        if event == zmq.EVENT_CONNECTED:
-            self._connected = True
-        elif event == zmq.EVENT_DISCONNECTED and self._connected:
-            self._lose(errors.EngineUnavailable("the engine process is gone; the server is restarting"))
-
-    def _broken(self, exc: BaseException) -> None:
-        """A socket that fails leaves no call waiting for an answer that cannot come."""
-        if self.lost is None:
+    def _closed(self, exc: Exception | None) -> None:
+        """The connection ended: no call is left waiting for an answer that cannot come."""
+        if self._closing:
+            return
+        if exc is not None:
             log.error("the link to the engine failed: %r", exc)
-            self._lose(errors.EngineUnavailable("the link to the engine failed; the server is restarting"))
+        self._lose(errors.EngineUnavailable("the engine process is gone; the server is restarting"))
 
     def _lose(self, error: Exception) -> None:
         if self.lost is not None:

@@ -1,7 +1,6 @@
-"""Messages between fronts and the engine process: pickled tuples whose large numpy arrays travel as their
-own ZeroMQ frames (pickle protocol 5, out of band), so such an array is copied only by the socket itself.
-What one event-loop turn posts for a peer leaves as one ZeroMQ message, the list of them
-(service/engine/loop_socket.py).
+"""Messages between fronts and the engine process: pickled tuples whose large numpy arrays travel as buffers
+of their own (pickle protocol 5, out of band), so such an array is copied only by the socket itself. What
+one event-loop turn posts for a peer leaves as one frame, the list of them (service/engine/frame_link.py).
 
 Only this server's own processes can connect: the socket lives in a directory private to its user
 (service/supervisor/processes.py), so unpickling a message trusts no one else.
@@ -25,7 +24,7 @@ import numpy as np
 
 from bertserve.service.engine.tasks import Task, TaskOptions
 
-# Buffers smaller than this travel inside the pickle: a frame of its own costs ZeroMQ more than the copy.
+# Buffers smaller than this travel inside the pickle: a buffer of its own costs more than the copy.
 IN_BAND_BYTES = 65536
 
 
@@ -44,7 +43,7 @@ def pack(message: object) -> list:
 
 
 def unpack(frames: list) -> object:
-    """`frames` from `pack` (zmq Frames or bytes) back into the message; arrays view the frames' memory."""
+    """`frames` from `pack` (bytes-like) back into the message; arrays view the frames' memory."""
     head, *buffers = frames
     return pickle.loads(memoryview(head), buffers=[memoryview(b) for b in buffers])
 

@@ -1,5 +1,5 @@
 """The engine process (`bertserve serve --workers N`, N > 1): owns the ONNX Runtime sessions and one batcher
-per encoder; the fronts send it tokenized inputs over ZeroMQ (service/engine/messages.py) and get each
+per encoder; the fronts send it tokenized inputs over a Unix socket (service/engine/frame_link.py) and get each
 call's results back. Inputs from every front share the same queue, so they share batches.
 
 Admission of batch inputs (`max_queue_inputs`, deadlines) and of Attention calls (`max_queue_attention`)
@@ -15,13 +15,11 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import zmq
-
 from bertserve.service import errors
 from bertserve.service.engine import model_registry
 from bertserve.service.engine.batcher import ItemResult, WorkItem
 from bertserve.service.engine.encoders import attach_batchers
-from bertserve.service.engine.loop_socket import LoopSocket
+from bertserve.service.engine.frame_link import FrameLink
 from bertserve.service.engine.messages import array, options_in, small
 from bertserve.service.engine.model_registry import ModelRegistry
 from bertserve.service.metrics import Metrics
@@ -40,10 +38,9 @@ class Engine:
         self.metrics = metrics or Metrics(multiprocess=True)
         self.metrics.export_limits(settings)
         self.registry: ModelRegistry | None = None
-        self._calls: dict[tuple[bytes, int], asyncio.Task] = {}  # (front, call id) -> its task
+        self._calls: dict[tuple[FrameLink, int], asyncio.Task] = {}  # (front, call id) -> its task
         self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertserve-engine-load")
-        self._context = zmq.Context()
-        self._socket: LoopSocket | None = None
+        self._server: asyncio.AbstractServer | None = None
         self._stopping = asyncio.Event()
         self.failed = False
 
@@ -55,15 +52,12 @@ class Engine:
         for group in self.registry.encoders:
             group.batcher.start()
             await loop.run_in_executor(group.executor, group.warm_up)
-        socket = self._context.socket(zmq.ROUTER)
-        socket.setsockopt(zmq.LINGER, 0)
-        # A ROUTER drops what it cannot queue: no high-water mark, so no answer is lost (what a front can
-        # have in flight is bounded by its own admission, service/core/remote_engine.py).
-        socket.setsockopt(zmq.SNDHWM, 0)
-        socket.setsockopt(zmq.RCVHWM, 0)
-        socket.bind(self.address)  # fronts connect only now: a hello answered means ready
-        # messages already here are queued before the batcher's owner runs, so they share a batch
-        self._socket = LoopSocket(socket, self._handle, self._socket_failed, routed=True)
+        # fronts connect only now (they retry until the socket is there): a hello answered means ready. What
+        # a front has in flight is bounded by its own admission (service/core/remote_engine.py); answers it
+        # has not read yet wait in its connection's transport, never dropped.
+        self._server = await loop.create_unix_server(
+            lambda: FrameLink(self._handle, lambda exc: None), self.address
+        )
         log.info("engine ready in %.1fs", time.perf_counter() - started)
 
     def stop(self) -> None:
@@ -74,18 +68,11 @@ class Engine:
         # the fronts have drained (the supervisor stops the engine last): finish what is queued
         for group in self.registry.encoders:
             await group.batcher.close()
-        self._socket.close()
-        self._context.destroy(linger=0)
+        self._server.close()
         for group in self.registry.encoders:
             group.executor.shutdown(wait=False, cancel_futures=True)
 
-    def _socket_failed(self, exc: BaseException) -> None:
-        """The engine cannot go on without its socket: it stops, and the supervisor with it (exit 1)."""
-        log.error("engine: receiving from the fronts failed: %r", exc)
-        self.failed = True
-        self._stopping.set()
-
-    def _handle(self, front: bytes, message: tuple) -> None:
+    def _handle(self, front: FrameLink, message: tuple) -> None:
         try:
             self._dispatch(front, message)
         except Exception as exc:
@@ -94,7 +81,7 @@ class Engine:
                 self._calls.pop((front, message[1]), None)
                 self._send(front, _error(message[1], exc))
 
-    def _dispatch(self, front: bytes, message: tuple) -> None:
+    def _dispatch(self, front: FrameLink, message: tuple) -> None:
         kind = message[0]
         if kind == "hello":
             encoders = {g.name: (g.provider, g.session.device) for g in self.registry.encoders}
@@ -116,7 +103,7 @@ class Engine:
             task.add_done_callback(lambda done: self._answer(front, call, done))
 
     def _submit_now(
-        self, front: bytes, call: int, encoder: str, bulk: bool, deadline: float | None, items: list
+        self, front: FrameLink, call: int, encoder: str, bulk: bool, deadline: float | None, items: list
     ) -> None:
         """A unary call's items queued now (or its refusal sent); answered when the last result is in."""
         try:
@@ -154,7 +141,7 @@ class Engine:
         for future in futures:
             future.add_done_callback(one_done)
 
-    def _work(self, front: bytes, items: list, deadline: float | None, bulk: bool) -> list[WorkItem]:
+    def _work(self, front: FrameLink, items: list, deadline: float | None, bulk: bool) -> list[WorkItem]:
         loop = asyncio.get_running_loop()
         return [
             WorkItem(
@@ -171,7 +158,7 @@ class Engine:
             for model, options, ids, type_ids, masks in items
         ]
 
-    def _answer(self, front: bytes, call: int, task: asyncio.Task) -> None:
+    def _answer(self, front: FrameLink, call: int, task: asyncio.Task) -> None:
         self._calls.pop((front, call), None)
         if task.cancelled():
             self._send(front, ("cancelled", call))  # the front frees the call's room on this
@@ -181,14 +168,14 @@ class Engine:
             log.error("engine: call failed: %r", exc)
         self._send(front, ("done", call, task.result()) if exc is None else _error(call, exc))
 
-    def _send(self, front: bytes, message: tuple) -> None:
-        self._socket.post(message, front)
+    def _send(self, front: FrameLink, message: tuple) -> None:
+        front.post(message)  # nothing once the front has gone away
 
     def _group(self, name: str):
         return next(g for g in self.registry.encoders if g.name == name)
 
     async def _submit_bulk(
-        self, front: bytes, encoder: str, bulk: bool, deadline: float | None, items: list
+        self, front: FrameLink, encoder: str, bulk: bool, deadline: float | None, items: list
     ) -> list:
         """A stream's request: it waits for room in the streams' lane, as in one process."""
         batcher = self._group(encoder).batcher

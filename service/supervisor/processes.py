@@ -76,7 +76,7 @@ class Supervisor:
         self._context = multiprocessing.get_context("spawn")
         self._claims: list[PortClaim] = []
         self._run_dir = tempfile.mkdtemp(prefix="bertserve-")  # 0700: only this user reaches the engine
-        self.address = f"ipc://{self._run_dir}/engine"
+        self.address = f"{self._run_dir}/engine"  # the engine's Unix socket
         self._metrics_dir = f"{self._run_dir}/metrics"  # every child's metric files (one scrape)
         self._metrics_server = None
         self.engine: BaseProcess | None = None

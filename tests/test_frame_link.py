@@ -1,0 +1,100 @@
+"""FrameLink (service/engine/frame_link.py), one front's connection to the engine: what one turn posts leaves
+as one frame, in order; the reader takes frames however the socket splits them, small ones through its
+shared buffer, large ones (out-of-band arrays, or above its buffer) into memory their arrays own."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import numpy as np
+
+from bertserve.service.engine import frame_link
+from bertserve.service.engine.frame_link import FrameLink
+from bertserve.service.engine.messages import IN_BAND_BYTES, unpack
+
+HEAD = struct.Struct("<QI")
+
+
+def _frames(data: bytes) -> list[list]:
+    """The frames in `data` as written by FrameLink, each as its list of messages."""
+    out, at = [], 0
+    while at < len(data):
+        total, count = HEAD.unpack_from(data, at)
+        at += HEAD.size
+        sizes = struct.unpack_from(f"<{count}Q", data, at)
+        at += 8 * count
+        head = total - sum(sizes)
+        parts = [data[at : at + head]]
+        at += head
+        for size in sizes:
+            parts.append(data[at : at + size])
+            at += size
+        out.append(unpack(parts))
+    return out
+
+
+async def _posted(turns: list[list]) -> bytes:
+    """What a FrameLink wrote when it posted turns[k]'s messages in turn k (read as it comes)."""
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    _, link = await loop.create_unix_connection(
+        lambda: FrameLink(lambda _, m: None, lambda exc: None), sock=ours
+    )
+    data = bytearray()
+
+    async def read() -> None:
+        while chunk := await loop.sock_recv(theirs, 1 << 20):
+            data.extend(chunk)
+
+    reading = asyncio.ensure_future(read())
+    for messages in turns:
+        for message in messages:
+            link.post(message)
+        await asyncio.sleep(0.02)
+    link.close()  # after what it holds is written: the reader then sees the end
+    await asyncio.wait_for(reading, 10)
+    theirs.close()
+    return bytes(data)
+
+
+def test_what_one_turn_posts_leaves_as_one_frame_in_order():
+    turns = [[("m", n) for n in range(50)], [("m", 50)], [("m", n) for n in range(51, 54)]]
+    frames = _frames(asyncio.run(_posted(turns)))
+    assert [len(messages) for messages in frames] == [50, 1, 3]
+    assert [message[1] for messages in frames for message in messages] == list(range(54))
+
+
+async def _read(data: bytes, chunk: int, messages: int) -> list:
+    """What a FrameLink handed over when `data` came `chunk` bytes at a time."""
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    got: list = []
+    await loop.create_unix_connection(
+        lambda: FrameLink(lambda _, m: got.append(m), lambda exc: None), sock=ours
+    )
+    for at in range(0, len(data), chunk):
+        await loop.sock_sendall(theirs, data[at : at + chunk])
+    for _ in range(200):  # bounded: 10 s
+        if len(got) >= messages:
+            break
+        await asyncio.sleep(0.05)
+    theirs.close()
+    return got
+
+
+def test_frames_arrive_whole_however_the_socket_splits_them():
+    large = np.arange(IN_BAND_BYTES // 4 * 3, dtype=np.float32)  # out of band: memory of its own
+    huge = b"x" * (frame_link.READ_BUFFER_BYTES + 10)  # in band, larger than the shared buffer
+    turns = [[("a", 1), ("a", 2)], [("big", large)], [("huge", huge)]]
+    data = asyncio.run(_posted(turns))
+    for chunk in (len(data), 7_001, 65_537):
+        got = asyncio.run(_read(data, chunk, 4))
+        assert [m[0] for m in got] == ["a", "a", "big", "huge"]
+        assert np.array_equal(got[2][1], large) and got[3][1] == huge
+        assert got[2][1].base is not None  # a view of the frame's own memory, not of the shared buffer
+    head = asyncio.run(_posted([[("a", 1), ("a", 2)]]))  # a few bytes at a time: the head split too
+    assert asyncio.run(_read(head, 3, 2)) == [("a", 1), ("a", 2)]
