@@ -39,10 +39,15 @@ def _phase_row(name: str, label: str, phase: dict) -> list[str]:
 
 def _load_generator(result: dict) -> str:
     chosen = result["settings"].get("load_generator") or {"kind": "python"}
+    connections = {
+        "per-caller": "; a gRPC connection per caller",
+        "one": "; one gRPC connection for all callers",
+    }
+    spread = connections.get(chosen.get("grpc_connections"), "")
     if chosen["kind"] == "native":
-        return "Load generator: the native client (bench/native/loadgen.cc) for the gRPC targets."
+        return f"Load generator: the native client (bench/native/loadgen.cc) for the gRPC targets{spread}."
     why = f" ({chosen['native_unavailable']})" if "native_unavailable" in chosen else ""
-    return f"Load generator: the Python client (grpc.aio) in the bench's process{why}."
+    return f"Load generator: the Python client (grpc.aio) in the bench's process{why}{spread}."
 
 
 def markdown(result: dict) -> str:
@@ -190,8 +195,9 @@ def _simulated_text(simulated: dict | None) -> list[str]:
         f"## Simulated device ({simulated['device_ms_per_batch']:g} ms per batch, no CPU; single-input callers at "
         f"c={simulated['concurrency']})",
         "",
-        "The server's CPU is its whole process tree's. front_cpu_ms_per_call is the run with the most processes "
-        f"(workers {simulated['front_cpu_workers']}).",
+        "Each caller on a connection of its own; every server started first, then measured in interleaved "
+        "rounds. The server's CPU is its whole process tree's. front_cpu_ms_per_call is the run with the most "
+        f"processes (workers {simulated['front_cpu_workers']}).",
         "",
         *md_table(header, rows),
     ]
