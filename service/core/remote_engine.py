@@ -81,12 +81,6 @@ class EngineLink:
             self._calls[call] = lambda results, error: then()
             self._link.post(("cancel", call))
 
-    def pause_reading(self) -> None:
-        self._link.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._link.resume_reading()
-
     def close(self) -> None:
         self._closing = True
         if self._link is not None:

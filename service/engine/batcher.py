@@ -110,11 +110,13 @@ class Batcher:
         executor: Executor,
         observer: BatchObserver | None = None,
         concurrency: int = 1,
+        prefetch: int = PREFETCH_BATCHES,
     ):
         """`concurrency`: batches computed at once (the encoder's instances; `executor` has that many
-        threads)."""
+        threads); `prefetch`: batches cut ahead beyond those."""
         self.name = name
         self.concurrency = concurrency
+        self._prefetch = prefetch
         self._running: dict[asyncio.Task, bool] = {}  # batches computing -> bulk or not
         self._compute = compute
         self.limits = limits
@@ -243,7 +245,7 @@ class Batcher:
         self._lanes[bulk].tokens += tokens
         self._lanes[bulk].inputs += len(items)
         self._observer.queue_depth(self.depth)
-        if len(self._running) < self.concurrency + PREFETCH_BATCHES:
+        if len(self._running) < self.concurrency + self._prefetch:
             self._wakeup.set()
         # else the owner can start nothing until a batch finishes, and that wakes it: a turn per call
         # under load would cost the event loop about 30 us and change nothing
@@ -380,7 +382,7 @@ class Batcher:
         one instance left free for them (with several instances: a unary call then never waits for a
         stream's batch) and no bulk batch cut ahead."""
         running = len(self._running)
-        if running >= self.concurrency + PREFETCH_BATCHES:
+        if running >= self.concurrency + self._prefetch:
             return False
         if running >= self.concurrency and lane.bulk and self._interactive_active():
             return False

@@ -42,13 +42,14 @@ class Engine:
         self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertserve-engine-load")
         self._server: asyncio.AbstractServer | None = None
         self._stopping = asyncio.Event()
-        self.failed = False
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         self.registry = await loop.run_in_executor(self._cpu, model_registry.load, self.settings)
-        attach_batchers(self.registry, self.settings, self.metrics)
+        # no batch cut ahead: this loop does nothing but batch, so it cuts the next batch as soon as an
+        # instance is free, with every input that came while the last one computed
+        attach_batchers(self.registry, self.settings, self.metrics, prefetch=0)
         for group in self.registry.encoders:
             group.batcher.start()
             await loop.run_in_executor(group.executor, group.warm_up)
@@ -224,7 +225,7 @@ async def _run(settings: Settings, address: str) -> int:
         log.error("cannot start: %s", exc)
         return 1
     await engine.serve()
-    return 1 if engine.failed else 0
+    return 0
 
 
 def main(settings: Settings, address: str) -> int:
