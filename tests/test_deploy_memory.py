@@ -18,16 +18,16 @@ from tests.deploy_support import KUSTOMIZE_DIRS, deployment_workers, memory_byte
 MIB = 1024 * 1024
 # RSS of `bertserve serve` on the four default models with the ConfigMap's settings, after batches of every
 # task at max_batch_tokens (docs/reliability.md, "Worst-case memory"): the single process; the engine of
-# several holds a little less (measured with `--workers 2` when there were three models).
+# several holds a little less (754 MiB with `--workers 2`).
 DEFAULT_MODELS_RSS = 780 * MIB
 # The same on CUDA (the gpu overlay): host memory of the CUDA context, cuDNN and the sessions. Not measured:
 # the 4 GiB the overlay gave its single process, less the worst case of that process's bounds (960 MiB).
 CUDA_MODELS_RSS = 3072 * MIB
-# Measured: `bertserve serve --workers 2` on the three default models with the ConfigMap's settings, each
-# process's VmRSS from /proc (pids from the supervisor's "started front-0, pid N" lines), at its peak after
-# 16 concurrent clients made mixed calls (gRPC embed at max_batch_tokens, classify, fill-mask, single-input
-# embed; HTTP /v1/embeddings): a front, and the supervisor. Rounded up.
-FRONT_RSS = 120 * MIB
+# Measured: `bertserve serve --workers 2` on the four default models with the ConfigMap's settings, each
+# process's VmRSS from /proc, at its peak after 16 concurrent clients sent batches of every task twice
+# (embed at max_batch_tokens, classify, fill-mask, rerank of 32 long documents): a front, and the
+# supervisor. Rounded up.
+FRONT_RSS = 190 * MIB
 SUPERVISOR_RSS = 40 * MIB
 MINILM_DIMENSION = 384
 MODELS_RSS = {"base": DEFAULT_MODELS_RSS, "gpu": CUDA_MODELS_RSS}

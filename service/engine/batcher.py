@@ -110,13 +110,13 @@ class Batcher:
         executor: Executor,
         observer: BatchObserver | None = None,
         concurrency: int = 1,
-        prefetch: int = PREFETCH_BATCHES,
+        prefetch: int | None = None,
     ):
         """`concurrency`: batches computed at once (the encoder's instances; `executor` has that many
-        threads); `prefetch`: batches cut ahead beyond those."""
+        threads); `prefetch`: batches cut ahead beyond those (None: PREFETCH_BATCHES)."""
         self.name = name
         self.concurrency = concurrency
-        self._prefetch = prefetch
+        self._prefetch = PREFETCH_BATCHES if prefetch is None else prefetch
         self._running: dict[asyncio.Task, bool] = {}  # batches computing -> bulk or not
         self._compute = compute
         self.limits = limits

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bertserve.service.engine.batch_metrics import ModelObserver
-from bertserve.service.engine.batcher import PREFETCH_BATCHES, Batcher, BatchLimits, WorkItem
+from bertserve.service.engine.batcher import Batcher, BatchLimits, WorkItem
 from bertserve.service.engine.runtime import GraphSession
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tasks.fill_mask import mask_positions
@@ -120,9 +120,10 @@ def batch_limits(settings: Settings) -> BatchLimits:
 
 
 def attach_batchers(
-    registry: ModelRegistry, settings: Settings, metrics: Metrics, prefetch: int = PREFETCH_BATCHES
+    registry: ModelRegistry, settings: Settings, metrics: Metrics, prefetch: int | None = None
 ) -> None:
-    """One queue owner per encoder, shared by its models and tasks, cutting `prefetch` batches ahead."""
+    """One queue owner per encoder, shared by its models and tasks, cutting `prefetch` batches ahead (None:
+    the batcher's default)."""
     limits = batch_limits(settings)
     for group in registry.encoders:
         observer = ModelObserver(metrics, group.name, group.graph_key)
