@@ -40,8 +40,8 @@ def _phase_row(name: str, label: str, phase: dict) -> list[str]:
 def _load_generator(result: dict) -> str:
     chosen = result["settings"].get("load_generator") or {"kind": "python"}
     connections = {
-        "per-caller": "; a gRPC connection per caller",
-        "one": "; one gRPC connection for all callers",
+        "per-caller": "; the sweep's callers on a gRPC connection each",
+        "one": "; the sweep's callers on one gRPC connection",
     }
     spread = connections.get(chosen.get("grpc_connections"), "")
     if chosen["kind"] == "native":
