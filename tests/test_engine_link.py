@@ -21,7 +21,7 @@ from bertserve.service.engine import model_registry
 from bertserve.service.engine.messages import options_out, small
 from bertserve.service.engine.process import Engine
 from bertserve.service.engine.tasks import Task, TaskOptions
-from bertserve.service.errors import InferenceFailed, Overloaded, StartupError
+from bertserve.service.errors import EngineUnavailable, InferenceFailed, Overloaded, StartupError
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import load_settings
 from tests.helpers.server import GatedBatches
@@ -155,3 +155,26 @@ def test_the_engine_answers_what_it_cannot_serve(tiny_repo, tmp_path):
     refused, (results, error) = asyncio.run(_mismatches(tiny_repo, f"{tmp_path}/engine"))
     assert "this front loaded" in refused and "restart the server" in refused
     assert results is None and isinstance(error, InferenceFailed) and "no-such-model" in str(error)
+
+
+async def _before_the_engine_listens(settings, address: str) -> tuple[str, dict, int]:
+    """A front's call while its link still waits for the engine (the front listens first)."""
+    link = EngineLink(address)
+    connecting = asyncio.ensure_future(link.connect({"tiny-embed": 1}))
+    core = InferenceCore(model_registry.load(settings, front=True), settings, Metrics(), None, engine=link)
+    try:
+        await asyncio.sleep(0.2)  # connecting: no engine at `address` yet
+        with pytest.raises(EngineUnavailable) as refused:
+            await core.embed("tiny-embed", ["too early"])
+        held = core.registry.by_name["tiny-embed"].batcher._room[False].used
+    finally:
+        connecting.cancel()
+        link.close()
+        core.shutdown_threads()
+    return str(refused.value), link._calls, held
+
+
+def test_a_call_before_the_engine_listens_is_refused_as_unavailable(tiny_repo, tmp_path):
+    settings = load_settings(model_repo=tiny_repo, models=["tiny-embed"], metrics_port=-1, http_port=-1)
+    message, calls, held = asyncio.run(_before_the_engine_listens(settings, f"{tmp_path}/engine"))
+    assert "still loading" in message and calls == {} and held == 0  # nothing left registered or held

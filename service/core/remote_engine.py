@@ -69,6 +69,8 @@ class EngineLink:
         called once, unless the call is cancelled first."""
         if self.lost is not None:
             raise self.lost
+        if self._link is None or not self._hello.done():  # the front listens before the engine does
+            raise errors.EngineUnavailable("the engine is still loading its models; retry")
         call = next(self._ids)
         self._calls[call] = answer
         self._link.post((message[0], call, *message[1:]))
@@ -82,7 +84,11 @@ class EngineLink:
             self._link.post(("cancel", call))
 
     def close(self) -> None:
+        """Closes the connection; calls still waiting fail with ShuttingDown (the engine is not lost)."""
         self._closing = True
+        calls, self._calls = self._calls, {}
+        for answer in calls.values():
+            answer(None, errors.ShuttingDown("the front is closing its link to the engine"))
         if self._link is not None:
             self._link.close()
 

@@ -55,7 +55,7 @@ class FrameLink(asyncio.BufferedProtocol):
         total = len(head) + sum(sizes)
         lengths = b"".join(_LENGTH.pack(size) for size in sizes)
         self._transport.write(_HEAD.pack(total, len(buffers)) + lengths + head)
-        for buffer in buffers:  # written as they are: the transport copies only what the socket cannot take
+        for buffer in buffers:  # written as they are (posted arrays must not change after `post`)
             self._transport.write(buffer)
 
     # ---- the connection

@@ -4,7 +4,7 @@ call's results back. Inputs from every front share the same queue, so they share
 
 Admission of batch inputs (`max_queue_inputs`, deadlines) and of Attention calls (`max_queue_attention`)
 happens here, against the one queue every front feeds: the bounds are global. A front that goes away
-leaves its calls to finish; their answers are dropped (a ROUTER socket drops what it cannot route).
+leaves its calls to finish; their answers are dropped (posted to a closed connection).
 """
 
 from __future__ import annotations
