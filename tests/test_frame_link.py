@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 
 import numpy as np
 
@@ -14,23 +13,12 @@ from bertserve.service.engine import frame_link
 from bertserve.service.engine.frame_link import FrameLink
 from bertserve.service.engine.messages import IN_BAND_BYTES, unpack
 
-HEAD = struct.Struct("<QI")
-
 
 def _frames(data: bytes) -> list[list]:
     """The frames in `data` as written by FrameLink, each as its list of messages."""
     out, at = [], 0
     while at < len(data):
-        total, count = HEAD.unpack_from(data, at)
-        at += HEAD.size
-        sizes = struct.unpack_from(f"<{count}Q", data, at)
-        at += 8 * count
-        head = total - sum(sizes)
-        parts = [data[at : at + head]]
-        at += head
-        for size in sizes:
-            parts.append(data[at : at + size])
-            at += size
+        parts, at = frame_link.frame_parts(data, at)
         out.append(unpack(parts))
     return out
 

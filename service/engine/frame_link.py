@@ -99,17 +99,17 @@ class FrameLink(asyncio.BufferedProtocol):
         while self._own is None:
             if self._start == self._end:
                 self._start = self._end = 0  # all read: the next frame starts at the front
-            size = self._frame_size()
-            if size is None:
+            head = self._frame_head()
+            if head is None:
                 return
+            size, buffers = head
             available = self._end - self._start
-            if available >= size and not self._has_buffers():
-                view = memoryview(self._buffer)
-                self._deliver(view, self._start)  # unpickled into objects of their own before reuse
+            if not buffers and size <= len(self._buffer):
+                if available < size:
+                    return  # the rest comes into the shared buffer
+                self._deliver(memoryview(self._buffer), self._start)  # unpickled into objects of their own
                 self._start += size
                 continue
-            if available < size and size <= len(self._buffer) and not self._has_buffers():
-                return  # the rest comes into the shared buffer
             self._own = bytearray(size)  # large, or viewed by its arrays: memory of its own
             take = min(available, size)
             self._own[:take] = self._buffer[self._start : self._start + take]
@@ -119,26 +119,27 @@ class FrameLink(asyncio.BufferedProtocol):
                 frame, self._own = self._own, None
                 self._deliver(memoryview(frame), 0)
 
-    def _frame_size(self) -> int | None:
-        """The size of the frame at `_start`, once its head has arrived."""
+    def _frame_head(self) -> tuple[int, int] | None:
+        """(the size of the frame at `_start`, its out-of-band buffers), once its head has arrived."""
         if self._end - self._start < _HEAD.size:
             return None
         total, buffers = _HEAD.unpack_from(self._buffer, self._start)
-        return _HEAD.size + _LENGTH.size * buffers + total
-
-    def _has_buffers(self) -> bool:
-        return _HEAD.unpack_from(self._buffer, self._start)[1] > 0
+        return _HEAD.size + _LENGTH.size * buffers + total, buffers
 
     def _deliver(self, view: memoryview, at: int) -> None:
-        total, count = _HEAD.unpack_from(view, at)
-        at += _HEAD.size
-        sizes = [_LENGTH.unpack_from(view, at + _LENGTH.size * k)[0] for k in range(count)]
-        at += _LENGTH.size * count
-        head_size = total - sum(sizes)
-        frames = [view[at : at + head_size]]
-        at += head_size
-        for size in sizes:
-            frames.append(view[at : at + size])
-            at += size
-        for message in unpack(frames):
+        for message in unpack(frame_parts(view, at)[0]):
             self._on_message(self, message)
+
+
+def frame_parts(view: memoryview | bytes, at: int) -> tuple[list, int]:
+    """The parts of the complete frame at `at` in `view` (the pickle, then each buffer, as `unpack` takes
+    them) and where the frame ends."""
+    total, count = _HEAD.unpack_from(view, at)
+    at += _HEAD.size
+    sizes = [_LENGTH.unpack_from(view, at + _LENGTH.size * k)[0] for k in range(count)]
+    at += _LENGTH.size * count
+    parts = []
+    for size in [total - sum(sizes), *sizes]:
+        parts.append(view[at : at + size])
+        at += size
+    return parts, at
