@@ -1,4 +1,4 @@
-"""Embed outputs across processes (`serve --workers N`): a real `Engine` on an Unix socket and a front core
+"""Embed outputs across processes (`serve --workers N`): a real `Engine` on a Unix socket and a front core
 linked to it (as tests/test_engine_link.py) answer what a core computing in-process answers: the per-row
 values (vectors, EmbedOutputs with token-level and sparse arrays) travel pickled between the two."""
 

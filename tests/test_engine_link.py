@@ -1,4 +1,4 @@
-"""The engine process's admission, in one test process: a real `Engine` on an Unix socket and two front
+"""The engine process's admission, in one test process: a real `Engine` on a Unix socket and two front
 cores (models loaded without sessions, each with its own `EngineLink`), as `serve --workers 2` runs them.
 
 The queue bound is global: the engine refuses a call once the inputs queued from EVERY front reach
