@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
-import shutil
 import struct
 import subprocess
 import tempfile
@@ -34,6 +32,7 @@ from pathlib import Path
 import grpc
 
 from bertserve.bench.loadgen import PhaseResult, Request, poisson_offsets, record_reply
+from bertserve.service.grpc.native.build import NativeUnavailable, built, cached
 
 SOURCE = Path(__file__).parent / "native" / "loadgen.cc"
 _REQUEST_HEAD = struct.Struct("<dI")  # scheduled offset (s; < 0: closed loop), payload length
@@ -45,50 +44,14 @@ EXIT_GRACE_S = 60.0
 USAGE_EXIT = 2  # loadgen.cc's exit code for a wrong command line
 
 
-class NativeUnavailable(RuntimeError):
-    """The native load generator cannot be built here (the message says what is missing)."""
-
-
-def cache_dir() -> Path:
-    """Where built binaries live: $BERTSERVE_CACHE_DIR, else $XDG_CACHE_HOME/bertserve or ~/.cache/bertserve."""
-    explicit = os.environ.get("BERTSERVE_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bertserve"
-
-
 def cached_binary(source: Path = SOURCE) -> Path:
     """Where the load generator built from `source` is cached (keyed by the source's hash)."""
-    return cache_dir() / f"bertserve-loadgen-{hashlib.sha256(source.read_bytes()).hexdigest()[:16]}"
+    return cached(source, "bertserve-loadgen")
 
 
 def find_binary(source: Path = SOURCE) -> Path:
     """The load generator built from `source`, compiling it on first use (a few seconds)."""
-    binary = cached_binary(source)
-    if _starts(binary):  # one built against a gRPC library since removed or upgraded is built again
-        return binary
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if not compiler or not shutil.which("pkg-config"):
-        raise NativeUnavailable("no C++ compiler or pkg-config (Debian: g++ pkg-config libgrpc++-dev)")
-    flags = subprocess.run(
-        ["pkg-config", "--cflags", "--libs", "grpc++"], capture_output=True, text=True, check=False
-    )
-    if flags.returncode != 0:
-        raise NativeUnavailable("gRPC's C++ library is not installed (Debian: libgrpc++-dev)")
-    try:
-        binary.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=binary.parent) as scratch:
-            built = Path(scratch) / binary.name
-            command = [compiler, "-O2", "-std=c++17", str(source), "-o", str(built), *flags.stdout.split()]
-            compiled = subprocess.run(command, capture_output=True, text=True, check=False)
-            if compiled.returncode != 0:
-                raise NativeUnavailable(f"compiling {source.name} failed: {compiled.stderr.strip()[-2000:]}")
-            os.replace(built, binary)  # atomic: a concurrent build leaves one complete binary
-    except OSError as error:  # an unwritable cache, a compiler that cannot start
-        raise NativeUnavailable(f"cannot build in {binary.parent}: {error}") from None
-    if not _starts(binary):
-        raise NativeUnavailable(f"{binary.name} was built but does not start (its gRPC library?)")
-    return binary
+    return built(source, cached_binary(source), _starts)
 
 
 def _starts(binary: Path) -> bool:

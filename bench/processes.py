@@ -57,6 +57,7 @@ class ServerProcess:
     env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
     metrics_port: int | None = None
     http_port: int | None = None  # bertserve's HTTP front
+    embed_port: int | None = None  # where Embed load goes when not `port` (bertserve's native port)
     protocol: str = "grpc"  # how the load generator calls it: "grpc" (Embed) or "http" (/bertserve/v1/embed)
     health_checked: bool = True  # bertserve: wait for SERVING; naive: wait for the channel
     cpus: list[int] | None = None  # the CPUs it may run on (sched_setaffinity); None: this process's
@@ -66,6 +67,10 @@ class ServerProcess:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def embed_address(self) -> str:
+        return f"127.0.0.1:{self.embed_port or self.port}"
 
     @property
     def metrics_url(self) -> str | None:

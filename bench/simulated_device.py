@@ -18,10 +18,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bertserve.bench.loadgen import Request
-from bertserve.bench.processes import BenchError, ServerProcess, bertserve_process, child_pythonpath
+from bertserve.bench.processes import (
+    BenchError,
+    ServerProcess,
+    bertserve_process,
+    child_pythonpath,
+    free_port,
+)
 from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun
 
-WORKERS = ("1", "2", "auto")  # the server's `workers` values, in measuring order
+WORKERS = ("1", "2", "auto", "native")  # the server's `workers` values, in measuring order
+NATIVE = "native"  # workers 1, the load on its native port (plain Embed through gRPC's C++ server)
 ROUNDS = 3  # phases per server, interleaved with the other servers' phases
 STARTUP_TIMEOUT_S = 180.0
 
@@ -79,7 +86,13 @@ async def _start(
     """The server with `workers`, started: (it, its row so far), or (None, {"skipped": why}) when it refused
     the value."""
     name = f"simulated-device-w{workers}"
-    server = bertserve_process(name, repo, spec, threads, logs, settings | {"workers": workers})
+    chosen = {"workers": workers}
+    if workers == NATIVE:
+        native_port = free_port()
+        chosen = {"workers": "1", "native_port": str(native_port)}
+    server = bertserve_process(name, repo, spec, threads, logs, settings | chosen)
+    if workers == NATIVE:
+        server.embed_port = native_port
     server.env.update(child_pythonpath())
     try:
         startup_s = await server.start(STARTUP_TIMEOUT_S)
@@ -144,8 +157,10 @@ def summarize(rows: dict[str, dict], device_ms: float) -> dict:
     """bench.json's `simulated_device`, with `front_cpu_ms_per_call`: the CPU per call of the measured run
     with the most processes (where the split between processes costs most; the first such run in order)."""
     measured = [row for row in rows.values() if "skipped" not in row]
-    widest = max(measured, key=lambda row: row["processes"], default=None)
-    one, two = _rate(rows.get("1")), _rate(rows.get("2"))
+    widest = max(
+        (row for row in measured if row["workers"] != NATIVE), key=lambda row: row["processes"], default=None
+    )
+    one, two, native = _rate(rows.get("1")), _rate(rows.get("2")), _rate(rows.get(NATIVE))
     return {
         "device_ms_per_batch": device_ms,
         "concurrency": PER_CALL_CONCURRENCY,
@@ -153,4 +168,7 @@ def summarize(rows: dict[str, dict], device_ms: float) -> dict:
         "two_vs_one_worker": two / one if one and two is not None else None,
         "front_cpu_ms_per_call": widest and widest["cpu_ms_per_call"],
         "front_cpu_workers": widest and widest["workers"],
+        # the native port: plain Embed calls through gRPC's C++ server into the one process's batcher
+        "native_vs_one_worker": native / one if one and native is not None else None,
+        "native_cpu_ms_per_call": None if native is None else rows[NATIVE]["cpu_ms_per_call"],
     }

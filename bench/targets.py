@@ -170,7 +170,7 @@ class TargetRun:
         if self.native is not None:
             connections = self.connections if rate else min(concurrency, self.connections)
             return NativePhase(
-                self.native, self.server.address, method, requests, concurrency, warmup or [], rate,
+                self.native, self.server.address if via else self.server.embed_address, method, requests, concurrency, warmup or [], rate,
                 time_limit_s, REQUEST_TIMEOUT_S, connections=connections,
             )  # fmt: skip
         warm = (lambda: closed_loop(call, warmup, concurrency, label=f"{label} warm-up")) if warmup else None
@@ -227,7 +227,9 @@ class TargetRun:
             self.connections = connections if self.per_caller else 1
             async with contextlib.AsyncExitStack() as stack:
                 calls = [
-                    embed_call(await stack.enter_async_context(_channel(self.server.address)), self.model)
+                    embed_call(
+                        await stack.enter_async_context(_channel(self.server.embed_address)), self.model
+                    )
                     for _ in range(self.connections)
                 ]
                 turns = itertools.cycle(calls)  # the Python client's calls go round-robin

@@ -122,7 +122,7 @@ class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
         registry = self.registry
         self._infos = {m.name: model_info_of(m, registry.default_rpcs(m)) for m in registry.ordered}
         # the loaded models that answer sparse embeddings (an MLM head): named when a model without one is asked
-        self._sparse_models = [m.name for m in registry.ordered if m.manifest.tasks.fill_mask is not None]
+        self.sparse_models = [m.name for m in registry.ordered if m.manifest.tasks.fill_mask is not None]
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -419,7 +419,7 @@ class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
     def _options(self, model: ServedModel, call: TaskCall) -> TaskOptions:
         """The call's options, checked against the model and with its defaults filled in."""
         if call.task is Task.EMBED:
-            return embed_options(model, call, self._sparse_models)
+            return embed_options(model, call, self.sparse_models)
         if call.task is Task.FILL_MASK:
             top_k = DEFAULT_FILL_MASK_TOP_K if call.top_k is None else call.top_k
             check_top_k(top_k, model.tokenizer.vocab_size, "top_k", "vocabulary size")

@@ -24,6 +24,8 @@ from bertserve.service.errors import StartupError
 from bertserve.service.grpc.admission import Admission
 from bertserve.service.grpc.admission import server_options as admission_options
 from bertserve.service.grpc.health_watch import WatchStreams
+from bertserve.service.grpc.native.front import NativeFront
+from bertserve.service.grpc.native.transport import NativeUnavailable
 from bertserve.service.grpc.rpc_status import parsing
 from bertserve.service.grpc.servicer import InferenceServicer
 from bertserve.service.grpc.servicer import add_to_server as add_inference_servicer
@@ -95,6 +97,10 @@ class InferenceServer:
         self.metrics_port: int | None = None
         self.http: HttpFront | None = None  # HTTP beside gRPC (service/http/), through the same core
         self.http_port: int | None = None
+        self.native: NativeFront | None = (
+            None  # plain Embed calls through gRPC's C++ server (service/grpc/native/)
+        )
+        self.native_port: int | None = None
         self.serving = False  # warmed up (HTTP readiness = serving and not draining)
         self.models: list[ServedModel] = []
         self.core: InferenceCore | None = None  # the protocol-free inference core every front calls
@@ -185,6 +191,8 @@ class InferenceServer:
                     f"setting http_port: cannot listen on {s.host}:{s.http_port}: {exc}"
                 ) from None
             log.info("serving HTTP on %s://%s:%d/", self.http.scheme, s.host, self.http_port)
+        if s.native_port >= 0:
+            await self._start_native(s)
         if front:
             await self._connect_engine()
         else:
@@ -199,6 +207,18 @@ class InferenceServer:
         log.info(
             "clients can make the server hold at most %s beyond its models", memory_bounds.describe(worst)
         )
+
+    async def _start_native(self, s: Settings) -> None:
+        self.native = NativeFront(self.core, s, self.lifecycle)
+        tls = None
+        if s.tls_cert is not None:
+            ca = s.tls_client_ca.read_bytes() if s.tls_client_ca else b""
+            tls = (s.tls_cert.read_bytes(), s.tls_key.read_bytes(), ca)
+        try:
+            self.native_port = await self.native.start(s.host, s.native_port, tls)
+        except (OSError, NativeUnavailable) as exc:
+            raise StartupError(f"setting native_port: {exc}") from None
+        log.info("serving bertserve.v1 Embed (native) on %s:%d", s.host, self.native_port)
 
     async def _connect_engine(self) -> None:
         """Waits for the engine (warm once it answers) and takes its providers as the models'."""
@@ -239,6 +259,8 @@ class InferenceServer:
         """NOT_SERVING at once, new calls refused, accepted calls finished within the grace period.
         Returns True when every accepted call finished in time."""
         self.lifecycle.accepting = False
+        if self.native is not None:
+            self.native.drain()
         if self.http is not None:
             self.http.drain()  # readiness false; answers close their connections; idle ones closed now
         await self.health.enter_graceful_shutdown()
@@ -256,6 +278,8 @@ class InferenceServer:
     async def stop(self, finish_queued: bool = True) -> None:
         self.lifecycle.accepting = False
         self.watches.end_all()
+        if self.native is not None:  # its held calls answered first, within what is left of the grace period
+            await self.native.stop(self.settings.grace_period_s if finish_queued else 0.0)
         if self.core is not None:
             await self.core.close(finish_queued)
         if self._server is not None:

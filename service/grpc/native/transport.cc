@@ -1,0 +1,340 @@
+// bertserve's native gRPC transport: gRPC's C++ callback server takes unary calls of the methods named at
+// start and hands them to Python in groups (service/grpc/native/transport.py loads this library with
+// ctypes), which answers each call with its reply's bytes or a status. Python's cost is per group of calls,
+// not per call; the per-call work (HTTP/2, the call's life, its deadline and cancellation) stays here.
+//
+// Bounds, all checked before a call's request is read into a queue: at most `max_calls` calls held (queued,
+// with Python or being answered; beyond: RESOURCE_EXHAUSTED at once), requests of at most `max_message_bytes`
+// (gRPC refuses larger ones), at most `max_streams` calls at once on one connection. After bsn_shutdown
+// starts, new calls get UNAVAILABLE; the held ones are answered until the grace period ends, then
+// cancelled.
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+class Transport;
+
+// One unary call: created when it arrives, deleted when gRPC is done with it.
+class Call : public grpc::ServerGenericBidiReactor {
+ public:
+  Call(Transport* transport, grpc::CallbackServerContext* context, uint64_t id, int method)
+      : transport_(transport), context_(context), id_(id), method_(method) {}
+  void Begin();  // reads the request
+  void OnReadDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+  // Called once, by whoever removed the call from the transport's table.
+  void Reply(const uint8_t* data, size_t size) {
+    grpc::Slice slice(data, size);
+    response_ = grpc::ByteBuffer(&slice, 1);
+    StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+  void End(const grpc::Status& status) { Finish(status); }
+
+ private:
+  Transport* transport_;
+  grpc::CallbackServerContext* context_;
+  uint64_t id_;
+  int method_;
+  grpc::ByteBuffer request_, response_;
+};
+
+// A call ended at once (unknown method, no room, draining): never reaches the table.
+class Refusal : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit Refusal(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+struct Queued {
+  uint64_t id;
+  int method;
+  std::chrono::system_clock::time_point deadline;
+  std::string request;
+};
+
+class Transport : public grpc::CallbackGenericService {
+ public:
+  Transport(std::vector<std::string> methods, int max_calls) : methods_(std::move(methods)), max_calls_(max_calls) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
+    auto found = std::find(methods_.begin(), methods_.end(), context->method());
+    if (found == methods_.end()) {
+      return new Refusal(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                      "method " + context->method() + " is not served on this port"));
+    }
+    Call* call;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (draining_) {
+        return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
+      }
+      if (static_cast<int>(held_) >= max_calls_) {
+        return new Refusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                        std::to_string(held_) + " calls are held, max_queue_inputs " +
+                                            std::to_string(max_calls_) + "; retry later"));
+      }
+      uint64_t id = ++last_id_;
+      call = new Call(this, context, id, static_cast<int>(found - methods_.begin()));
+      table_.emplace(id, call);
+      ++held_;
+    }
+    call->Begin();
+    return call;
+  }
+
+  void Arrived(Queued&& queued) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (table_.count(queued.id) == 0) return;  // cancelled while its request was read
+      queue_.push_back(std::move(queued));
+    }
+    arrived_.notify_one();
+  }
+
+  // The call leaves the table (so exactly one of Python's answer, a cancellation or shutdown ends it).
+  Call* Take(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = table_.find(id);
+    if (found == table_.end()) return nullptr;
+    Call* call = found->second;
+    table_.erase(found);
+    return call;
+  }
+
+  void Done() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --held_;
+  }
+
+  // Waits up to `timeout_s` for a queued call; takes up to `max_calls` of them into `batch_`.
+  // Returns how many, or -1 once closed and empty.
+  int Next(double timeout_s, int max_calls) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    arrived_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return !queue_.empty() || closed_; });
+    if (queue_.empty()) return closed_ ? -1 : 0;
+    batch_.clear();
+    int taken = 0;
+    auto now = std::chrono::system_clock::now();
+    while (!queue_.empty() && taken < max_calls) {
+      Queued& queued = queue_.front();
+      if (table_.count(queued.id)) {  // skip calls cancelled while queued
+        double remaining = -1.0;      // no deadline
+        if (queued.deadline != std::chrono::system_clock::time_point::max()) {
+          remaining = std::max(0.0, std::chrono::duration<double>(queued.deadline - now).count());
+        }
+        uint32_t size = static_cast<uint32_t>(queued.request.size());
+        int32_t method = queued.method;
+        Append(&queued.id, sizeof(queued.id));
+        Append(&remaining, sizeof(remaining));
+        Append(&method, sizeof(method));
+        Append(&size, sizeof(size));
+        Append(queued.request.data(), size);
+        ++taken;
+      }
+      queue_.pop_front();
+    }
+    return taken;
+  }
+
+  const std::string& batch() const { return batch_; }
+
+  void StartDraining() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    draining_ = true;
+  }
+
+  void Close() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closed_ = true;
+    }
+    arrived_.notify_all();
+  }
+
+  // Ends every call still held (the grace period is over): Python's later answers find nothing.
+  void EndAll(const grpc::Status& status) {
+    std::vector<Call*> calls;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& entry : table_) calls.push_back(entry.second);
+      table_.clear();
+      queue_.clear();
+    }
+    for (Call* call : calls) call->End(status);
+  }
+
+  int held() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int>(held_);
+  }
+
+ private:
+  void Append(const void* data, size_t size) { batch_.append(static_cast<const char*>(data), size); }
+
+  std::vector<std::string> methods_;
+  int max_calls_;
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::unordered_map<uint64_t, Call*> table_;  // calls not yet answered
+  std::deque<Queued> queue_;                   // arrived, not yet taken by Python
+  std::string batch_;                          // the last group taken (one taker thread)
+  uint64_t last_id_ = 0;
+  size_t held_ = 0;  // calls created and not yet done
+  bool draining_ = false;
+  bool closed_ = false;
+};
+
+void Call::Begin() { StartRead(&request_); }
+
+void Call::OnReadDone(bool ok) {
+  if (!ok) {  // the client went away or half-closed without a request
+    if (transport_->Take(id_) != nullptr) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "no request"));
+    return;
+  }
+  Queued queued{id_, method_, context_->deadline(), std::string()};
+  std::vector<grpc::Slice> slices;
+  if (!request_.Dump(&slices).ok()) {
+    if (transport_->Take(id_) != nullptr) Finish(grpc::Status(grpc::StatusCode::INTERNAL, "unreadable request"));
+    return;
+  }
+  queued.request.reserve(request_.Length());
+  for (const grpc::Slice& slice : slices) queued.request.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  request_.Clear();
+  transport_->Arrived(std::move(queued));
+}
+
+void Call::OnCancel() {
+  if (transport_->Take(id_) != nullptr) Finish(grpc::Status::CANCELLED);
+}
+
+void Call::OnDone() {
+  transport_->Done();
+  delete this;
+}
+
+struct Handle {
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+void CopyError(const std::string& message, char* error, int size) {
+  if (size <= 0) return;
+  std::strncpy(error, message.c_str(), size - 1);
+  error[size - 1] = '\0';
+}
+
+}  // namespace
+
+extern "C" {
+
+// `methods`: NUL-separated full method names ("/package.Service/Method"), `methods_size` bytes in all; a
+// call's method is its index there. PEM strings empty: no TLS; `client_ca` set: clients must present a
+// certificate it signed. Returns NULL with `error` filled when the port cannot be had.
+void* bsn_start(const char* address, const char* methods, int methods_size, int max_calls, int max_message_bytes,
+                int max_streams, const char* cert, const char* key, const char* client_ca, char* error,
+                int error_size) {
+  std::vector<std::string> names;
+  for (int start = 0; start < methods_size;) {
+    std::string name(methods + start);
+    start += static_cast<int>(name.size()) + 1;
+    names.push_back(name);
+  }
+  auto handle = std::make_unique<Handle>();
+  handle->transport = std::make_unique<Transport>(names, max_calls);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (cert[0] != '\0') {
+    grpc::SslServerCredentialsOptions options(client_ca[0] != '\0'
+                                                  ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                                  : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    options.pem_root_certs = client_ca;
+    options.pem_key_cert_pairs.push_back({key, cert});
+    credentials = grpc::SslServerCredentials(options);
+  }
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, credentials, &handle->port);
+  builder.SetMaxReceiveMessageSize(max_message_bytes);
+  builder.SetMaxSendMessageSize(max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, max_streams);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port fails here, never shared
+  builder.RegisterCallbackGenericService(handle->transport.get());
+  handle->server = builder.BuildAndStart();
+  if (!handle->server || handle->port == 0) {
+    CopyError(std::string("cannot listen on ") + address, error, error_size);
+    return nullptr;
+  }
+  return handle.release();
+}
+
+int bsn_port(void* handle) { return static_cast<Handle*>(handle)->port; }
+
+// Blocks up to `timeout_s` (call it without Python's lock: ctypes releases it) for calls; takes up to
+// `max_calls`. Each taken call is [u64 id][f64 seconds to its deadline, -1: none][i32 method][u32 size][request].
+// Returns how many were taken (their records at *data, *size bytes, valid until the next bsn_next), 0 when
+// none came in time, -1 once the transport is closed and nothing is queued.
+int bsn_next(void* handle, double timeout_s, int max_calls, const char** data, int64_t* size) {
+  Transport* transport = static_cast<Handle*>(handle)->transport.get();
+  int taken = transport->Next(timeout_s, max_calls);
+  *data = transport->batch().data();
+  *size = static_cast<int64_t>(transport->batch().size());
+  return taken;
+}
+
+// Answers call `id` with `size` bytes of reply; returns 0 when the call had ended already (cancelled, or
+// the grace period was over).
+int bsn_reply(void* handle, uint64_t id, const char* data, int64_t size) {
+  Call* call = static_cast<Handle*>(handle)->transport->Take(id);
+  if (call == nullptr) return 0;
+  call->Reply(reinterpret_cast<const uint8_t*>(data), static_cast<size_t>(size));
+  return 1;
+}
+
+// Ends call `id` with gRPC status `code` and `message`; 0 when it had ended already.
+int bsn_fail(void* handle, uint64_t id, int code, const char* message) {
+  Call* call = static_cast<Handle*>(handle)->transport->Take(id);
+  if (call == nullptr) return 0;
+  call->End(grpc::Status(static_cast<grpc::StatusCode>(code), message));
+  return 1;
+}
+
+int bsn_held(void* handle) { return static_cast<Handle*>(handle)->transport->held(); }
+
+// New calls get UNAVAILABLE from now on; the held ones are still answered.
+void bsn_drain(void* handle) { static_cast<Handle*>(handle)->transport->StartDraining(); }
+
+// Ends what is still held with UNAVAILABLE, stops the server (waiting at most `grace_s` for calls gRPC is
+// finishing) and wakes the taker (bsn_next returns -1). Blocks: call it without Python's lock.
+void bsn_stop(void* handle, double grace_s) {
+  Handle* h = static_cast<Handle*>(handle);
+  h->transport->StartDraining();
+  h->transport->EndAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server stopped"));
+  auto deadline = std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                                         std::chrono::duration<double>(grace_s));
+  h->server->Shutdown(deadline);
+  h->transport->Close();
+}
+
+// Frees the server; only after bsn_stop and once no thread is in bsn_next.
+void bsn_free(void* handle) {
+  Handle* h = static_cast<Handle*>(handle);
+  h->server->Wait();
+  delete h;
+}
+
+}  // extern "C"

@@ -1,0 +1,148 @@
+"""The native gRPC transport (transport.cc, built on first use and loaded with ctypes): a C++ gRPC server
+whose calls Python takes in groups and answers one by one with bytes or a status.
+
+ctypes releases Python's lock for each foreign call, so `take` waits without holding it, and gRPC's own
+threads run beside the interpreter."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertserve.service.grpc.native.build import NativeUnavailable, built, cached
+
+SOURCE = Path(__file__).with_name("transport.cc")
+_HEAD = struct.Struct("<QdiI")  # call id, seconds to its deadline (-1: none), method index, request size
+_ERROR_BYTES = 512
+
+__all__ = ["NativeTransport", "NativeUnavailable", "TakenCall", "library"]
+
+
+@dataclass(frozen=True, slots=True)
+class TakenCall:
+    id: int
+    timeout_s: float | None  # from when it was taken; None: no deadline
+    method: int  # index into the transport's methods
+    request: bytes
+
+
+def _loads(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        ctypes.CDLL(str(path))
+    except OSError:  # a gRPC library since removed or upgraded
+        return False
+    return True
+
+
+_LIBRARY: ctypes.CDLL | None = None
+
+
+def library() -> ctypes.CDLL:
+    """The transport's library, built on first use (a few seconds; NativeUnavailable says what is missing)."""
+    global _LIBRARY
+    if _LIBRARY is None:
+        lib = ctypes.CDLL(str(built(SOURCE, cached(SOURCE, "bertserve-native", ".so"), _loads, shared=True)))
+        c = ctypes
+        signatures = {
+            "bsn_start": (
+                c.c_void_p,
+                [c.c_char_p, c.c_char_p, c.c_int, c.c_int, c.c_int, c.c_int]
+                + [c.c_char_p] * 3
+                + [c.c_char_p, c.c_int],
+            ),
+            "bsn_port": (c.c_int, [c.c_void_p]),
+            "bsn_next": (
+                c.c_int,
+                [c.c_void_p, c.c_double, c.c_int, c.POINTER(c.c_void_p), c.POINTER(c.c_int64)],
+            ),
+            "bsn_reply": (c.c_int, [c.c_void_p, c.c_uint64, c.c_char_p, c.c_int64]),
+            "bsn_fail": (c.c_int, [c.c_void_p, c.c_uint64, c.c_int, c.c_char_p]),
+            "bsn_held": (c.c_int, [c.c_void_p]),
+            "bsn_drain": (None, [c.c_void_p]),
+            "bsn_stop": (None, [c.c_void_p, c.c_double]),
+            "bsn_free": (None, [c.c_void_p]),
+        }
+        for name, (result, arguments) in signatures.items():
+            function = getattr(lib, name)
+            function.restype, function.argtypes = result, arguments
+        _LIBRARY = lib
+    return _LIBRARY
+
+
+class NativeTransport:
+    """One listening port. `methods`: the full method names served ("/pkg.Service/Method"; any other gets
+    UNIMPLEMENTED); `max_calls`: calls held at once (beyond: RESOURCE_EXHAUSTED before the request is
+    queued). One thread takes calls; any thread answers them."""
+
+    def __init__(
+        self,
+        address: str,
+        methods: list[str],
+        max_calls: int,
+        max_message_bytes: int,
+        max_streams: int,
+        tls: tuple[bytes, bytes, bytes] | None = None,
+    ):
+        """`tls`: (certificate chain, private key, client CA or b"") in PEM. Raises OSError when the port
+        cannot be had, NativeUnavailable when the library cannot be built."""
+        self._lib = library()
+        names = b"".join(m.encode() + b"\0" for m in methods)
+        cert, key, ca = tls or (b"", b"", b"")
+        error = ctypes.create_string_buffer(_ERROR_BYTES)
+        self._handle = self._lib.bsn_start(
+            address.encode(), names, len(names), max_calls, max_message_bytes, max_streams,
+            cert, key, ca, error, _ERROR_BYTES,
+        )  # fmt: skip
+        if not self._handle:
+            raise OSError(error.value.decode(errors="replace"))
+        self.port = self._lib.bsn_port(self._handle)
+        self._data, self._size = ctypes.c_void_p(), ctypes.c_int64()
+
+    def take(self, timeout_s: float, max_calls: int) -> list[TakenCall] | None:
+        """Up to `max_calls` calls, waiting up to `timeout_s` for one ([] if none came); None once stopped."""
+        taken = self._lib.bsn_next(self._handle, timeout_s, max_calls, self._data, self._size)
+        if taken < 0:
+            return None
+        if taken == 0:
+            return []
+        data = ctypes.string_at(self._data, self._size.value)
+        calls, offset = [], 0
+        for _ in range(taken):
+            call, timeout_s, method, size = _HEAD.unpack_from(data, offset)
+            offset += _HEAD.size
+            calls.append(
+                TakenCall(call, None if timeout_s < 0 else timeout_s, method, data[offset : offset + size])
+            )
+            offset += size
+        return calls
+
+    def reply(self, call: int, data: bytes) -> bool:
+        """Answers `call`; False when it had ended (cancelled by its client, or the server stopped)."""
+        return bool(self._lib.bsn_reply(self._handle, call, data, len(data)))
+
+    def fail(self, call: int, code: int, message: str) -> bool:
+        """Ends `call` with status `code` (grpc.StatusCode's number) and `message`."""
+        return bool(self._lib.bsn_fail(self._handle, call, code, message.encode(errors="replace")))
+
+    @property
+    def held(self) -> int:
+        """Calls accepted and not yet done."""
+        return self._lib.bsn_held(self._handle)
+
+    def drain(self) -> None:
+        """New calls get UNAVAILABLE; those held are still answered."""
+        self._lib.bsn_drain(self._handle)
+
+    def stop(self, grace_s: float) -> None:
+        """Blocking: ends what is held with UNAVAILABLE and stops the server; `take` returns None after."""
+        self._lib.bsn_stop(self._handle, grace_s)
+
+    def free(self) -> None:
+        """After `stop`, once no thread is in `take`."""
+        if self._handle:
+            self._lib.bsn_free(self._handle)
+            self._handle = None

@@ -1,0 +1,241 @@
+"""The native port (setting `native_port`, service/grpc/native/): plain Embed calls through gRPC's C++ server,
+checked, batched and answered as the main port answers them."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from bertserve.service.errors import StartupError
+from bertserve.service.settings import load_settings
+from bertserve.v1 import inference_pb2 as pb
+from tests.helpers.server import GatedBatches, ServerThread, metric, scrape, wait_for
+
+MODEL = "tiny-embed"
+EMBED = "/bertserve.v1.Inference/Embed"
+TEXTS = ["the cat sat", "a longer sentence about dogs and cats and birds", "x", "hello world " * 5]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repo):
+    with ServerThread(
+        model_repo=tiny_repo, models=[MODEL], native_port=0, max_queue_delay_ms=5, max_inputs_per_request=8,
+        max_input_chars=500, max_queue_inputs=24,
+    ) as running:  # fmt: skip
+        yield running
+
+
+def _embed(port: int, request: pb.EmbedRequest | bytes, timeout: float = 30) -> pb.EmbedResponse:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(
+            EMBED,
+            request_serializer=lambda r: r if isinstance(r, bytes) else r.SerializeToString(),
+            response_deserializer=pb.EmbedResponse.FromString,
+        )
+        return call(request, timeout=timeout)
+
+
+def _code(port: int, request, timeout: float = 30) -> tuple[grpc.StatusCode, str]:
+    try:
+        _embed(port, request, timeout)
+    except grpc.RpcError as error:
+        return error.code(), error.details()
+    return grpc.StatusCode.OK, ""
+
+
+def _ports(server) -> tuple[int, int]:
+    return server.server.port, server.server.native_port
+
+
+def test_answers_equal_the_main_ports(server):
+    main, native = _ports(server)
+    requests = [
+        pb.EmbedRequest(inputs=TEXTS),
+        pb.EmbedRequest(inputs=TEXTS[:2], normalize=True, model=MODEL),
+        pb.EmbedRequest(inputs=TEXTS[2:], normalize=False),
+        pb.EmbedRequest(inputs=["w " * 240], truncate=True),
+    ]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # several native calls in one group
+        natives = list(pool.map(lambda r: _embed(native, r), requests * 2))
+    for request, got in zip(requests * 2, natives, strict=True):
+        expected = _embed(main, request)
+        assert got.dimension == expected.dimension > 0
+        want = np.array([e.values for e in expected.embeddings])
+        assert np.abs(np.array([e.values for e in got.embeddings]) - want).max() <= 1e-5
+        for field in ("model", "model_version", "total_tokens", "input_tokens", "truncated"):
+            assert getattr(got.metadata, field) == getattr(expected.metadata, field), field
+        assert got.metadata.batches >= 1 and got.metadata.inference_time_ms > 0
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pb.EmbedRequest(inputs=["a"] * 9),  # max_inputs_per_request 8
+        pb.EmbedRequest(inputs=["a" * 501]),  # max_input_chars 500
+        pb.EmbedRequest(inputs=["w " * 240]),  # beyond max_length without truncate
+        pb.EmbedRequest(inputs=["a"], model="no-such-model"),
+        pb.EmbedRequest(inputs=[]),
+        b"\xff\xff\xff",  # not a protobuf message
+    ],
+    ids=["count", "chars", "tokens", "model", "empty", "bytes"],
+)
+def test_refusals_equal_the_main_ports(server, request_):
+    main, native = _ports(server)
+    code, details = _code(native, request_)
+    assert code != grpc.StatusCode.OK
+    assert (code, details) == _code(main, request_)
+    assert len(_embed(native, pb.EmbedRequest(inputs=["still serving"])).embeddings) == 1
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (pb.EmbedRequest(inputs=["a"], options=pb.EmbedOptions()), "options"),
+        (pb.EmbedRequest(token_ids=[pb.TokenIds(ids=[1, 2])]), "token_ids"),
+    ],
+)
+def test_calls_beyond_plain_embed_are_refused_naming_the_field(server, request_, field):
+    code, details = _code(server.server.native_port, request_)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"{field}: ")
+
+
+def test_other_methods_are_unimplemented(server):
+    with (
+        grpc.insecure_channel(f"127.0.0.1:{server.server.native_port}") as channel,
+        pytest.raises(grpc.RpcError) as failure,
+    ):
+        channel.unary_unary("/bertserve.v1.Inference/Info")(pb.InfoRequest().SerializeToString(), timeout=10)
+    assert failure.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_native_calls_share_batches_with_the_main_ports(server):
+    """While a batch computes and another waits for the instance (cut ahead), a main-port call and a native
+    call queue: the batch after holds both."""
+    main, native = _ports(server)
+    model = server.server.core.registry.by_name[MODEL]
+    sizes: list[int] = []
+    with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        compute = gate._compute
+        gate._compute = lambda batch: (sizes.append(len(batch)), compute(batch))[1]
+        first = pool.submit(_embed, main, pb.EmbedRequest(inputs=["held at the gate"]))
+        assert gate.computing.wait(30)
+        ahead = pool.submit(_embed, main, pb.EmbedRequest(inputs=["cut ahead"]))
+        wait_for(lambda: len(model.batcher._running) == 2)
+        later = [pool.submit(_embed, port, pb.EmbedRequest(inputs=["queued"])) for port in (main, native)]
+        wait_for(lambda: model.batcher.depth >= 2)
+        gate.release()
+        answers = [f.result(30) for f in (first, ahead, *later)]
+    assert sizes[:3] == [1, 1, 2]
+    assert all(len(a.embeddings) == 1 for a in answers)
+
+
+def test_the_queue_bound_is_the_main_ports(server):
+    """max_queue_inputs (24) holds for both ports together: with the queue full of native inputs, a call on
+    either port is refused at once with the main port's message."""
+    main, native = _ports(server)
+    model = server.server.core.registry.by_name[MODEL]
+    with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(5) as pool:
+        first = pool.submit(_embed, main, pb.EmbedRequest(inputs=["held"]))
+        assert gate.computing.wait(30)
+        fill = [pool.submit(_embed, native, pb.EmbedRequest(inputs=["q"] * 8))]
+        wait_for(lambda: len(model.batcher._running) == 2)  # that call's batch is cut ahead
+        fill += [pool.submit(_embed, native, pb.EmbedRequest(inputs=["q"] * 8)) for _ in range(3)]
+        wait_for(lambda: model.batcher.depth >= 24)
+        refused = [_code(port, pb.EmbedRequest(inputs=["a"])) for port in (main, native)]
+        gate.release()
+        for f in (first, *fill):
+            f.result(30)
+    for code, details in refused:
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_queue_inputs 24" in details
+
+
+def test_calls_held_by_the_transport_are_bounded(server):
+    """Beyond max_queue_inputs calls held by the C++ server (queued or computing), a call is refused before
+    its request is queued."""
+    native = server.server.native_port
+    model = server.server.core.registry.by_name[MODEL]
+    transport = server.server.native.transport
+    with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(28) as pool:
+        held = [pool.submit(_code, native, pb.EmbedRequest(inputs=["held"])) for _ in range(24)]
+        wait_for(lambda: transport.held >= 24)
+        code, details = _code(native, pb.EmbedRequest(inputs=["one more"]))
+        gate.release()
+        assert all(f.result(30)[0] == grpc.StatusCode.OK for f in held)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "calls are held" in details
+
+
+def test_an_expired_call_gets_deadline_exceeded_and_the_server_goes_on(server):
+    main, native = _ports(server)
+    model = server.server.core.registry.by_name[MODEL]
+    with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_embed, main, pb.EmbedRequest(inputs=["held"]))
+        assert gate.computing.wait(30)
+        code, _ = _code(native, pb.EmbedRequest(inputs=["too late"]), timeout=0.3)
+        gate.release()
+        first.result(30)
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_for(lambda: server.server.native.transport.held == 0)
+    assert len(_embed(native, pb.EmbedRequest(inputs=["next"])).embeddings) == 1
+
+
+def test_native_calls_are_counted_with_the_main_ports(server):
+    native = server.server.native_port
+
+    def counted(code: str) -> float:
+        return metric(scrape(server.metrics_url), "bertserve_requests_total", rpc="Embed", code=code)
+
+    ok, invalid = counted("OK"), counted("INVALID_ARGUMENT")
+    _embed(native, pb.EmbedRequest(inputs=["one"]))
+    _code(native, pb.EmbedRequest(inputs=[]))
+    assert counted("OK") == ok + 1 and counted("INVALID_ARGUMENT") == invalid + 1
+
+
+def test_drain_answers_held_calls_and_refuses_new_ones(tiny_repo):
+    with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, grace_period_s=30) as server:
+        native = server.server.native_port
+        model = server.server.core.registry.by_name[MODEL]
+        with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(2) as pool:
+            held = pool.submit(_embed, native, pb.EmbedRequest(inputs=["held"]))
+            assert gate.computing.wait(30)
+            drained = pool.submit(server.call, server.server.drain)
+            wait_for(lambda: not server.server.lifecycle.accepting)
+            code, _ = _code(native, pb.EmbedRequest(inputs=["new"]))
+            gate.release()
+            assert len(held.result(30).embeddings) == 1
+            assert drained.result(60) is True
+    assert code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_taken_port_fails_at_start(tiny_repo, server):
+    taken = ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=server.server.native_port)
+    with pytest.raises(StartupError, match="setting native_port: cannot listen on"):
+        taken.start()
+
+
+def test_native_port_needs_one_process():
+    with pytest.raises(ValueError, match="native_port needs workers 1"):
+        load_settings(native_port=0, workers=2)
+    assert load_settings(native_port=0, workers="auto").worker_count() == 1
+
+
+def test_many_concurrent_callers_each_get_their_own_answer(server):
+    """64 callers at once, each text distinct: every answer is its own text's (the groups never mix calls up)."""
+    main, native = _ports(server)
+    texts = [f"caller number {i} says {'word ' * (i % 7)}" for i in range(64)]
+    want = {t: np.array(_embed(main, pb.EmbedRequest(inputs=[t])).embeddings[0].values) for t in texts[:8]}
+    barrier = threading.Barrier(16)
+
+    def one(text: str) -> tuple[str, np.ndarray]:
+        if text in want:
+            barrier.wait(30)
+        return text, np.array(_embed(native, pb.EmbedRequest(inputs=[text])).embeddings[0].values)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        got = dict(pool.map(one, texts[:8] * 2 + texts[8:]))
+    for text, vector in want.items():
+        assert np.abs(got[text] - vector).max() <= 1e-5
+    assert len(got) == 64
