@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from bertserve.bench import gpu
 from bertserve.bench.loadgen import Request
 from bertserve.bench.processes import (
     BenchError,
@@ -120,8 +121,9 @@ async def measure(
     """Every workers value's server, started together, then ROUNDS rounds of one phase per server in turn
     (`calls` per server in all), so a machine whose speed drifts slows each alike; a skipped value adds its
     reason to `notes`. `settings`: the bertserve targets' own; the device's sessions are loaded on the CPU
-    and never run."""
-    settings = settings | {"provider": "cpu", "simulated_device_ms": f"{device_ms:g}"}
+    and never run. The servers take a GPU's batch settings (bench/gpu.py: padding is cheap on the device it
+    stands for, launches dear) unless `settings` name them."""
+    settings = gpu.SERVER_SETTINGS | settings | {"provider": "cpu", "simulated_device_ms": f"{device_ms:g}"}
     requests = _calls(single, calls // ROUNDS)
     rows, servers = {}, {}
     try:

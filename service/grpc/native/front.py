@@ -1,7 +1,7 @@
 """bertserve.v1 `Embed` on a port of its own (setting `native_port`), through the native transport: gRPC's
-C++ server holds the calls, one thread takes them in groups, the core checks and tokenizes a group at once
-(service/core/embed_groups.py) and the event loop admits each call to the same encoder queues as the
-main port's calls, so they share batches. Python's work per call is its request's parsing and its reply's
+C++ server holds the calls, the event loop takes them in groups when the transport's eventfd says some
+wait, the core checks and tokenizes a group at once (service/core/embed_groups.py) and each call is
+admitted to the same encoder queues as the main port's calls, so they share batches. Python's work per call is its request's parsing and its reply's
 building; the rest is per group.
 
 Plain calls only (inputs, model, normalize, truncate): a call with `options` or `token_ids` gets
@@ -10,8 +10,9 @@ INVALID_ARGUMENT naming the field, any other method UNIMPLEMENTED (the main port
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import threading
+import os
 import time
 
 import grpc
@@ -20,6 +21,7 @@ from bertserve.service import errors
 from bertserve.service.core.embed_groups import EmbedGroups, PlainEmbed, Prepared
 from bertserve.service.core.lifecycle import Lifecycle
 from bertserve.service.core.results import EmbedResult
+from bertserve.service.core.tokenizing import INLINE_TOKENIZE_CHARS
 from bertserve.service.grpc import v1_messages as messages
 from bertserve.service.grpc.native.transport import NativeTransport, TakenCall
 from bertserve.service.grpc.rpc_status import check_response_size, parse_request, status_message, status_of
@@ -29,7 +31,6 @@ from bertserve.v1 import inference_pb2 as pb
 log = logging.getLogger(__name__)
 
 METHODS = ["/bertserve.v1.Inference/Embed"]
-TAKE_WAIT_S = 0.1  # the taker's longest wait for calls (how soon it sees a stop)
 DRAIN_POLL_S = 0.01  # while draining: how often the calls still held are counted
 UNARY_FIELDS = ("options", "token_ids")  # an Embed request's fields this port refuses
 
@@ -40,11 +41,10 @@ class NativeFront:
         self.metrics = core.metrics
         self.groups = EmbedGroups(core)
         self.transport: NativeTransport | None = None
-        self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self, host: str, port: int, tls: tuple[bytes, bytes, bytes] | None) -> int:
-        """Listens (building the transport on first use) and starts taking calls; returns the port."""
+        """Listens (building the transport on first use) and takes calls as they come; returns the port."""
         s = self.settings
         self._loop = asyncio.get_running_loop()
         self.transport = await self._loop.run_in_executor(
@@ -53,31 +53,44 @@ class NativeFront:
                 f"{host}:{port}", METHODS, s.max_queue_inputs, s.max_message_bytes, s.concurrent_rpcs_limit(), tls,
             ),
         )  # fmt: skip
-        self._thread = threading.Thread(target=self._take, name="bertserve-native", daemon=True)
-        self._thread.start()
+        self._loop.add_reader(self.transport.wakeup_fd, self._take)
         return self.transport.port
 
     def _take(self) -> None:
-        """The taker thread: each group of calls parsed, checked and tokenized here, then admitted on the
-        event loop."""
+        """On the loop, when calls wait: each group parsed and checked here, its calls tokenized here when
+        short (as the core tokenizes a short call on the loop) or on the CPU pool, then admitted."""
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.transport.wakeup_fd, 8)
         limit = self.settings.max_batch_size
-        while (calls := self.transport.take(TAKE_WAIT_S, limit)) is not None:
-            if not calls:
-                continue
+        while calls := self.transport.take(0, limit):
             started = time.perf_counter()
-            plain, taken = [], []
+            short: tuple[list[int], list[PlainEmbed]] = ([], [])
+            long: tuple[list[int], list[PlainEmbed]] = ([], [])
             for call in calls:
                 try:
-                    plain.append(self._plain(call))
-                    taken.append(call.id)
+                    plain = self._plain(call)
                 except errors.ServiceError as exc:  # never entered the lifecycle
                     self._fail(call.id, exc, started)
-            try:
-                prepared = self.groups.prepare(plain)
-            except Exception as exc:  # answered, so no call hangs
-                log.exception("native Embed: preparing calls failed")
-                prepared = [errors.InferenceFailed(f"internal error: {type(exc).__name__}")] * len(plain)
-            self._loop.call_soon_threadsafe(self._submit, taken, prepared, started)
+                    continue
+                self.lifecycle.enter()  # left in `_answer`
+                chars = sum(len(text) for text in plain.texts)
+                group = short if chars <= INLINE_TOKENIZE_CHARS else long
+                group[0].append(call.id)
+                group[1].append(plain)
+            if short[0]:
+                self._submit(short[0], self._prepared(short[1]), started)
+            if long[0]:
+                asyncio.ensure_future(self._prepare_off_loop(long, started))
+
+    def _prepared(self, plain: list[PlainEmbed]) -> list[Prepared | errors.ServiceError]:
+        try:
+            return self.groups.prepare(plain)
+        except Exception as exc:  # answered, so no call hangs
+            log.exception("native Embed: preparing calls failed")
+            return [errors.InferenceFailed(f"internal error: {type(exc).__name__}")] * len(plain)
+
+    async def _prepare_off_loop(self, group: tuple[list[int], list[PlainEmbed]], started: float) -> None:
+        self._submit(group[0], await self.core.off_loop(self._prepared, group[1]), started)
 
     def _plain(self, call: TakenCall) -> PlainEmbed:
         request = parse_request(pb.EmbedRequest, call.request)
@@ -93,7 +106,6 @@ class NativeFront:
 
     def _submit(self, ids: list[int], prepared: list[Prepared | errors.ServiceError], started: float) -> None:
         for call, one in zip(ids, prepared, strict=True):
-            self.lifecycle.enter()  # left in `_answer`
             if isinstance(one, errors.ServiceError):
                 self._answer(call, started, one)
             else:
@@ -138,8 +150,7 @@ class NativeFront:
         until = time.monotonic() + grace_s
         while self.transport.held and time.monotonic() < until:
             await asyncio.sleep(DRAIN_POLL_S)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.transport.stop, max(0.0, until - time.monotonic()))
-        await loop.run_in_executor(None, self._thread.join)
+        self._loop.remove_reader(self.transport.wakeup_fd)
+        await self._loop.run_in_executor(None, self.transport.stop, max(0.0, until - time.monotonic()))
         self.transport.free()
         self.transport = None

@@ -3,6 +3,9 @@
 // ctypes), which answers each call with its reply's bytes or a status. Python's cost is per group of calls,
 // not per call; the per-call work (HTTP/2, the call's life, its deadline and cancellation) stays here.
 //
+// Python learns of new calls from an eventfd (its event loop watches it): it is written when a call arrives
+// to an empty queue that nobody was told of, and told again only after a take found the queue empty.
+//
 // Bounds, all checked before a call's request is read into a queue: at most `max_calls` calls held (queued,
 // with Python or being answered; beyond: RESOURCE_EXHAUSTED at once), requests of at most `max_message_bytes`
 // (gRPC refuses larger ones), at most `max_streams` calls at once on one connection. After bsn_shutdown
@@ -11,6 +14,8 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -70,7 +75,11 @@ struct Queued {
 
 class Transport : public grpc::CallbackGenericService {
  public:
-  Transport(std::vector<std::string> methods, int max_calls) : methods_(std::move(methods)), max_calls_(max_calls) {}
+  Transport(std::vector<std::string> methods, int max_calls)
+      : methods_(std::move(methods)), max_calls_(max_calls), wakeup_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  ~Transport() override { close(wakeup_); }
+
+  int wakeup() const { return wakeup_; }
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
     auto found = std::find(methods_.begin(), methods_.end(), context->method());
@@ -99,12 +108,16 @@ class Transport : public grpc::CallbackGenericService {
   }
 
   void Arrived(Queued&& queued) {
+    bool tell;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (table_.count(queued.id) == 0) return;  // cancelled while its request was read
       queue_.push_back(std::move(queued));
+      tell = !told_;
+      told_ = true;
     }
     arrived_.notify_one();
+    if (tell) Tell();
   }
 
   // The call leaves the table (so exactly one of Python's answer, a cancellation or shutdown ends it).
@@ -126,8 +139,13 @@ class Transport : public grpc::CallbackGenericService {
   // Returns how many, or -1 once closed and empty.
   int Next(double timeout_s, int max_calls) {
     std::unique_lock<std::mutex> lock(mutex_);
-    arrived_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return !queue_.empty() || closed_; });
-    if (queue_.empty()) return closed_ ? -1 : 0;
+    if (timeout_s > 0) {
+      arrived_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return !queue_.empty() || closed_; });
+    }
+    if (queue_.empty()) {
+      told_ = false;  // the next arrival writes the eventfd again
+      return closed_ ? -1 : 0;
+    }
     batch_.clear();
     int taken = 0;
     auto now = std::chrono::system_clock::now();
@@ -165,6 +183,7 @@ class Transport : public grpc::CallbackGenericService {
       closed_ = true;
     }
     arrived_.notify_all();
+    Tell();
   }
 
   // Ends every call still held (the grace period is over): Python's later answers find nothing.
@@ -186,6 +205,11 @@ class Transport : public grpc::CallbackGenericService {
 
  private:
   void Append(const void* data, size_t size) { batch_.append(static_cast<const char*>(data), size); }
+  void Tell() {
+    uint64_t one = 1;
+    if (write(wakeup_, &one, sizeof(one)) < 0) {
+    }  // full (never: the counter is read on each wake-up) or closed: nothing to tell
+  }
 
   std::vector<std::string> methods_;
   int max_calls_;
@@ -198,6 +222,8 @@ class Transport : public grpc::CallbackGenericService {
   size_t held_ = 0;  // calls created and not yet done
   bool draining_ = false;
   bool closed_ = false;
+  bool told_ = false;  // the eventfd was written since the last take that found the queue empty
+  int wakeup_;
 };
 
 void Call::Begin() { StartRead(&request_); }
@@ -284,7 +310,10 @@ void* bsn_start(const char* address, const char* methods, int methods_size, int 
 
 int bsn_port(void* handle) { return static_cast<Handle*>(handle)->port; }
 
-// Blocks up to `timeout_s` (call it without Python's lock: ctypes releases it) for calls; takes up to
+// The eventfd that becomes readable when calls wait to be taken (read it, then take until none is left).
+int bsn_wakeup_fd(void* handle) { return static_cast<Handle*>(handle)->transport->wakeup(); }
+
+// Blocks up to `timeout_s` (0: not at all; ctypes releases Python's lock meanwhile) for calls; takes up to
 // `max_calls`. Each taken call is [u64 id][f64 seconds to its deadline, -1: none][i32 method][u32 size][request].
 // Returns how many were taken (their records at *data, *size bytes, valid until the next bsn_next), 0 when
 // none came in time, -1 once the transport is closed and nothing is queued.

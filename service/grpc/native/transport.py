@@ -1,8 +1,9 @@
 """The native gRPC transport (transport.cc, built on first use and loaded with ctypes): a C++ gRPC server
 whose calls Python takes in groups and answers one by one with bytes or a status.
 
-ctypes releases Python's lock for each foreign call, so `take` waits without holding it, and gRPC's own
-threads run beside the interpreter."""
+An event loop watches `wakeup_fd` and takes what waits without blocking; a thread may instead block in
+`take` (ctypes releases Python's lock for each foreign call, and gRPC's own threads run beside the
+interpreter)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ def library() -> ctypes.CDLL:
                 + [c.c_char_p, c.c_int],
             ),
             "bsn_port": (c.c_int, [c.c_void_p]),
+            "bsn_wakeup_fd": (c.c_int, [c.c_void_p]),
             "bsn_next": (
                 c.c_int,
                 [c.c_void_p, c.c_double, c.c_int, c.POINTER(c.c_void_p), c.POINTER(c.c_int64)],
@@ -100,10 +102,12 @@ class NativeTransport:
         if not self._handle:
             raise OSError(error.value.decode(errors="replace"))
         self.port = self._lib.bsn_port(self._handle)
+        self.wakeup_fd = self._lib.bsn_wakeup_fd(self._handle)  # readable: calls wait to be taken
         self._data, self._size = ctypes.c_void_p(), ctypes.c_int64()
 
     def take(self, timeout_s: float, max_calls: int) -> list[TakenCall] | None:
-        """Up to `max_calls` calls, waiting up to `timeout_s` for one ([] if none came); None once stopped."""
+        """Up to `max_calls` calls, waiting up to `timeout_s` (0: not at all) for one ([] if none came); None
+        once stopped. Taking none re-arms `wakeup_fd` for the next call."""
         taken = self._lib.bsn_next(self._handle, timeout_s, max_calls, self._data, self._size)
         if taken < 0:
             return None
