@@ -80,7 +80,8 @@ bench: setup export-default
 
 # On a machine with an NVIDIA GPU (scripts/gpu-check.sh, under 8 minutes): stops with one line where no GPU is
 # usable; else makes .venv-gpu (make setup, then onnxruntime-gpu), exports the default model and runs the GPU
-# bench with workers 1 and auto (GPU_CHECK_WORKERS=1,2,auto for others) into docs/performance/gpu-<device>/.
+# bench with workers auto and native (GPU_CHECK_WORKERS=1,2,auto,native for others) into
+# docs/performance/gpu-<device>/.
 gpu-check:
 	scripts/gpu-check.sh
 

@@ -116,6 +116,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "simulated-device target always uses per-caller)",
     )
     parser.add_argument(
+        "--front",
+        choices=("main", "native"),
+        default="main",
+        help="where the gRPC bertserve targets' Embed calls go: main, the gRPC port (grpc.aio), or native, "
+        "the native port (plain Embed calls through gRPC's C++ server; needs workers 1)",
+    )
+    parser.add_argument(
         "--server-setting", type=_setting, action="append", default=[], metavar="NAME=VALUE",
         help="extra bertserve setting for the bertserve targets (repeatable), e.g. max_queue_delay_ms=1",
     )  # fmt: skip
@@ -161,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         } | overrides
     common = dict(model_repo=args.model_repo, out=args.out, model=args.model, checkpoint=args.checkpoint,
                   threads=args.threads, server_settings=settings, provider=args.provider,
-                  loadgen=args.loadgen, connections=args.connections)  # fmt: skip
+                  loadgen=args.loadgen, connections=args.connections, front=args.front)  # fmt: skip
     config = (
         BenchConfig.quick_preset(**common, **overrides) if args.quick else BenchConfig(**common, **overrides)
     )

@@ -53,6 +53,9 @@ class BenchConfig:
     # "per-caller", as independent clients (a server with several front processes gets each connection in
     # one of them); the simulated-device target always uses per-caller
     connections: str = "one"
+    # where the gRPC bertserve targets' Embed calls go: "main" (the gRPC port) or "native" (the native port:
+    # plain Embed calls through gRPC's C++ server, service/grpc/native/; one process)
+    front: str = "main"
 
     @property
     def measured_targets(self) -> list[str]:

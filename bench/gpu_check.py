@@ -134,6 +134,7 @@ FIGURES: list[tuple[str, str, Callable[[float], bool] | None, Callable[[dict], f
     ),
     ("fp16 in-process ceiling, inputs/s", "", None, lambda b: _ceiling(b, "fp16")),
     ("front CPU ms per single-input call", "", None, lambda b: _find(b, "front_cpu_ms_per_call")),
+    ("native port CPU ms per single-input call", "", None, lambda b: _find(b, "native_cpu_ms_per_call")),
 ]
 
 

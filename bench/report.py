@@ -44,6 +44,8 @@ def _load_generator(result: dict) -> str:
         "one": "; the sweep's callers on one gRPC connection",
     }
     spread = connections.get(chosen.get("grpc_connections"), "")
+    if chosen.get("front") == "native":
+        spread += "; Embed calls to the native port (gRPC's C++ server)"
     if chosen["kind"] == "native":
         return f"Load generator: the native client (bench/native/loadgen.cc) for the gRPC targets{spread}."
     why = f" ({chosen['native_unavailable']})" if "native_unavailable" in chosen else ""

@@ -33,7 +33,7 @@ from bertserve.bench.flops import corpus_flops, encoder_flops
 from bertserve.bench.loadgen import make_requests
 from bertserve.bench.machine import describe_machine
 from bertserve.bench.model_setup import ModelUnderTest, resolve_model
-from bertserve.bench.processes import bertserve_process, child_pythonpath, naive_process
+from bertserve.bench.processes import bertserve_process, child_pythonpath, free_port, naive_process
 from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun, Workload
 from bertserve.manifest import ENCODER, ENCODER_FP16, ENCODER_INT8
 
@@ -143,9 +143,14 @@ def _servers(config: BenchConfig, model: ModelUnderTest, logs: Path) -> dict:
     }
     for name, (repo, extra, protocol) in variants.items():
         if name in targets and repo is not None:
+            native = config.front == "native" and protocol == "grpc"
+            port = free_port() if native else None
+            if native:
+                extra = extra | {"native_port": str(port)}
             servers[name] = bertserve_process(
                 name, repo, model.spec, config.threads, logs, settings | extra, protocol=protocol
             )
+            servers[name].embed_port = port
     if analysis.NAIVE in targets and model.checkpoint is not None:
         embed = model.manifest.tasks.embed
         servers[analysis.NAIVE] = naive_process(
@@ -283,6 +288,7 @@ async def run(config: BenchConfig) -> dict:
         "server_rss_mb": server.get("rss_mb_after_load"),
         "simulated_two_vs_one_worker": simulated and simulated["two_vs_one_worker"],
         "front_cpu_ms_per_call": simulated and simulated["front_cpu_ms_per_call"],
+        "native_cpu_ms_per_call": simulated and simulated["native_cpu_ms_per_call"],
     }
     result = {
         "bench_version": 1,
@@ -313,7 +319,7 @@ async def run(config: BenchConfig) -> dict:
             "server_settings": config.server_settings,
             "open_rate_rps": open_rate,
             "phase_time_limit_s": config.phase_time_limit_s,
-            "load_generator": loadgen | {"grpc_connections": config.connections},
+            "load_generator": loadgen | {"grpc_connections": config.connections, "front": config.front},
         },  # fmt: skip
         "flops": {
             "per_input_mean_gflop_mixed": corpus_flops(dims, mixed.tokens) / len(mixed.tokens) / 1e9,

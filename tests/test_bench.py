@@ -258,7 +258,7 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
 
     # the simulated device (bench/simulated_device.py): single-input callers per workers value
     simulated = result["simulated_device"]
-    assert list(simulated["workers"]) == ["1", "2", "auto"] and simulated["concurrency"] == 32
+    assert list(simulated["workers"]) == ["1", "2", "auto", "native"] and simulated["concurrency"] == 32
     for workers, row in simulated["workers"].items():
         if "skipped" in row:  # a server without the workers setting: noted, never measured as if it had it
             assert workers != "1" and f"simulated-device: {row['skipped']}" in result["notes"]
@@ -276,12 +276,20 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
         seconds = sum(phase["seconds"] for phase in rounds)
         assert math.isclose(row["inputs_per_s"], row["calls"] / seconds), workers  # pooled over the rounds
     widest = max(
-        (r for r in simulated["workers"].values() if "skipped" not in r), key=lambda r: r["processes"]
+        (r for w, r in simulated["workers"].items() if "skipped" not in r and w != "native"),
+        key=lambda r: r["processes"],
+    )
+    native = simulated["workers"]["native"]  # one process, its load on the native port
+    assert native["processes"] == 1 and simulated["native_cpu_ms_per_call"] == native["cpu_ms_per_call"]
+    assert (
+        simulated["native_vs_one_worker"]
+        == native["inputs_per_s"] / simulated["workers"]["1"]["inputs_per_s"]
     )
     assert result["front_cpu_ms_per_call"] == simulated["front_cpu_ms_per_call"] == widest["cpu_ms_per_call"]
     goals = {g["metric"]: g["measured"] for g in result["goals"]}
     assert goals["front_cpu_ms_per_call"] == result["front_cpu_ms_per_call"]
     assert goals["simulated_two_vs_one_worker"] == simulated["two_vs_one_worker"]
+    assert goals["native_cpu_ms_per_call"] == simulated["native_cpu_ms_per_call"]
 
     table = (out / "bench.md").read_text()
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table

@@ -168,6 +168,26 @@ def test_calls_held_by_the_transport_are_bounded(server):
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "calls are held" in details
 
 
+def test_request_bytes_held_are_bounded(tiny_repo):
+    """Beyond max_request_bytes_in_flight of requests held (a lone call is always admitted), a call is
+    refused once its request is read."""
+    with ServerThread(
+        model_repo=tiny_repo, models=[MODEL], native_port=0, max_request_bytes_in_flight=4096,
+        max_input_chars=5000, max_message_bytes=8192, http_max_body_bytes_in_flight=8192,
+    ) as server:  # fmt: skip
+        native = server.server.native_port
+        model = server.server.core.registry.by_name[MODEL]
+        big = pb.EmbedRequest(inputs=["w " * 1500], truncate=True)  # about 3 KB
+        with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = pool.submit(_embed, native, big)
+            assert gate.computing.wait(30)
+            code, details = _code(native, big)
+            gate.release()
+            assert len(first.result(30).embeddings) == 1
+        assert len(_embed(native, big).embeddings) == 1  # the bytes were given back
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_request_bytes_in_flight 4096" in details
+
+
 def test_an_expired_call_gets_deadline_exceeded_and_the_server_goes_on(server):
     main, native = _ports(server)
     model = server.server.core.registry.by_name[MODEL]

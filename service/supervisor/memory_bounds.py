@@ -23,7 +23,7 @@ JSON_PARSE_COPIES = 4  # the body, its decoded text, the pre-count's copy and th
 
 def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
     """Bytes per term: HTTP connections (request heads and pipelined bytes), HTTP bodies held, JSON bodies
-    being parsed, gRPC request messages held by unary calls, and EmbedStreams."""
+    being parsed, gRPC request messages held by unary calls, EmbedStreams, and the native port's requests."""
     header_bytes = HttpLimits(max_body_bytes=settings.max_message_bytes).max_header_bytes
     per_connection = 2 * header_bytes + 2 * READ_BYTES + CONNECTION_OBJECTS + (TLS_READ_BUFFER if tls else 0)
     message = settings.max_message_bytes
@@ -33,7 +33,11 @@ def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
         "http_json_parsing": JSON_PARSERS * JSON_PARSE_COPIES * message,
         "grpc_requests": 2 * (settings.max_request_bytes_in_flight + message),  # as received, and parsed
         "streams": streams_bound(settings, dimension),
+        # the native port's own budget (service/grpc/native/): as received, then taken and parsed
+        "native_requests": 2 * (settings.max_request_bytes_in_flight + message),
     }
+    if settings.native_port < 0:
+        del terms["native_requests"]
     if settings.http_port < 0:
         terms = {name: size for name, size in terms.items() if not name.startswith("http_")}
     return terms

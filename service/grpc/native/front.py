@@ -50,7 +50,8 @@ class NativeFront:
         self.transport = await self._loop.run_in_executor(
             None,
             lambda: NativeTransport(
-                f"{host}:{port}", METHODS, s.max_queue_inputs, s.max_message_bytes, s.concurrent_rpcs_limit(), tls,
+                f"{host}:{port}", METHODS, s.max_queue_inputs, s.max_request_bytes_in_flight, s.max_message_bytes,
+                s.concurrent_rpcs_limit(), tls,
             ),
         )  # fmt: skip
         self._loop.add_reader(self.transport.wakeup_fd, self._take)

@@ -6,9 +6,10 @@
 // Python learns of new calls from an eventfd (its event loop watches it): it is written when a call arrives
 // to an empty queue that nobody was told of, and told again only after a take found the queue empty.
 //
-// Bounds, all checked before a call's request is read into a queue: at most `max_calls` calls held (queued,
-// with Python or being answered; beyond: RESOURCE_EXHAUSTED at once), requests of at most `max_message_bytes`
-// (gRPC refuses larger ones), at most `max_streams` calls at once on one connection. After bsn_shutdown
+// Bounds: at most `max_calls` calls held (queued, with Python or being answered; beyond: RESOURCE_EXHAUSTED
+// before the request is read), at most `max_request_bytes` of their requests (beyond: RESOURCE_EXHAUSTED as
+// it is read, unless it is the only one), requests of at most `max_message_bytes` (gRPC refuses larger
+// ones), at most `max_streams` calls at once on one connection. After bsn_shutdown
 // starts, new calls get UNAVAILABLE; the held ones are answered until the grace period ends, then
 // cancelled.
 #include <grpcpp/generic/async_generic_service.h>
@@ -75,8 +76,11 @@ struct Queued {
 
 class Transport : public grpc::CallbackGenericService {
  public:
-  Transport(std::vector<std::string> methods, int max_calls)
-      : methods_(std::move(methods)), max_calls_(max_calls), wakeup_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  Transport(std::vector<std::string> methods, int max_calls, int64_t max_request_bytes)
+      : methods_(std::move(methods)),
+        max_calls_(max_calls),
+        max_request_bytes_(max_request_bytes),
+        wakeup_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
   ~Transport() override { close(wakeup_); }
 
   int wakeup() const { return wakeup_; }
@@ -100,24 +104,37 @@ class Transport : public grpc::CallbackGenericService {
       }
       uint64_t id = ++last_id_;
       call = new Call(this, context, id, static_cast<int>(found - methods_.begin()));
-      table_.emplace(id, call);
+      table_.emplace(id, Held{call, 0});
       ++held_;
     }
     call->Begin();
     return call;
   }
 
-  void Arrived(Queued&& queued) {
+  // False when the bytes held would pass the bound (the caller refuses the call).
+  bool Arrived(Queued&& queued) {
     bool tell;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (table_.count(queued.id) == 0) return;  // cancelled while its request was read
+      auto found = table_.find(queued.id);
+      if (found == table_.end()) return true;  // cancelled while its request was read
+      int64_t size = static_cast<int64_t>(queued.request.size());
+      if (bytes_ > 0 && bytes_ + size > max_request_bytes_) return false;
+      found->second.bytes = size;
+      bytes_ += size;
       queue_.push_back(std::move(queued));
       tell = !told_;
       told_ = true;
     }
     arrived_.notify_one();
     if (tell) Tell();
+    return true;
+  }
+
+  std::string BytesRefusal() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::to_string(bytes_) + " bytes of requests are held, max_request_bytes_in_flight " +
+           std::to_string(max_request_bytes_) + "; retry later";
   }
 
   // The call leaves the table (so exactly one of Python's answer, a cancellation or shutdown ends it).
@@ -125,7 +142,8 @@ class Transport : public grpc::CallbackGenericService {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = table_.find(id);
     if (found == table_.end()) return nullptr;
-    Call* call = found->second;
+    Call* call = found->second.call;
+    bytes_ -= found->second.bytes;
     table_.erase(found);
     return call;
   }
@@ -191,8 +209,9 @@ class Transport : public grpc::CallbackGenericService {
     std::vector<Call*> calls;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& entry : table_) calls.push_back(entry.second);
+      for (auto& entry : table_) calls.push_back(entry.second.call);
       table_.clear();
+      bytes_ = 0;
       queue_.clear();
     }
     for (Call* call : calls) call->End(status);
@@ -213,9 +232,15 @@ class Transport : public grpc::CallbackGenericService {
 
   std::vector<std::string> methods_;
   int max_calls_;
+  int64_t max_request_bytes_;
+  int64_t bytes_ = 0;  // requests of the calls held
   std::mutex mutex_;
   std::condition_variable arrived_;
-  std::unordered_map<uint64_t, Call*> table_;  // calls not yet answered
+  struct Held {
+    Call* call;
+    int64_t bytes;  // of its request, once read
+  };
+  std::unordered_map<uint64_t, Held> table_;  // calls not yet answered
   std::deque<Queued> queue_;                   // arrived, not yet taken by Python
   std::string batch_;                          // the last group taken (one taker thread)
   uint64_t last_id_ = 0;
@@ -242,7 +267,9 @@ void Call::OnReadDone(bool ok) {
   queued.request.reserve(request_.Length());
   for (const grpc::Slice& slice : slices) queued.request.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
   request_.Clear();
-  transport_->Arrived(std::move(queued));
+  if (!transport_->Arrived(std::move(queued)) && transport_->Take(id_) != nullptr) {
+    Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, transport_->BytesRefusal()));
+  }
 }
 
 void Call::OnCancel() {
@@ -273,8 +300,8 @@ extern "C" {
 // `methods`: NUL-separated full method names ("/package.Service/Method"), `methods_size` bytes in all; a
 // call's method is its index there. PEM strings empty: no TLS; `client_ca` set: clients must present a
 // certificate it signed. Returns NULL with `error` filled when the port cannot be had.
-void* bsn_start(const char* address, const char* methods, int methods_size, int max_calls, int max_message_bytes,
-                int max_streams, const char* cert, const char* key, const char* client_ca, char* error,
+void* bsn_start(const char* address, const char* methods, int methods_size, int max_calls,
+                int64_t max_request_bytes, int max_message_bytes, int max_streams, const char* cert, const char* key, const char* client_ca, char* error,
                 int error_size) {
   std::vector<std::string> names;
   for (int start = 0; start < methods_size;) {
@@ -283,7 +310,7 @@ void* bsn_start(const char* address, const char* methods, int methods_size, int 
     names.push_back(name);
   }
   auto handle = std::make_unique<Handle>();
-  handle->transport = std::make_unique<Transport>(names, max_calls);
+  handle->transport = std::make_unique<Transport>(names, max_calls, max_request_bytes);
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (cert[0] != '\0') {
     grpc::SslServerCredentialsOptions options(client_ca[0] != '\0'

@@ -51,7 +51,7 @@ def library() -> ctypes.CDLL:
         signatures = {
             "bsn_start": (
                 c.c_void_p,
-                [c.c_char_p, c.c_char_p, c.c_int, c.c_int, c.c_int, c.c_int]
+                [c.c_char_p, c.c_char_p, c.c_int, c.c_int, c.c_int64, c.c_int, c.c_int]
                 + [c.c_char_p] * 3
                 + [c.c_char_p, c.c_int],
             ),
@@ -78,13 +78,15 @@ def library() -> ctypes.CDLL:
 class NativeTransport:
     """One listening port. `methods`: the full method names served ("/pkg.Service/Method"; any other gets
     UNIMPLEMENTED); `max_calls`: calls held at once (beyond: RESOURCE_EXHAUSTED before the request is
-    queued). One thread takes calls; any thread answers them."""
+    read); `max_request_bytes`: bytes of their requests (beyond: RESOURCE_EXHAUSTED once read, unless it is
+    the only one). One thread takes calls; any thread answers them."""
 
     def __init__(
         self,
         address: str,
         methods: list[str],
         max_calls: int,
+        max_request_bytes: int,
         max_message_bytes: int,
         max_streams: int,
         tls: tuple[bytes, bytes, bytes] | None = None,
@@ -96,7 +98,7 @@ class NativeTransport:
         cert, key, ca = tls or (b"", b"", b"")
         error = ctypes.create_string_buffer(_ERROR_BYTES)
         self._handle = self._lib.bsn_start(
-            address.encode(), names, len(names), max_calls, max_message_bytes, max_streams,
+            address.encode(), names, len(names), max_calls, max_request_bytes, max_message_bytes, max_streams,
             cert, key, ca, error, _ERROR_BYTES,
         )  # fmt: skip
         if not self._handle:
