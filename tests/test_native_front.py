@@ -14,6 +14,7 @@ from bertserve.service.errors import StartupError
 from bertserve.service.settings import load_settings
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.server import GatedBatches, ServerThread, metric, scrape, wait_for
+from tests.test_server_tls import pki  # noqa: F401 (the certificates fixture)
 
 MODEL = "tiny-embed"
 EMBED = "/bertserve.v1.Inference/Embed"
@@ -188,6 +189,32 @@ def test_request_bytes_held_are_bounded(tiny_repo):
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_request_bytes_in_flight 4096" in details
 
 
+def test_calls_whose_request_never_comes_hold_no_room_and_time_out(tiny_repo):
+    """Calls that open and never send their request (more than max_queue_inputs of them) leave room for
+    others and end with DEADLINE_EXCEEDED after http_read_timeout_s."""
+    with ServerThread(
+        model_repo=tiny_repo, models=[MODEL], native_port=0, max_queue_inputs=4, http_read_timeout_s=1.0
+    ) as server:  # fmt: skip
+        native, never = server.server.native_port, threading.Event()
+
+        def silent():
+            never.wait(60)
+            yield from ()
+
+        with grpc.insecure_channel(f"127.0.0.1:{native}") as channel:
+            open_only = channel.stream_unary(EMBED)
+            stalled = [open_only.future(silent(), timeout=30) for _ in range(8)]
+            try:
+                assert len(_embed(native, pb.EmbedRequest(inputs=["served beside them"])).embeddings) == 1
+                codes = [(f.exception(20).code(), f.exception().details()) for f in stalled]
+            finally:
+                never.set()
+    assert (
+        codes
+        == [(grpc.StatusCode.DEADLINE_EXCEEDED, "the request did not arrive within the read timeout")] * 8
+    )
+
+
 def test_an_expired_call_gets_deadline_exceeded_and_the_server_goes_on(server):
     main, native = _ports(server)
     model = server.server.core.registry.by_name[MODEL]
@@ -259,3 +286,15 @@ def test_many_concurrent_callers_each_get_their_own_answer(server):
     for text, vector in want.items():
         assert np.abs(got[text] - vector).max() <= 1e-5
     assert len(got) == 64
+
+
+def test_tls_with_the_servers_certificate(tiny_repo, pki):  # noqa: F811
+    settings = dict(tls_cert=pki / "server.pem", tls_key=pki / "server-key.pem")
+    with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, **settings) as server:
+        address = f"127.0.0.1:{server.server.native_port}"
+        credentials = grpc.ssl_channel_credentials(root_certificates=(pki / "ca.pem").read_bytes())
+        with grpc.secure_channel(address, credentials) as channel:
+            call = channel.unary_unary(EMBED, response_deserializer=pb.EmbedResponse.FromString)
+            reply = call(pb.EmbedRequest(inputs=["over TLS"]).SerializeToString(), timeout=30)
+        code, _ = _code(server.server.native_port, pb.EmbedRequest(inputs=["in plain text"]), timeout=5)
+    assert len(reply.embeddings) == 1 and code == grpc.StatusCode.UNAVAILABLE

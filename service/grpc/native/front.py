@@ -51,7 +51,7 @@ class NativeFront:
             None,
             lambda: NativeTransport(
                 f"{host}:{port}", METHODS, s.max_queue_inputs, s.max_request_bytes_in_flight, s.max_message_bytes,
-                s.concurrent_rpcs_limit(), tls,
+                s.concurrent_rpcs_limit(), s.http_read_timeout_s, tls,
             ),
         )  # fmt: skip
         self._loop.add_reader(self.transport.wakeup_fd, self._take)

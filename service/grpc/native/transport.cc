@@ -6,12 +6,11 @@
 // Python learns of new calls from an eventfd (its event loop watches it): it is written when a call arrives
 // to an empty queue that nobody was told of, and told again only after a take found the queue empty.
 //
-// Bounds: at most `max_calls` calls held (queued, with Python or being answered; beyond: RESOURCE_EXHAUSTED
-// before the request is read), at most `max_request_bytes` of their requests (beyond: RESOURCE_EXHAUSTED as
-// it is read, unless it is the only one), requests of at most `max_message_bytes` (gRPC refuses larger
-// ones), at most `max_streams` calls at once on one connection. After bsn_shutdown
-// starts, new calls get UNAVAILABLE; the held ones are answered until the grace period ends, then
-// cancelled.
+// Bounds: requests of at most `max_message_bytes` (gRPC refuses larger ones), at most `max_streams` calls at
+// once on one connection, each request within `read_timeout_s` of the call's start (else DEADLINE_EXCEEDED:
+// a call that never sends one holds nothing for longer); once a request is read, at most `max_calls` calls
+// held (queued, with Python or being answered) and `max_request_bytes` of their requests (a lone call always
+// fits), else RESOURCE_EXHAUSTED. After bsn_drain, new calls get UNAVAILABLE; bsn_stop ends the rest.
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
@@ -19,7 +18,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -28,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -74,14 +73,22 @@ struct Queued {
   std::string request;
 };
 
+using Steady = std::chrono::steady_clock;
+
 class Transport : public grpc::CallbackGenericService {
  public:
-  Transport(std::vector<std::string> methods, int max_calls, int64_t max_request_bytes)
+  Transport(std::vector<std::string> methods, int max_calls, int64_t max_request_bytes, double read_timeout_s)
       : methods_(std::move(methods)),
         max_calls_(max_calls),
         max_request_bytes_(max_request_bytes),
-        wakeup_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
-  ~Transport() override { close(wakeup_); }
+        read_timeout_(std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(read_timeout_s))),
+        wakeup_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+        reaper_([this] { Reap(); }) {}
+  ~Transport() override {
+    Close();
+    reaper_.join();
+    close(wakeup_);
+  }
 
   int wakeup() const { return wakeup_; }
 
@@ -97,44 +104,41 @@ class Transport : public grpc::CallbackGenericService {
       if (draining_) {
         return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
       }
-      if (static_cast<int>(held_) >= max_calls_) {
-        return new Refusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                        std::to_string(held_) + " calls are held, max_queue_inputs " +
-                                            std::to_string(max_calls_) + "; retry later"));
-      }
       uint64_t id = ++last_id_;
       call = new Call(this, context, id, static_cast<int>(found - methods_.begin()));
-      table_.emplace(id, Held{call, 0});
-      ++held_;
+      table_.emplace(id, Held{call, 0, Steady::now(), false});
     }
     call->Begin();
     return call;
   }
 
-  // False when the bytes held would pass the bound (the caller refuses the call).
-  bool Arrived(Queued&& queued) {
+  // The call's request is read: queued for Python, or why it is refused (RESOURCE_EXHAUSTED).
+  std::string Arrived(Queued&& queued) {
     bool tell;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto found = table_.find(queued.id);
-      if (found == table_.end()) return true;  // cancelled while its request was read
+      if (found == table_.end()) return "";  // ended while its request was read
       int64_t size = static_cast<int64_t>(queued.request.size());
-      if (bytes_ > 0 && bytes_ + size > max_request_bytes_) return false;
+      if (admitted_ >= max_calls_) {
+        return std::to_string(admitted_) + " calls are held, max_queue_inputs " + std::to_string(max_calls_) +
+               "; retry later";
+      }
+      if (bytes_ > 0 && bytes_ + size > max_request_bytes_) {
+        return std::to_string(bytes_) + " bytes of requests are held, max_request_bytes_in_flight " +
+               std::to_string(max_request_bytes_) + "; retry later";
+      }
       found->second.bytes = size;
+      found->second.read = true;
       bytes_ += size;
+      ++admitted_;
       queue_.push_back(std::move(queued));
       tell = !told_;
       told_ = true;
     }
     arrived_.notify_one();
     if (tell) Tell();
-    return true;
-  }
-
-  std::string BytesRefusal() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return std::to_string(bytes_) + " bytes of requests are held, max_request_bytes_in_flight " +
-           std::to_string(max_request_bytes_) + "; retry later";
+    return "";
   }
 
   // The call leaves the table (so exactly one of Python's answer, a cancellation or shutdown ends it).
@@ -144,13 +148,9 @@ class Transport : public grpc::CallbackGenericService {
     if (found == table_.end()) return nullptr;
     Call* call = found->second.call;
     bytes_ -= found->second.bytes;
+    admitted_ -= found->second.read ? 1 : 0;
     table_.erase(found);
     return call;
-  }
-
-  void Done() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    --held_;
   }
 
   // Waits up to `timeout_s` for a queued call; takes up to `max_calls` of them into `batch_`.
@@ -212,6 +212,7 @@ class Transport : public grpc::CallbackGenericService {
       for (auto& entry : table_) calls.push_back(entry.second.call);
       table_.clear();
       bytes_ = 0;
+      admitted_ = 0;
       queue_.clear();
     }
     for (Call* call : calls) call->End(status);
@@ -219,10 +220,33 @@ class Transport : public grpc::CallbackGenericService {
 
   int held() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return static_cast<int>(held_);
+    return admitted_;
   }
 
  private:
+  // Ends the calls whose request has not come within the read timeout (checked a few times a timeout).
+  void Reap() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!closed_) {
+      arrived_.wait_for(lock, std::max(read_timeout_ / 4, Steady::duration(std::chrono::milliseconds(10))));
+      std::vector<Call*> late;
+      auto now = Steady::now();
+      for (auto it = table_.begin(); it != table_.end();) {
+        if (!it->second.read && now - it->second.created > read_timeout_) {
+          late.push_back(it->second.call);
+          it = table_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      lock.unlock();
+      for (Call* call : late) {
+        call->End(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the request did not arrive within the read timeout"));
+      }
+      lock.lock();
+    }
+  }
+
   void Append(const void* data, size_t size) { batch_.append(static_cast<const char*>(data), size); }
   void Tell() {
     uint64_t one = 1;
@@ -233,22 +257,26 @@ class Transport : public grpc::CallbackGenericService {
   std::vector<std::string> methods_;
   int max_calls_;
   int64_t max_request_bytes_;
-  int64_t bytes_ = 0;  // requests of the calls held
+  Steady::duration read_timeout_;
+  int64_t bytes_ = 0;   // requests of the calls held
+  int admitted_ = 0;    // calls whose request was read, not yet ended
   std::mutex mutex_;
   std::condition_variable arrived_;
   struct Held {
     Call* call;
     int64_t bytes;  // of its request, once read
+    Steady::time_point created;
+    bool read;
   };
   std::unordered_map<uint64_t, Held> table_;  // calls not yet answered
   std::deque<Queued> queue_;                   // arrived, not yet taken by Python
   std::string batch_;                          // the last group taken (one taker thread)
   uint64_t last_id_ = 0;
-  size_t held_ = 0;  // calls created and not yet done
   bool draining_ = false;
   bool closed_ = false;
   bool told_ = false;  // the eventfd was written since the last take that found the queue empty
   int wakeup_;
+  std::thread reaper_;  // last: starts once the rest is made
 };
 
 void Call::Begin() { StartRead(&request_); }
@@ -267,8 +295,9 @@ void Call::OnReadDone(bool ok) {
   queued.request.reserve(request_.Length());
   for (const grpc::Slice& slice : slices) queued.request.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
   request_.Clear();
-  if (!transport_->Arrived(std::move(queued)) && transport_->Take(id_) != nullptr) {
-    Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, transport_->BytesRefusal()));
+  std::string refusal = transport_->Arrived(std::move(queued));
+  if (!refusal.empty() && transport_->Take(id_) != nullptr) {
+    Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, refusal));
   }
 }
 
@@ -276,10 +305,7 @@ void Call::OnCancel() {
   if (transport_->Take(id_) != nullptr) Finish(grpc::Status::CANCELLED);
 }
 
-void Call::OnDone() {
-  transport_->Done();
-  delete this;
-}
+void Call::OnDone() { delete this; }
 
 struct Handle {
   std::unique_ptr<Transport> transport;
@@ -301,7 +327,7 @@ extern "C" {
 // call's method is its index there. PEM strings empty: no TLS; `client_ca` set: clients must present a
 // certificate it signed. Returns NULL with `error` filled when the port cannot be had.
 void* bsn_start(const char* address, const char* methods, int methods_size, int max_calls,
-                int64_t max_request_bytes, int max_message_bytes, int max_streams, const char* cert, const char* key, const char* client_ca, char* error,
+                int64_t max_request_bytes, int max_message_bytes, int max_streams, double read_timeout_s, const char* cert, const char* key, const char* client_ca, char* error,
                 int error_size) {
   std::vector<std::string> names;
   for (int start = 0; start < methods_size;) {
@@ -310,7 +336,7 @@ void* bsn_start(const char* address, const char* methods, int methods_size, int 
     names.push_back(name);
   }
   auto handle = std::make_unique<Handle>();
-  handle->transport = std::make_unique<Transport>(names, max_calls, max_request_bytes);
+  handle->transport = std::make_unique<Transport>(names, max_calls, max_request_bytes, read_timeout_s);
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (cert[0] != '\0') {
     grpc::SslServerCredentialsOptions options(client_ca[0] != '\0'

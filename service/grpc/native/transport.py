@@ -51,7 +51,7 @@ def library() -> ctypes.CDLL:
         signatures = {
             "bsn_start": (
                 c.c_void_p,
-                [c.c_char_p, c.c_char_p, c.c_int, c.c_int, c.c_int64, c.c_int, c.c_int]
+                [c.c_char_p, c.c_char_p, c.c_int, c.c_int, c.c_int64, c.c_int, c.c_int, c.c_double]
                 + [c.c_char_p] * 3
                 + [c.c_char_p, c.c_int],
             ),
@@ -77,9 +77,9 @@ def library() -> ctypes.CDLL:
 
 class NativeTransport:
     """One listening port. `methods`: the full method names served ("/pkg.Service/Method"; any other gets
-    UNIMPLEMENTED); `max_calls`: calls held at once (beyond: RESOURCE_EXHAUSTED before the request is
-    read); `max_request_bytes`: bytes of their requests (beyond: RESOURCE_EXHAUSTED once read, unless it is
-    the only one). One thread takes calls; any thread answers them."""
+    UNIMPLEMENTED); once a call's request is read, `max_calls` calls and `max_request_bytes` of their requests
+    are held at most (beyond: RESOURCE_EXHAUSTED; a lone call always fits); a request not read within
+    `read_timeout_s` of its call's start: DEADLINE_EXCEEDED. One thread takes calls; any thread answers."""
 
     def __init__(
         self,
@@ -89,6 +89,7 @@ class NativeTransport:
         max_request_bytes: int,
         max_message_bytes: int,
         max_streams: int,
+        read_timeout_s: float,
         tls: tuple[bytes, bytes, bytes] | None = None,
     ):
         """`tls`: (certificate chain, private key, client CA or b"") in PEM. Raises OSError when the port
@@ -99,6 +100,7 @@ class NativeTransport:
         error = ctypes.create_string_buffer(_ERROR_BYTES)
         self._handle = self._lib.bsn_start(
             address.encode(), names, len(names), max_calls, max_request_bytes, max_message_bytes, max_streams,
+            read_timeout_s,
             cert, key, ca, error, _ERROR_BYTES,
         )  # fmt: skip
         if not self._handle:
@@ -136,7 +138,7 @@ class NativeTransport:
 
     @property
     def held(self) -> int:
-        """Calls accepted and not yet done."""
+        """Calls whose request was read, not yet ended."""
         return self._lib.bsn_held(self._handle)
 
     def drain(self) -> None:
