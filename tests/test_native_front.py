@@ -298,3 +298,19 @@ def test_tls_with_the_servers_certificate(tiny_repo, pki):  # noqa: F811
             reply = call(pb.EmbedRequest(inputs=["over TLS"]).SerializeToString(), timeout=30)
         code, _ = _code(server.server.native_port, pb.EmbedRequest(inputs=["in plain text"]), timeout=5)
     assert len(reply.embeddings) == 1 and code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_calls_beyond_one_group_are_taken_on_the_next_turns(tiny_repo):
+    """With groups of one call (max_batch_size 1), calls that arrive together are all answered: each turn
+    of the loop takes one and leaves the rest for the next turns, with no new arrival to wake it."""
+    with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, max_batch_size=1) as server:
+        native = server.server.native_port
+        model = server.server.core.registry.by_name[MODEL]
+        with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(12) as pool:
+            first = pool.submit(_embed, native, pb.EmbedRequest(inputs=["held"]))
+            assert gate.computing.wait(30)
+            rest = [pool.submit(_embed, native, pb.EmbedRequest(inputs=[f"call {i}"])) for i in range(10)]
+            wait_for(lambda: server.server.native.transport.held == 11)
+            gate.release()
+            answers = [f.result(30) for f in (first, *rest)]
+    assert all(len(a.embeddings) == 1 for a in answers)

@@ -1,8 +1,8 @@
 """bertserve.v1 `Embed` on a port of its own (setting `native_port`), through the native transport: gRPC's
 C++ server holds the calls, the event loop takes them in groups when the transport's eventfd says some
 wait, the core checks and tokenizes a group at once (service/core/embed_groups.py) and each call is
-admitted to the same encoder queues as the main port's calls, so they share batches. Python's work per call is its request's parsing and its reply's
-building; the rest is per group.
+admitted to the same encoder queues as the main port's calls, so they share batches. Python's work per
+call is its request's parsing and its reply's building; the rest is per group.
 
 Plain calls only (inputs, model, normalize, truncate): a call with `options` or `token_ids` gets
 INVALID_ARGUMENT naming the field, any other method UNIMPLEMENTED (the main port serves everything)."""
@@ -58,30 +58,37 @@ class NativeFront:
         return self.transport.port
 
     def _take(self) -> None:
-        """On the loop, when calls wait: each group parsed and checked here, its calls tokenized here when
-        short (as the core tokenizes a short call on the loop) or on the CPU pool, then admitted."""
+        """On the loop, when calls wait: one group (up to max_batch_size calls) per turn of the loop, parsed
+        and checked here, its calls tokenized here when short (as the core tokenizes a short call on the
+        loop) or on the CPU pool, then admitted; a full group takes the next turn too."""
+        if self.transport is None:
+            return
         with contextlib.suppress(BlockingIOError):
             os.read(self.transport.wakeup_fd, 8)
         limit = self.settings.max_batch_size
-        while calls := self.transport.take(0, limit):
-            started = time.perf_counter()
-            short: tuple[list[int], list[PlainEmbed]] = ([], [])
-            long: tuple[list[int], list[PlainEmbed]] = ([], [])
-            for call in calls:
-                try:
-                    plain = self._plain(call)
-                except errors.ServiceError as exc:  # never entered the lifecycle
-                    self._fail(call.id, exc, started)
-                    continue
-                self.lifecycle.enter()  # left in `_answer`
-                chars = sum(len(text) for text in plain.texts)
-                group = short if chars <= INLINE_TOKENIZE_CHARS else long
-                group[0].append(call.id)
-                group[1].append(plain)
-            if short[0]:
-                self._submit(short[0], self._prepared(short[1]), started)
-            if long[0]:
-                asyncio.ensure_future(self._prepare_off_loop(long, started))
+        calls = self.transport.take(0, limit)
+        if not calls:
+            return
+        if len(calls) == limit:  # more may wait: taken next turn, so a flood never holds the loop
+            self._loop.call_soon(self._take)
+        started = time.perf_counter()
+        short: tuple[list[int], list[PlainEmbed]] = ([], [])
+        long: tuple[list[int], list[PlainEmbed]] = ([], [])
+        for call in calls:
+            try:
+                plain = self._plain(call)
+            except errors.ServiceError as exc:  # never entered the lifecycle
+                self._fail(call.id, exc, started)
+                continue
+            self.lifecycle.enter()  # left in `_answer`
+            chars = sum(len(text) for text in plain.texts)
+            group = short if chars <= INLINE_TOKENIZE_CHARS else long
+            group[0].append(call.id)
+            group[1].append(plain)
+        if short[0]:
+            self._submit(short[0], self._prepared(short[1]), started)
+        if long[0]:
+            asyncio.ensure_future(self._prepare_off_loop(long, started))
 
     def _prepared(self, plain: list[PlainEmbed]) -> list[Prepared | errors.ServiceError]:
         try:
@@ -115,6 +122,8 @@ class NativeFront:
     def _answer(self, call: int, started: float, result: EmbedResult | BaseException) -> None:
         """On the loop: the call's reply (or status) handed to the transport; the call leaves the lifecycle."""
         try:
+            if self.transport is None:  # stopped: the transport ended the call with UNAVAILABLE
+                return
             if isinstance(result, EmbedResult):
                 try:
                     data = messages.embed(result)

@@ -4,7 +4,7 @@
 // not per call; the per-call work (HTTP/2, the call's life, its deadline and cancellation) stays here.
 //
 // Python learns of new calls from an eventfd (its event loop watches it): it is written when a call arrives
-// to an empty queue that nobody was told of, and told again only after a take found the queue empty.
+// and nobody was told since a take last left the queue empty.
 //
 // Bounds: requests of at most `max_message_bytes` (gRPC refuses larger ones), at most `max_streams` calls at
 // once on one connection, each request within `read_timeout_s` of the call's start (else DEADLINE_EXCEEDED:
@@ -185,6 +185,7 @@ class Transport : public grpc::CallbackGenericService {
       }
       queue_.pop_front();
     }
+    if (queue_.empty()) told_ = false;  // all taken: the next arrival writes the eventfd again
     return taken;
   }
 
