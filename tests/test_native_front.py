@@ -4,7 +4,10 @@ checked, batched and answered as the main port answers them."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import re
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -13,7 +16,8 @@ import pytest
 from bertserve.service.errors import StartupError
 from bertserve.service.settings import load_settings
 from bertserve.v1 import inference_pb2 as pb
-from tests.helpers.server import GatedBatches, ServerThread, metric, scrape, wait_for
+from tests.helpers.h2_client import H2Connection, grpc_message_head
+from tests.helpers.server import GatedBatches, ServerProcess, ServerThread, metric, scrape, wait_for
 from tests.test_server_tls import pki  # noqa: F401 (the certificates fixture)
 
 MODEL = "tiny-embed"
@@ -314,3 +318,33 @@ def test_calls_beyond_one_group_are_taken_on_the_next_turns(tiny_repo):
             gate.release()
             answers = [f.result(30) for f in (first, *rest)]
     assert all(len(a.embeddings) == 1 for a in answers)
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_partial_requests_are_held_within_grpcs_quota(tiny_repo):
+    """Calls whose request lacks only its last byte (48 of 4 MiB on one connection; the call and bytes
+    budgets count a request once it is whole) make the server hold at most gRPC's resource quota for them
+    (max_request_bytes_in_flight + max_message_bytes, 16 MiB at least), not 192 MiB."""
+    mib = 1 << 20
+    server = ServerProcess(
+        "--model-repo", str(tiny_repo), "--model", MODEL, "--native-port", "0", "--http-port", "-1",
+        "--max-request-bytes-in-flight", str(4 * mib), "--max-message-bytes", str(4 * mib),
+    ).start()  # fmt: skip
+    try:
+        port = int(re.search(r"Embed \(native\) on [\d.]+:(\d+)", server.output)[1])
+        before = _rss(server.process.pid)
+        connection = H2Connection(port)
+        body = grpc_message_head(4 * mib) + b"\x00" * (4 * mib - 1)
+        sent = sum(connection.send(connection.open(EMBED), body, wait_s=0.3) for _ in range(48))
+        time.sleep(0.5)
+        grown = _rss(server.process.pid) - before
+        connection.close()
+        answer = _embed(port, pb.EmbedRequest(inputs=["still serving"]))
+    finally:
+        server.terminate()
+    assert grown < 64 * mib, f"RSS grew {grown / mib:.0f} MiB ({sent / mib:.0f} MiB sent)"
+    assert len(answer.embeddings) == 1

@@ -19,6 +19,7 @@ CONNECTION_OBJECTS = 8 * 1024  # a connection's protocol, parser and buffers' ow
 TLS_READ_BUFFER = 256 * 1024  # asyncio's read buffer of each TLS connection
 JSON_PARSERS = 2  # large JSON bodies are parsed on the CPU pool's two threads (service/supervisor/server.py)
 JSON_PARSE_COPIES = 4  # the body, its decoded text, the pre-count's copy and the parsed values
+NATIVE_QUOTA_MIN = 16 * MIB  # transport.cc's kMinQuotaBytes
 
 
 def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
@@ -33,8 +34,10 @@ def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
         "http_json_parsing": JSON_PARSERS * JSON_PARSE_COPIES * message,
         "grpc_requests": 2 * (settings.max_request_bytes_in_flight + message),  # as received, and parsed
         "streams": streams_bound(settings, dimension),
-        # the native port's own budget (service/grpc/native/): as received, then taken and parsed
-        "native_requests": 2 * (settings.max_request_bytes_in_flight + message),
+        # the native port (service/grpc/native/): gRPC's buffers (its resource quota, NATIVE_QUOTA_MIN at
+        # least), then its own budget of requests held, as received and as parsed
+        "native_requests": max(settings.max_request_bytes_in_flight + message, NATIVE_QUOTA_MIN)
+        + 2 * (settings.max_request_bytes_in_flight + message),
     }
     if settings.native_port < 0:
         del terms["native_requests"]

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 METHODS = ["/bertserve.v1.Inference/Embed"]
 DRAIN_POLL_S = 0.01  # while draining: how often the calls still held are counted
 UNARY_FIELDS = ("options", "token_ids")  # an Embed request's fields this port refuses
+INLINE_PARSE_BYTES = 64 * 1024  # larger requests are parsed on the CPU pool, not the event loop
 
 
 class NativeFront:
@@ -72,33 +73,47 @@ class NativeFront:
         if len(calls) == limit:  # more may wait: taken next turn, so a flood never holds the loop
             self._loop.call_soon(self._take)
         started = time.perf_counter()
-        short: tuple[list[int], list[PlainEmbed]] = ([], [])
-        long: tuple[list[int], list[PlainEmbed]] = ([], [])
-        for call in calls:
-            try:
-                plain = self._plain(call)
-            except errors.ServiceError as exc:  # never entered the lifecycle
-                self._fail(call.id, exc, started)
-                continue
+        for _ in calls:
             self.lifecycle.enter()  # left in `_answer`
-            chars = sum(len(text) for text in plain.texts)
-            group = short if chars <= INLINE_TOKENIZE_CHARS else long
-            group[0].append(call.id)
-            group[1].append(plain)
-        if short[0]:
-            self._submit(short[0], self._prepared(short[1]), started)
-        if long[0]:
+        small = [call for call in calls if len(call.request) <= INLINE_PARSE_BYTES]
+        short: list[tuple[int, PlainEmbed | errors.ServiceError]] = []
+        long = [call for call in calls if len(call.request) > INLINE_PARSE_BYTES]
+        for call, plain in zip(small, self._parsed(small), strict=True):
+            chars = 0 if isinstance(plain, errors.ServiceError) else sum(len(t) for t in plain.texts)
+            if chars <= INLINE_TOKENIZE_CHARS:
+                short.append((call.id, plain))
+            else:
+                long.append(call)
+        if short:
+            self._submit([call for call, _ in short], self._prepared([plain for _, plain in short]), started)
+        if long:
             asyncio.ensure_future(self._prepare_off_loop(long, started))
 
-    def _prepared(self, plain: list[PlainEmbed]) -> list[Prepared | errors.ServiceError]:
+    def _parsed(self, calls: list[TakenCall]) -> list[PlainEmbed | errors.ServiceError]:
+        out = []
+        for call in calls:
+            try:
+                out.append(self._plain(call))
+            except errors.ServiceError as exc:
+                out.append(exc)
+        return out
+
+    def _prepared(
+        self, plain: list[PlainEmbed | errors.ServiceError]
+    ) -> list[Prepared | errors.ServiceError]:
+        """Each call checked and tokenized (a call refused in parsing keeps its refusal)."""
         try:
-            return self.groups.prepare(plain)
+            ready = [p for p in plain if not isinstance(p, errors.ServiceError)]
+            prepared = iter(self.groups.prepare(ready))
+            return [p if isinstance(p, errors.ServiceError) else next(prepared) for p in plain]
         except Exception as exc:  # answered, so no call hangs
             log.exception("native Embed: preparing calls failed")
             return [errors.InferenceFailed(f"internal error: {type(exc).__name__}")] * len(plain)
 
-    async def _prepare_off_loop(self, group: tuple[list[int], list[PlainEmbed]], started: float) -> None:
-        self._submit(group[0], await self.core.off_loop(self._prepared, group[1]), started)
+    async def _prepare_off_loop(self, calls: list[TakenCall], started: float) -> None:
+        """Large requests parsed, and long texts tokenized, on the CPU pool (a bounded hold of the loop)."""
+        prepared = await self.core.off_loop(lambda: self._prepared(self._parsed(calls)))
+        self._submit([call.id for call in calls], prepared, started)
 
     def _plain(self, call: TakenCall) -> PlainEmbed:
         request = parse_request(pb.EmbedRequest, call.request)
@@ -116,23 +131,27 @@ class NativeFront:
         for call, one in zip(ids, prepared, strict=True):
             if isinstance(one, errors.ServiceError):
                 self._answer(call, started, one)
-            else:
+                continue
+            try:
                 self.groups.submit(one, lambda result, call=call: self._answer(call, started, result))
+            except Exception as exc:  # answered, so no call hangs
+                log.exception("native Embed: admitting a call failed")
+                self._answer(call, started, exc)
 
     def _answer(self, call: int, started: float, result: EmbedResult | BaseException) -> None:
         """On the loop: the call's reply (or status) handed to the transport; the call leaves the lifecycle."""
         try:
             if self.transport is None:  # stopped: the transport ended the call with UNAVAILABLE
-                return
-            if isinstance(result, EmbedResult):
+                self._count(grpc.StatusCode.UNAVAILABLE, started)
+            elif isinstance(result, EmbedResult):
                 try:
                     data = messages.embed(result)
                     check_response_size(data, self.settings.max_message_bytes)
                 except errors.ServiceError as exc:
                     self._fail(call, exc, started)
                 else:
-                    self.transport.reply(call, data)
-                    self.metrics.answered("Embed", grpc.StatusCode.OK.name, time.perf_counter() - started)
+                    sent = self.transport.reply(call, data)  # not: its client left, or it timed out
+                    self._count(grpc.StatusCode.OK if sent else grpc.StatusCode.CANCELLED, started)
             elif isinstance(result, errors.ServiceError):
                 self._fail(call, result, started)
             else:
@@ -144,6 +163,9 @@ class NativeFront:
     def _fail(self, call: int, exc: errors.ServiceError, started: float) -> None:
         code = status_of(exc)
         self.transport.fail(call, code.value[0], status_message(str(exc)))
+        self._count(code, started)
+
+    def _count(self, code: grpc.StatusCode, started: float) -> None:
         self.metrics.answered("Embed", code.name, time.perf_counter() - started)
 
     def drain(self) -> None:

@@ -6,13 +6,15 @@
 // Python learns of new calls from an eventfd (its event loop watches it): it is written when a call arrives
 // and nobody was told since a take last left the queue empty.
 //
-// Bounds: requests of at most `max_message_bytes` (gRPC refuses larger ones), at most `max_streams` calls at
-// once on one connection, each request within `read_timeout_s` of the call's start (else DEADLINE_EXCEEDED:
-// a call that never sends one holds nothing for longer); once a request is read, at most `max_calls` calls
-// held (queued, with Python or being answered) and `max_request_bytes` of their requests (a lone call always
-// fits), else RESOURCE_EXHAUSTED. After bsn_drain, new calls get UNAVAILABLE; bsn_stop ends the rest.
+// Bounds: at most `max_open` calls open (kMaxStreamsPerConnection on one connection), requests of at most
+// `max_message_bytes` (gRPC refuses larger ones), each within `read_timeout_s` of the call's start (else
+// DEADLINE_EXCEEDED); once a request is read, at most `max_calls` calls held (queued, with Python or being
+// answered) and `max_request_bytes` of their requests (a lone call always fits), else RESOURCE_EXHAUSTED.
+// A request is kept here until Python takes it and freed with its call. After bsn_drain, new calls get
+// UNAVAILABLE; bsn_stop ends the rest.
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -37,8 +39,8 @@ class Transport;
 // One unary call: created when it arrives, deleted when gRPC is done with it.
 class Call : public grpc::ServerGenericBidiReactor {
  public:
-  Call(Transport* transport, grpc::CallbackServerContext* context, uint64_t id, int method)
-      : transport_(transport), context_(context), id_(id), method_(method) {}
+  Call(Transport* transport, grpc::CallbackServerContext* context, uint64_t id)
+      : transport_(transport), context_(context), id_(id) {}
   void Begin();  // reads the request
   void OnReadDone(bool ok) override;
   void OnCancel() override;
@@ -55,7 +57,6 @@ class Call : public grpc::ServerGenericBidiReactor {
   Transport* transport_;
   grpc::CallbackServerContext* context_;
   uint64_t id_;
-  int method_;
   grpc::ByteBuffer request_, response_;
 };
 
@@ -66,21 +67,17 @@ class Refusal : public grpc::ServerGenericBidiReactor {
   void OnDone() override { delete this; }
 };
 
-struct Queued {
-  uint64_t id;
-  int method;
-  std::chrono::system_clock::time_point deadline;
-  std::string request;
-};
-
 using Steady = std::chrono::steady_clock;
+using Wall = std::chrono::system_clock;
 
 class Transport : public grpc::CallbackGenericService {
  public:
-  Transport(std::vector<std::string> methods, int max_calls, int64_t max_request_bytes, double read_timeout_s)
+  Transport(std::vector<std::string> methods, int max_calls, int64_t max_request_bytes, int max_open,
+            double read_timeout_s)
       : methods_(std::move(methods)),
         max_calls_(max_calls),
         max_request_bytes_(max_request_bytes),
+        max_open_(max_open),
         read_timeout_(std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(read_timeout_s))),
         wakeup_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
         reaper_([this] { Reap(); }) {}
@@ -104,22 +101,31 @@ class Transport : public grpc::CallbackGenericService {
       if (draining_) {
         return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
       }
+      if (static_cast<int>(table_.size()) >= max_open_) {
+        return new Refusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                        std::to_string(table_.size()) + " calls are open, max_concurrent_rpcs " +
+                                            std::to_string(max_open_) + "; retry later"));
+      }
       uint64_t id = ++last_id_;
-      call = new Call(this, context, id, static_cast<int>(found - methods_.begin()));
-      table_.emplace(id, Held{call, 0, Steady::now(), false});
+      call = new Call(this, context, id);
+      Held held;
+      held.call = call;
+      held.method_index = static_cast<int>(found - methods_.begin());
+      held.created = Steady::now();
+      table_.emplace(id, std::move(held));
     }
     call->Begin();
     return call;
   }
 
   // The call's request is read: queued for Python, or why it is refused (RESOURCE_EXHAUSTED).
-  std::string Arrived(Queued&& queued) {
+  std::string Arrived(uint64_t id, Wall::time_point deadline, std::string&& request) {
     bool tell;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto found = table_.find(queued.id);
+      auto found = table_.find(id);
       if (found == table_.end()) return "";  // ended while its request was read
-      int64_t size = static_cast<int64_t>(queued.request.size());
+      int64_t size = static_cast<int64_t>(request.size());
       if (admitted_ >= max_calls_) {
         return std::to_string(admitted_) + " calls are held, max_queue_inputs " + std::to_string(max_calls_) +
                "; retry later";
@@ -128,11 +134,14 @@ class Transport : public grpc::CallbackGenericService {
         return std::to_string(bytes_) + " bytes of requests are held, max_request_bytes_in_flight " +
                std::to_string(max_request_bytes_) + "; retry later";
       }
-      found->second.bytes = size;
-      found->second.read = true;
+      Held& held = found->second;
+      held.read = true;
+      held.bytes = size;
+      held.deadline = deadline;
+      held.request = std::move(request);
       bytes_ += size;
       ++admitted_;
-      queue_.push_back(std::move(queued));
+      queue_.push_back(id);
       tell = !told_;
       told_ = true;
     }
@@ -141,7 +150,8 @@ class Transport : public grpc::CallbackGenericService {
     return "";
   }
 
-  // The call leaves the table (so exactly one of Python's answer, a cancellation or shutdown ends it).
+  // The call leaves the table (so exactly one of Python's answer, a cancellation, the reaper or shutdown
+  // ends it); its request, if still here, is freed with it.
   Call* Take(uint64_t id) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = table_.find(id);
@@ -160,32 +170,31 @@ class Transport : public grpc::CallbackGenericService {
     if (timeout_s > 0) {
       arrived_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return !queue_.empty() || closed_; });
     }
-    if (queue_.empty()) {
-      told_ = false;  // the next arrival writes the eventfd again
-      return closed_ ? -1 : 0;
-    }
     batch_.clear();
     int taken = 0;
-    auto now = std::chrono::system_clock::now();
+    auto now = Wall::now();
     while (!queue_.empty() && taken < max_calls) {
-      Queued& queued = queue_.front();
-      if (table_.count(queued.id)) {  // skip calls cancelled while queued
-        double remaining = -1.0;      // no deadline
-        if (queued.deadline != std::chrono::system_clock::time_point::max()) {
-          remaining = std::max(0.0, std::chrono::duration<double>(queued.deadline - now).count());
-        }
-        uint32_t size = static_cast<uint32_t>(queued.request.size());
-        int32_t method = queued.method;
-        Append(&queued.id, sizeof(queued.id));
-        Append(&remaining, sizeof(remaining));
-        Append(&method, sizeof(method));
-        Append(&size, sizeof(size));
-        Append(queued.request.data(), size);
-        ++taken;
-      }
+      auto found = table_.find(queue_.front());
       queue_.pop_front();
+      if (found == table_.end()) continue;  // ended while queued
+      Held& held = found->second;
+      double remaining = -1.0;  // no deadline
+      if (held.deadline != Wall::time_point::max()) {
+        remaining = std::max(0.0, std::chrono::duration<double>(held.deadline - now).count());
+      }
+      uint64_t id = found->first;
+      uint32_t size = static_cast<uint32_t>(held.request.size());
+      int32_t method = held.method_index;
+      Append(&id, sizeof(id));
+      Append(&remaining, sizeof(remaining));
+      Append(&method, sizeof(method));
+      Append(&size, sizeof(size));
+      Append(held.request.data(), size);
+      std::string().swap(held.request);  // Python has its copy; the bytes stay counted until the answer
+      ++taken;
     }
     if (queue_.empty()) told_ = false;  // all taken: the next arrival writes the eventfd again
+    if (taken == 0 && closed_) return -1;
     return taken;
   }
 
@@ -202,6 +211,7 @@ class Transport : public grpc::CallbackGenericService {
       closed_ = true;
     }
     arrived_.notify_all();
+    reap_.notify_all();
     Tell();
   }
 
@@ -212,9 +222,9 @@ class Transport : public grpc::CallbackGenericService {
       std::lock_guard<std::mutex> lock(mutex_);
       for (auto& entry : table_) calls.push_back(entry.second.call);
       table_.clear();
+      queue_.clear();
       bytes_ = 0;
       admitted_ = 0;
-      queue_.clear();
     }
     for (Call* call : calls) call->End(status);
   }
@@ -225,11 +235,21 @@ class Transport : public grpc::CallbackGenericService {
   }
 
  private:
+  struct Held {
+    Call* call = nullptr;
+    int method_index = 0;
+    Steady::time_point created;
+    Wall::time_point deadline = Wall::time_point::max();
+    bool read = false;    // its request came (it counts against max_calls and the bytes)
+    int64_t bytes = 0;    // of its request
+    std::string request;  // until Python takes it
+  };
+
   // Ends the calls whose request has not come within the read timeout (checked a few times a timeout).
   void Reap() {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!closed_) {
-      arrived_.wait_for(lock, std::max(read_timeout_ / 4, Steady::duration(std::chrono::milliseconds(10))));
+      reap_.wait_for(lock, std::max(read_timeout_ / 4, Steady::duration(std::chrono::milliseconds(10))));
       std::vector<Call*> late;
       auto now = Steady::now();
       for (auto it = table_.begin(); it != table_.end();) {
@@ -258,24 +278,20 @@ class Transport : public grpc::CallbackGenericService {
   std::vector<std::string> methods_;
   int max_calls_;
   int64_t max_request_bytes_;
+  int max_open_;
   Steady::duration read_timeout_;
-  int64_t bytes_ = 0;   // requests of the calls held
-  int admitted_ = 0;    // calls whose request was read, not yet ended
+  int64_t bytes_ = 0;  // requests of the calls held
+  int admitted_ = 0;   // calls whose request was read, not yet ended
   std::mutex mutex_;
-  std::condition_variable arrived_;
-  struct Held {
-    Call* call;
-    int64_t bytes;  // of its request, once read
-    Steady::time_point created;
-    bool read;
-  };
-  std::unordered_map<uint64_t, Held> table_;  // calls not yet answered
-  std::deque<Queued> queue_;                   // arrived, not yet taken by Python
-  std::string batch_;                          // the last group taken (one taker thread)
+  std::condition_variable arrived_;  // the taker's (a blocking bsn_next)
+  std::condition_variable reap_;     // the reaper's
+  std::unordered_map<uint64_t, Held> table_;  // calls not yet ended
+  std::deque<uint64_t> queue_;               // calls read, not yet taken by Python
+  std::string batch_;                        // the last group taken (one taker)
   uint64_t last_id_ = 0;
   bool draining_ = false;
   bool closed_ = false;
-  bool told_ = false;  // the eventfd was written since the last take that found the queue empty
+  bool told_ = false;  // the eventfd was written since a take last left the queue empty
   int wakeup_;
   std::thread reaper_;  // last: starts once the rest is made
 };
@@ -283,20 +299,24 @@ class Transport : public grpc::CallbackGenericService {
 void Call::Begin() { StartRead(&request_); }
 
 void Call::OnReadDone(bool ok) {
-  if (!ok) {  // the client went away or half-closed without a request
-    if (transport_->Take(id_) != nullptr) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "no request"));
+  if (!ok) {  // the client went away, or half-closed without a request
+    if (transport_->Take(id_) != nullptr) {
+      Finish(context_->IsCancelled()
+                 ? grpc::Status::CANCELLED
+                 : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request: no message before the client's end"));
+    }
     return;
   }
-  Queued queued{id_, method_, context_->deadline(), std::string()};
   std::vector<grpc::Slice> slices;
   if (!request_.Dump(&slices).ok()) {
     if (transport_->Take(id_) != nullptr) Finish(grpc::Status(grpc::StatusCode::INTERNAL, "unreadable request"));
     return;
   }
-  queued.request.reserve(request_.Length());
-  for (const grpc::Slice& slice : slices) queued.request.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  std::string request;
+  request.reserve(request_.Length());
+  for (const grpc::Slice& slice : slices) request.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
   request_.Clear();
-  std::string refusal = transport_->Arrived(std::move(queued));
+  std::string refusal = transport_->Arrived(id_, context_->deadline(), std::move(request));
   if (!refusal.empty() && transport_->Take(id_) != nullptr) {
     Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, refusal));
   }
@@ -307,6 +327,11 @@ void Call::OnCancel() {
 }
 
 void Call::OnDone() { delete this; }
+
+// HTTP/2 streams one connection may have open at once (gRPC's default is unlimited).
+constexpr int kMaxStreamsPerConnection = 256;
+// The least memory gRPC's buffers get (below a few MiB it stalls calls of ordinary size).
+constexpr int64_t kMinQuotaBytes = 16 << 20;
 
 struct Handle {
   std::unique_ptr<Transport> transport;
@@ -328,8 +353,8 @@ extern "C" {
 // call's method is its index there. PEM strings empty: no TLS; `client_ca` set: clients must present a
 // certificate it signed. Returns NULL with `error` filled when the port cannot be had.
 void* bsn_start(const char* address, const char* methods, int methods_size, int max_calls,
-                int64_t max_request_bytes, int max_message_bytes, int max_streams, double read_timeout_s, const char* cert, const char* key, const char* client_ca, char* error,
-                int error_size) {
+                int64_t max_request_bytes, int max_message_bytes, int max_open, double read_timeout_s,
+                const char* cert, const char* key, const char* client_ca, char* error, int error_size) {
   std::vector<std::string> names;
   for (int start = 0; start < methods_size;) {
     std::string name(methods + start);
@@ -337,7 +362,7 @@ void* bsn_start(const char* address, const char* methods, int methods_size, int 
     names.push_back(name);
   }
   auto handle = std::make_unique<Handle>();
-  handle->transport = std::make_unique<Transport>(names, max_calls, max_request_bytes, read_timeout_s);
+  handle->transport = std::make_unique<Transport>(names, max_calls, max_request_bytes, max_open, read_timeout_s);
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (cert[0] != '\0') {
     grpc::SslServerCredentialsOptions options(client_ca[0] != '\0'
@@ -351,8 +376,13 @@ void* bsn_start(const char* address, const char* methods, int methods_size, int 
   builder.AddListeningPort(address, credentials, &handle->port);
   builder.SetMaxReceiveMessageSize(max_message_bytes);
   builder.SetMaxSendMessageSize(max_message_bytes);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, max_streams);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, std::min(max_open, kMaxStreamsPerConnection));
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port fails here, never shared
+  // gRPC's own buffers (requests being received, replies being sent): under pressure it shrinks the
+  // flow-control windows, so clients that send or read slowly cannot make it hold more
+  grpc::ResourceQuota quota("bertserve-native");
+  quota.Resize(static_cast<size_t>(std::max<int64_t>(max_request_bytes + max_message_bytes, kMinQuotaBytes)));
+  builder.SetResourceQuota(quota);
   builder.RegisterCallbackGenericService(handle->transport.get());
   handle->server = builder.BuildAndStart();
   if (!handle->server || handle->port == 0) {

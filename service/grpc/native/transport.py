@@ -77,9 +77,10 @@ def library() -> ctypes.CDLL:
 
 class NativeTransport:
     """One listening port. `methods`: the full method names served ("/pkg.Service/Method"; any other gets
-    UNIMPLEMENTED); once a call's request is read, `max_calls` calls and `max_request_bytes` of their requests
-    are held at most (beyond: RESOURCE_EXHAUSTED; a lone call always fits); a request not read within
-    `read_timeout_s` of its call's start: DEADLINE_EXCEEDED. One thread takes calls; any thread answers."""
+    UNIMPLEMENTED); `max_open`: calls open at once (beyond: RESOURCE_EXHAUSTED); once a call's request is
+    read, at most `max_calls` calls and `max_request_bytes` of their requests are held (beyond:
+    RESOURCE_EXHAUSTED; a lone call always fits); a request not read within `read_timeout_s` of its call's
+    start: DEADLINE_EXCEEDED. One thread takes calls; any thread answers them."""
 
     def __init__(
         self,
@@ -88,7 +89,7 @@ class NativeTransport:
         max_calls: int,
         max_request_bytes: int,
         max_message_bytes: int,
-        max_streams: int,
+        max_open: int,
         read_timeout_s: float,
         tls: tuple[bytes, bytes, bytes] | None = None,
     ):
@@ -99,7 +100,7 @@ class NativeTransport:
         cert, key, ca = tls or (b"", b"", b"")
         error = ctypes.create_string_buffer(_ERROR_BYTES)
         self._handle = self._lib.bsn_start(
-            address.encode(), names, len(names), max_calls, max_request_bytes, max_message_bytes, max_streams,
+            address.encode(), names, len(names), max_calls, max_request_bytes, max_message_bytes, max_open,
             read_timeout_s,
             cert, key, ca, error, _ERROR_BYTES,
         )  # fmt: skip
