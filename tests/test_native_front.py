@@ -52,6 +52,13 @@ def _code(port: int, request, timeout: float = 30) -> tuple[grpc.StatusCode, str
     return grpc.StatusCode.OK, ""
 
 
+def _held_at_the_gate(pool, gate: GatedBatches, port: int) -> concurrent.futures.Future:
+    """A call whose batch waits at `gate` (its future, answered once the gate opens)."""
+    call = pool.submit(_embed, port, pb.EmbedRequest(inputs=["held at the gate"]))
+    assert gate.computing.wait(30)
+    return call
+
+
 def _ports(server) -> tuple[int, int]:
     return server.server.port, server.server.native_port
 
@@ -126,8 +133,7 @@ def test_native_calls_share_batches_with_the_main_ports(server):
     with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(4) as pool:
         compute = gate._compute
         gate._compute = lambda batch: (sizes.append(len(batch)), compute(batch))[1]
-        first = pool.submit(_embed, main, pb.EmbedRequest(inputs=["held at the gate"]))
-        assert gate.computing.wait(30)
+        first = _held_at_the_gate(pool, gate, main)
         ahead = pool.submit(_embed, main, pb.EmbedRequest(inputs=["cut ahead"]))
         wait_for(lambda: len(model.batcher._running) == 2)
         later = [pool.submit(_embed, port, pb.EmbedRequest(inputs=["queued"])) for port in (main, native)]
@@ -144,8 +150,7 @@ def test_the_queue_bound_is_the_main_ports(server):
     main, native = _ports(server)
     model = server.server.core.registry.by_name[MODEL]
     with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(5) as pool:
-        first = pool.submit(_embed, main, pb.EmbedRequest(inputs=["held"]))
-        assert gate.computing.wait(30)
+        first = _held_at_the_gate(pool, gate, main)
         fill = [pool.submit(_embed, native, pb.EmbedRequest(inputs=["q"] * 8))]
         wait_for(lambda: len(model.batcher._running) == 2)  # that call's batch is cut ahead
         fill += [pool.submit(_embed, native, pb.EmbedRequest(inputs=["q"] * 8)) for _ in range(3)]
@@ -223,8 +228,7 @@ def test_an_expired_call_gets_deadline_exceeded_and_the_server_goes_on(server):
     main, native = _ports(server)
     model = server.server.core.registry.by_name[MODEL]
     with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(2) as pool:
-        first = pool.submit(_embed, main, pb.EmbedRequest(inputs=["held"]))
-        assert gate.computing.wait(30)
+        first = _held_at_the_gate(pool, gate, main)
         code, _ = _code(native, pb.EmbedRequest(inputs=["too late"]), timeout=0.3)
         gate.release()
         first.result(30)
@@ -250,8 +254,7 @@ def test_drain_answers_held_calls_and_refuses_new_ones(tiny_repo):
         native = server.server.native_port
         model = server.server.core.registry.by_name[MODEL]
         with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(2) as pool:
-            held = pool.submit(_embed, native, pb.EmbedRequest(inputs=["held"]))
-            assert gate.computing.wait(30)
+            held = _held_at_the_gate(pool, gate, native)
             drained = pool.submit(server.call, server.server.drain)
             wait_for(lambda: not server.server.lifecycle.accepting)
             code, _ = _code(native, pb.EmbedRequest(inputs=["new"]))
@@ -311,8 +314,7 @@ def test_calls_beyond_one_group_are_taken_on_the_next_turns(tiny_repo):
         native = server.server.native_port
         model = server.server.core.registry.by_name[MODEL]
         with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(12) as pool:
-            first = pool.submit(_embed, native, pb.EmbedRequest(inputs=["held"]))
-            assert gate.computing.wait(30)
+            first = _held_at_the_gate(pool, gate, native)
             rest = [pool.submit(_embed, native, pb.EmbedRequest(inputs=[f"call {i}"])) for i in range(10)]
             wait_for(lambda: server.server.native.transport.held == 11)
             gate.release()
