@@ -146,7 +146,7 @@ def test_native_calls_share_batches_with_the_main_ports(server):
 
 def test_the_queue_bound_is_the_main_ports(server):
     """max_queue_inputs (24) holds for both ports together: with the queue full of native inputs, a call on
-    either port is refused at once with the main port's message."""
+    either port is refused at once with the main port's message, before its texts are tokenized."""
     main, native = _ports(server)
     model = server.server.core.registry.by_name[MODEL]
     with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(5) as pool:
@@ -155,7 +155,12 @@ def test_the_queue_bound_is_the_main_ports(server):
         wait_for(lambda: len(model.batcher._running) == 2)  # that call's batch is cut ahead
         fill += [pool.submit(_embed, native, pb.EmbedRequest(inputs=["q"] * 8)) for _ in range(3)]
         wait_for(lambda: model.batcher.depth >= 24)
+        tokenized = metric(scrape(server.metrics_url), "bertserve_tokenized_inputs_total", model=MODEL)
         refused = [_code(port, pb.EmbedRequest(inputs=["a"])) for port in (main, native)]
+        # refused before their texts were tokenized
+        assert (
+            metric(scrape(server.metrics_url), "bertserve_tokenized_inputs_total", model=MODEL) == tokenized
+        )
         gate.release()
         for f in (first, *fill):
             f.result(30)

@@ -1,7 +1,8 @@
 """Plain embedding calls taken in groups (the native gRPC transport's calls: service/grpc/native/), so the
-core's Python work is per group rather than per call: each call is checked as `InferenceCore.embed` checks
-it, the group's texts are tokenized in one pass per model, and each call is admitted to its encoder's queue
-as `embed` admits it (all its inputs or none) and batched with every other front's inputs.
+core's Python work is per group rather than per call. As `InferenceCore.embed` does, each call is checked,
+then takes room in its encoder's queue for all its inputs or is refused (`admit`, on the event loop) BEFORE
+its texts are tokenized; the group's texts are then tokenized in one pass per model (`prepare`), and each
+call's inputs are queued in its room (`submit`) and batched with every other front's inputs.
 
 A plain call has texts, a model, normalize and truncate; anything else goes through `embed`."""
 
@@ -17,7 +18,7 @@ from bertserve.service.core.prompts import call_prompt
 from bertserve.service.core.results import EmbedResult, call_meta
 from bertserve.service.core.task_calls import EmbedCall
 from bertserve.service.core.validation import check_texts
-from bertserve.service.engine.batcher import WorkItem
+from bertserve.service.engine.batcher import Permit, WorkItem
 from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tokenization import EncodedInput
@@ -34,15 +35,18 @@ class PlainEmbed:
 
 
 @dataclass
-class Prepared:
-    """A checked, tokenized call, ready for `EmbedGroups.submit`."""
+class Admitted:
+    """A checked call holding room for its inputs: tokenized by `EmbedGroups.prepare`, queued by `submit`;
+    `permit.release()` gives the room back when it is never queued."""
 
+    plain: PlainEmbed
     served: ServedModel
     call: EmbedCall
     option: TaskOptions
-    encoded: list[EncodedInput]
-    deadline: float | None
-    tokenize_s: float
+    texts: list[str]  # with the model's prompt
+    permit: Permit
+    encoded: list[EncodedInput] | None = None
+    tokenize_s: float = 0.0
 
 
 class EmbedGroups:
@@ -51,70 +55,71 @@ class EmbedGroups:
         self.core = core
         self.settings = core.settings
 
-    def prepare(self, calls: list[PlainEmbed]) -> list[Prepared | ServiceError]:
-        """Blocking (tokenization; run it off the event loop): per call, its Prepared or why it is refused."""
-        out: list[Prepared | ServiceError | None] = [None] * len(calls)
-        texts: dict[ServedModel, list[tuple[int, list[str]]]] = {}
-        checked: dict[int, tuple[ServedModel, EmbedCall, TaskOptions]] = {}
+    def admit(self, plain: PlainEmbed) -> Admitted:
+        """On the event loop: the call checked (model, options, its texts' count and lengths) and room taken
+        for its inputs, or the ServiceError that refuses it."""
         s = self.settings
-        for i, plain in enumerate(calls):
-            try:
-                served = self.core.registry.resolve(plain.model, Task.EMBED)
-                call = EmbedCall(plain.normalize)
-                option = embed_options(served, call, self.core.sparse_models)
-                prompt = call_prompt(served, None, True, False)
-                mine = check_texts(plain.texts, s.max_inputs_per_request, s.max_input_chars)
-            except ServiceError as exc:
-                out[i] = exc
-                continue
-            checked[i] = (served, call, option)
-            texts.setdefault(served, []).append((i, [prompt + t for t in mine] if prompt else mine))
-        for served, group in texts.items():
-            flat = [text for _, mine in group for text in mine]
+        served = self.core.registry.resolve(plain.model, Task.EMBED)
+        call = EmbedCall(plain.normalize)
+        option = embed_options(served, call, self.core.sparse_models)
+        prompt = call_prompt(served, None, True, False)
+        texts = check_texts(plain.texts, s.max_inputs_per_request, s.max_input_chars)
+        permit = served.encoder.batcher.reserve(len(texts), False, plain.deadline)
+        texts = [prompt + t for t in texts] if prompt else texts
+        return Admitted(plain, served, call, option, texts, permit)
+
+    def prepare(self, calls: list[Admitted]) -> list[Admitted | ServiceError]:
+        """Blocking (tokenization: on the event loop only when short): per call, itself tokenized or why it
+        is refused (its room given back)."""
+        out: list[Admitted | ServiceError] = list(calls)
+        by_model: dict[ServedModel, list[int]] = {}
+        for i, admitted in enumerate(calls):
+            by_model.setdefault(admitted.served, []).append(i)
+        for served, group in by_model.items():
+            flat = [text for i in group for text in calls[i].texts]
             self.core.metrics.tokenized_of(served.name).inc(len(flat))
             started = time.perf_counter()
             encoded = served.tokenizer.encode(flat, True, detailed=False)  # cut; refused per call below
             tokenize_s = time.perf_counter() - started
             at = 0
-            for i, mine in group:
-                _, call, option = checked[i]
-                part, at = encoded[at : at + len(mine)], at + len(mine)
+            for i in group:
+                admitted = calls[i]
+                admitted.encoded, at = encoded[at : at + len(admitted.texts)], at + len(admitted.texts)
+                admitted.tokenize_s = tokenize_s
                 try:
-                    self._check(calls[i], served, option, mine, part)
+                    self._check(admitted)
                 except ServiceError as exc:
+                    admitted.permit.release()
                     out[i] = exc
-                    continue
-                out[i] = Prepared(served, call, option, part, calls[i].deadline, tokenize_s)
         return out
 
-    def _check(
-        self, plain: PlainEmbed, served: ServedModel, option: TaskOptions, texts: list[str],
-        encoded: list[EncodedInput],
-    ) -> None:  # fmt: skip
-        if not (plain.truncate or self.settings.auto_truncate):
+    def _check(self, admitted: Admitted) -> None:
+        served, encoded = admitted.served, admitted.encoded
+        if not (admitted.plain.truncate or self.settings.auto_truncate):
             for i, e in enumerate(encoded):
                 if e.truncated:  # as ModelTokenizer.encode refuses it
                     raise InvalidInput(
-                        f"inputs[{i}]: {served.tokenizer.count_tokens(texts[i])} tokens is more than the "
-                        f"model's max_length {served.tokenizer.max_length} (set truncate to cut it)"
+                        f"inputs[{i}]: {served.tokenizer.count_tokens(admitted.texts[i])} tokens is more "
+                        f"than the model's max_length {served.tokenizer.max_length} (set truncate to cut it)"
                     )
-        check_embed_answer_size(served, [option], encoded, self.settings.max_message_bytes)
+        check_embed_answer_size(served, [admitted.option], encoded, self.settings.max_message_bytes)
 
-    def submit(self, prepared: Prepared, on_done: Callable[[EmbedResult | ServiceError], None]) -> None:
-        """On the event loop: admits the call's inputs (or calls `on_done` with the refusal at once) and
-        calls `on_done` with its result once every input is computed."""
+    def submit(self, prepared: Admitted, on_done: Callable[[EmbedResult | ServiceError], None]) -> None:
+        """On the event loop: queues the call's inputs in its room (or calls `on_done` with the refusal at
+        once: its deadline is too near) and calls `on_done` with its result once every input is computed."""
         served, loop = prepared.served, asyncio.get_running_loop()
+        deadline = prepared.plain.deadline
         items = [
-            WorkItem(
-                e.ids, e.type_ids, prepared.option, loop.create_future(), prepared.deadline, model=served
-            )
+            WorkItem(e.ids, e.type_ids, prepared.option, loop.create_future(), deadline, model=served)
             for e in prepared.encoded
         ]
         try:
-            served.encoder.batcher.submit(items)
+            served.encoder.batcher.submit(items, prepared.permit)
         except ServiceError as exc:
             on_done(exc)
             return
+        finally:
+            prepared.permit.release()  # room not used (refused); after a submit it was handed over
         self.core.metrics.inputs_of(served.name, Task.EMBED.value).inc(len(items))
         left = [len(items)]  # inputs still computing; 0 once the call is answered
 

@@ -1,8 +1,9 @@
 """bertserve.v1 `Embed` on a port of its own (setting `native_port`), through the native transport: gRPC's
 C++ server holds the calls, the event loop takes them in groups when the transport's eventfd says some
-wait, the core checks and tokenizes a group at once (service/core/embed_groups.py) and each call is
-admitted to the same encoder queues as the main port's calls, so they share batches. Python's work per
-call is its request's parsing and its reply's building; the rest is per group.
+wait, the core checks each call and takes room for its inputs in the encoder's queue before tokenizing a
+group's texts at once (service/core/embed_groups.py); the calls share queues, batches and bounds with the
+main port's. Python's work per call is its request's parsing and its reply's building; the rest is per
+group.
 
 Plain calls only (inputs, model, normalize, truncate): a call with `options` or `token_ids` gets
 INVALID_ARGUMENT naming the field, any other method UNIMPLEMENTED (the main port serves everything)."""
@@ -18,7 +19,7 @@ import time
 import grpc
 
 from bertserve.service import errors
-from bertserve.service.core.embed_groups import EmbedGroups, PlainEmbed, Prepared
+from bertserve.service.core.embed_groups import Admitted, EmbedGroups, PlainEmbed
 from bertserve.service.core.lifecycle import Lifecycle
 from bertserve.service.core.results import EmbedResult
 from bertserve.service.core.tokenizing import INLINE_TOKENIZE_CHARS
@@ -76,18 +77,15 @@ class NativeFront:
         for _ in calls:
             self.lifecycle.enter()  # left in `_answer`
         small = [call for call in calls if len(call.request) <= INLINE_PARSE_BYTES]
-        short: list[tuple[int, PlainEmbed | errors.ServiceError]] = []
-        long = [call for call in calls if len(call.request) > INLINE_PARSE_BYTES]
-        for call, plain in zip(small, self._parsed(small), strict=True):
-            chars = 0 if isinstance(plain, errors.ServiceError) else sum(len(t) for t in plain.texts)
-            if chars <= INLINE_TOKENIZE_CHARS:
-                short.append((call.id, plain))
-            else:
-                long.append(call)
-        if short:
-            self._submit([call for call, _ in short], self._prepared([plain for _, plain in short]), started)
-        if long:
-            asyncio.ensure_future(self._prepare_off_loop(long, started))
+        large = [call for call in calls if len(call.request) > INLINE_PARSE_BYTES]
+        if small:
+            self._admit([call.id for call in small], self._parsed(small), started)
+        if large:
+            asyncio.ensure_future(self._parse_off_loop(large, started))
+
+    async def _parse_off_loop(self, calls: list[TakenCall], started: float) -> None:
+        """Large requests parsed on the CPU pool (a bounded hold of the loop), then admitted here."""
+        self._admit([call.id for call in calls], await self.core.off_loop(self._parsed, calls), started)
 
     def _parsed(self, calls: list[TakenCall]) -> list[PlainEmbed | errors.ServiceError]:
         out = []
@@ -98,22 +96,39 @@ class NativeFront:
                 out.append(exc)
         return out
 
-    def _prepared(
-        self, plain: list[PlainEmbed | errors.ServiceError]
-    ) -> list[Prepared | errors.ServiceError]:
-        """Each call checked and tokenized (a call refused in parsing keeps its refusal)."""
+    def _admit(self, ids: list[int], parsed: list[PlainEmbed | errors.ServiceError], started: float) -> None:
+        """Each call checked and given room in its encoder's queue (or refused) before any tokenization;
+        short calls then tokenized here, as the core tokenizes a short call on the loop, long ones on the
+        CPU pool."""
+        short: tuple[list[int], list[Admitted]] = ([], [])
+        long: tuple[list[int], list[Admitted]] = ([], [])
+        for call, plain in zip(ids, parsed, strict=True):
+            try:
+                if isinstance(plain, errors.ServiceError):
+                    raise plain
+                admitted = self.groups.admit(plain)
+            except Exception as exc:  # a ServiceError refuses it; anything else is answered as INTERNAL
+                self._answer(call, started, exc)
+                continue
+            group = short if sum(len(t) for t in admitted.texts) <= INLINE_TOKENIZE_CHARS else long
+            group[0].append(call)
+            group[1].append(admitted)
+        if short[0]:
+            self._submit(short[0], self._prepared(short[1]), started)
+        if long[0]:
+            asyncio.ensure_future(self._prepare_off_loop(long, started))
+
+    def _prepared(self, admitted: list[Admitted]) -> list[Admitted | errors.ServiceError]:
         try:
-            ready = [p for p in plain if not isinstance(p, errors.ServiceError)]
-            prepared = iter(self.groups.prepare(ready))
-            return [p if isinstance(p, errors.ServiceError) else next(prepared) for p in plain]
+            return self.groups.prepare(admitted)
         except Exception as exc:  # answered, so no call hangs
             log.exception("native Embed: preparing calls failed")
-            return [errors.InferenceFailed(f"internal error: {type(exc).__name__}")] * len(plain)
+            for one in admitted:
+                one.permit.release()
+            return [errors.InferenceFailed(f"internal error: {type(exc).__name__}")] * len(admitted)
 
-    async def _prepare_off_loop(self, calls: list[TakenCall], started: float) -> None:
-        """Large requests parsed, and long texts tokenized, on the CPU pool (a bounded hold of the loop)."""
-        prepared = await self.core.off_loop(lambda: self._prepared(self._parsed(calls)))
-        self._submit([call.id for call in calls], prepared, started)
+    async def _prepare_off_loop(self, group: tuple[list[int], list[Admitted]], started: float) -> None:
+        self._submit(group[0], await self.core.off_loop(self._prepared, group[1]), started)
 
     def _plain(self, call: TakenCall) -> PlainEmbed:
         request = parse_request(pb.EmbedRequest, call.request)
@@ -127,7 +142,7 @@ class NativeFront:
         normalize = request.normalize if request.HasField("normalize") else None
         return PlainEmbed(request.model, list(request.inputs), normalize, request.truncate, deadline)
 
-    def _submit(self, ids: list[int], prepared: list[Prepared | errors.ServiceError], started: float) -> None:
+    def _submit(self, ids: list[int], prepared: list[Admitted | errors.ServiceError], started: float) -> None:
         for call, one in zip(ids, prepared, strict=True):
             if isinstance(one, errors.ServiceError):
                 self._answer(call, started, one)
@@ -135,7 +150,8 @@ class NativeFront:
             try:
                 self.groups.submit(one, lambda result, call=call: self._answer(call, started, result))
             except Exception as exc:  # answered, so no call hangs
-                log.exception("native Embed: admitting a call failed")
+                log.exception("native Embed: queueing a call failed")
+                one.permit.release()
                 self._answer(call, started, exc)
 
     def _answer(self, call: int, started: float, result: EmbedResult | BaseException) -> None:
