@@ -97,9 +97,8 @@ class InferenceServer:
         self.metrics_port: int | None = None
         self.http: HttpFront | None = None  # HTTP beside gRPC (service/http/), through the same core
         self.http_port: int | None = None
-        self.native: NativeFront | None = (
-            None  # plain Embed calls through gRPC's C++ server (service/grpc/native/)
-        )
+        # plain Embed calls through gRPC's C++ server (service/grpc/native/), with a native_port
+        self.native: NativeFront | None = None
         self.native_port: int | None = None
         self.serving = False  # warmed up (HTTP readiness = serving and not draining)
         self.models: list[ServedModel] = []
