@@ -184,7 +184,7 @@ async def run(config: ScalingConfig, log=lambda message: print(message, file=sys
             )
         pin_this_process(client)
         # the same texts, repeated so that every phase runs into its time limit, whatever the speed
-        repeat = 100
+        repeat = 250
         texts, tokens = corpus.texts * repeat, corpus.tokens * repeat
         bulk = make_requests(texts, tokens, PER_CALL_CONCURRENCY, flops_of)
         single = make_requests(texts, tokens, 1, flops_of)

@@ -170,10 +170,11 @@ def test_the_queue_bound_is_the_main_ports(server):
 
 def test_calls_held_by_the_transport_are_bounded(server):
     """Beyond max_queue_inputs calls held by the C++ server (queued or computing), a call is refused before
-    its request is queued."""
+    its request is queued, and counted in bertserve_requests_total like the main port's refusals."""
     native = server.server.native_port
     model = server.server.core.registry.by_name[MODEL]
     transport = server.server.native.transport
+    exhausted = _counted(server, "RESOURCE_EXHAUSTED")
     with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(28) as pool:
         held = [pool.submit(_code, native, pb.EmbedRequest(inputs=["held"])) for _ in range(24)]
         wait_for(lambda: transport.held >= 24)
@@ -181,6 +182,7 @@ def test_calls_held_by_the_transport_are_bounded(server):
         gate.release()
         assert all(f.result(30)[0] == grpc.StatusCode.OK for f in held)
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "calls are held" in details
+    wait_for(lambda: _counted(server, "RESOURCE_EXHAUSTED") == exhausted + 1)  # added every second
 
 
 def test_request_bytes_held_are_bounded(tiny_repo):
@@ -242,15 +244,22 @@ def test_an_expired_call_gets_deadline_exceeded_and_the_server_goes_on(server):
     assert len(_embed(native, pb.EmbedRequest(inputs=["next"])).embeddings) == 1
 
 
+def _counted(server, code: str) -> float:
+    return metric(scrape(server.metrics_url), "bertserve_requests_total", rpc="Embed", code=code)
+
+
 def test_native_calls_are_counted_with_the_main_ports(server):
     native = server.server.native_port
 
     def counted(code: str) -> float:
-        return metric(scrape(server.metrics_url), "bertserve_requests_total", rpc="Embed", code=code)
+        return _counted(server, code)
 
+    # a call is counted just after its reply leaves: earlier tests' last counts land before in_flight is 0
+    wait_for(lambda: server.server.lifecycle.in_flight == 0)
     ok, invalid = counted("OK"), counted("INVALID_ARGUMENT")
     _embed(native, pb.EmbedRequest(inputs=["one"]))
     _code(native, pb.EmbedRequest(inputs=[]))
+    wait_for(lambda: server.server.lifecycle.in_flight == 0)
     assert counted("OK") == ok + 1 and counted("INVALID_ARGUMENT") == invalid + 1
 
 

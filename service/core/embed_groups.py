@@ -70,7 +70,7 @@ class EmbedGroups:
 
     def prepare(self, calls: list[Admitted]) -> list[Admitted | ServiceError]:
         """Blocking (tokenization: on the event loop only when short): per call, itself tokenized or why it
-        is refused (its room given back)."""
+        is refused (the caller gives its room back, on the event loop)."""
         out: list[Admitted | ServiceError] = list(calls)
         by_model: dict[ServedModel, list[int]] = {}
         for i, admitted in enumerate(calls):
@@ -89,7 +89,6 @@ class EmbedGroups:
                 try:
                     self._check(admitted)
                 except ServiceError as exc:
-                    admitted.permit.release()
                     out[i] = exc
         return out
 
@@ -104,7 +103,7 @@ class EmbedGroups:
                     )
         check_embed_answer_size(served, [admitted.option], encoded, self.settings.max_message_bytes)
 
-    def submit(self, prepared: Admitted, on_done: Callable[[EmbedResult | ServiceError], None]) -> None:
+    def submit(self, prepared: Admitted, on_done: Callable[[EmbedResult | BaseException], None]) -> None:
         """On the event loop: queues the call's inputs in its room (or calls `on_done` with the refusal at
         once: its deadline is too near) and calls `on_done` with its result once every input is computed."""
         served, loop = prepared.served, asyncio.get_running_loop()
@@ -133,10 +132,14 @@ class EmbedGroups:
                     item.future.cancel()
                 on_done(ShuttingDown("the call was cancelled") if future.cancelled() else future.exception())
             elif not left[0]:
-                results = [item.future.result() for item in items]
-                meta = call_meta(served, prepared.encoded, prepared.tokenize_s, results)
-                values = [r.value for r in results]
-                on_done(embed_result(served, prepared.call, prepared.option, values, meta))
+                try:
+                    results = [item.future.result() for item in items]
+                    meta = call_meta(served, prepared.encoded, prepared.tokenize_s, results)
+                    values = [r.value for r in results]
+                    result = embed_result(served, prepared.call, prepared.option, values, meta)
+                except Exception as exc:  # answered all the same
+                    result = exc
+                on_done(result)
 
         for item in items:
             item.future.add_done_callback(one_done)

@@ -24,7 +24,7 @@ from bertserve.service.core.lifecycle import Lifecycle
 from bertserve.service.core.results import EmbedResult
 from bertserve.service.core.tokenizing import INLINE_TOKENIZE_CHARS
 from bertserve.service.grpc import v1_messages as messages
-from bertserve.service.grpc.native.transport import NativeTransport, TakenCall
+from bertserve.service.grpc.native.transport import STATUS_CODES, NativeTransport, TakenCall
 from bertserve.service.grpc.rpc_status import check_response_size, parse_request, status_message, status_of
 from bertserve.service.settings import Settings
 from bertserve.v1 import inference_pb2 as pb
@@ -35,6 +35,8 @@ METHODS = ["/bertserve.v1.Inference/Embed"]
 DRAIN_POLL_S = 0.01  # while draining: how often the calls still held are counted
 UNARY_FIELDS = ("options", "token_ids")  # an Embed request's fields this port refuses
 INLINE_PARSE_BYTES = 64 * 1024  # larger requests are parsed on the CPU pool, not the event loop
+COUNT_EVERY_S = 1.0  # how often the transport's own refusals reach the metrics
+CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 class NativeFront:
@@ -44,6 +46,9 @@ class NativeFront:
         self.groups = EmbedGroups(core)
         self.transport: NativeTransport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: set[asyncio.Task] = set()  # calls being parsed or tokenized on the CPU pool
+        self._counting: asyncio.Task | None = None
+        self._counted = [0] * STATUS_CODES  # the transport's counts already added to the metrics
 
     async def start(self, host: str, port: int, tls: tuple[bytes, bytes, bytes] | None) -> int:
         """Listens (building the transport on first use) and takes calls as they come; returns the port."""
@@ -57,7 +62,22 @@ class NativeFront:
             ),
         )  # fmt: skip
         self._loop.add_reader(self.transport.wakeup_fd, self._take)
+        self._counting = asyncio.ensure_future(self._count_transport())
         return self.transport.port
+
+    async def _count_transport(self) -> None:
+        """The calls the transport ended before they were taken, added to bertserve_requests_total every
+        COUNT_EVERY_S (and once more at stop)."""
+        while True:
+            await asyncio.sleep(COUNT_EVERY_S)
+            self._add_transport_counts()
+
+    def _add_transport_counts(self) -> None:
+        counts = self.transport.counts()
+        for code, (now, before) in enumerate(zip(counts, self._counted, strict=True)):
+            if now > before:
+                self.metrics.requests.labels("Embed", CODE_NAMES[code]).inc(now - before)
+        self._counted = counts
 
     def _take(self) -> None:
         """On the loop, when calls wait: one group (up to max_batch_size calls) per turn of the loop, parsed
@@ -80,23 +100,45 @@ class NativeFront:
         large = [call for call in calls if len(call.request) > INLINE_PARSE_BYTES]
         if small:
             self._admit([call.id for call in small], self._parsed(small), started)
-        if large:
-            asyncio.ensure_future(self._parse_off_loop(large, started))
+        if large:  # parsed on the CPU pool (a bounded hold of the loop), then admitted here
+            self._off_loop([call.id for call in large], lambda: self._parsed(large), self._admit, started)
 
-    async def _parse_off_loop(self, calls: list[TakenCall], started: float) -> None:
-        """Large requests parsed on the CPU pool (a bounded hold of the loop), then admitted here."""
-        self._admit([call.id for call in calls], await self.core.off_loop(self._parsed, calls), started)
+    def _off_loop(self, ids: list[int], work, then, started: float, admitted: list[Admitted] = ()) -> None:
+        """`then(ids, work(), started)` on the loop once `work` has run on the CPU pool; if that fails or is
+        cancelled (the server stopping), the calls' room is given back and each call answered."""
 
-    def _parsed(self, calls: list[TakenCall]) -> list[PlainEmbed | errors.ServiceError]:
+        async def run() -> None:
+            try:
+                done = await self.core.off_loop(work)
+            except BaseException as exc:
+                for one in admitted:
+                    one.permit.release()
+                why = (
+                    errors.ShuttingDown("the server is stopping")
+                    if isinstance(exc, asyncio.CancelledError)
+                    else exc
+                )
+                for call in ids:
+                    self._answer(call, started, why)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                return
+            then(ids, done, started)
+
+        task = asyncio.ensure_future(run())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def _parsed(self, calls: list[TakenCall]) -> list[PlainEmbed | BaseException]:
         out = []
         for call in calls:
             try:
                 out.append(self._plain(call))
-            except errors.ServiceError as exc:
+            except Exception as exc:  # a ServiceError refuses it; anything else is answered as INTERNAL
                 out.append(exc)
         return out
 
-    def _admit(self, ids: list[int], parsed: list[PlainEmbed | errors.ServiceError], started: float) -> None:
+    def _admit(self, ids: list[int], parsed: list[PlainEmbed | BaseException], started: float) -> None:
         """Each call checked and given room in its encoder's queue (or refused) before any tokenization;
         short calls then tokenized here, as the core tokenizes a short call on the loop, long ones on the
         CPU pool."""
@@ -104,7 +146,7 @@ class NativeFront:
         long: tuple[list[int], list[Admitted]] = ([], [])
         for call, plain in zip(ids, parsed, strict=True):
             try:
-                if isinstance(plain, errors.ServiceError):
+                if isinstance(plain, BaseException):
                     raise plain
                 admitted = self.groups.admit(plain)
             except Exception as exc:  # a ServiceError refuses it; anything else is answered as INTERNAL
@@ -114,21 +156,20 @@ class NativeFront:
             group[0].append(call)
             group[1].append(admitted)
         if short[0]:
-            self._submit(short[0], self._prepared(short[1]), started)
+            self._submit(short[0], short[1], self._prepared(short[1]), started)
         if long[0]:
-            asyncio.ensure_future(self._prepare_off_loop(long, started))
+            calls, admitted = long
+            self._off_loop(
+                calls, lambda: self._prepared(admitted),
+                lambda ids, prepared, at: self._submit(ids, admitted, prepared, at), started, admitted,
+            )  # fmt: skip
 
-    def _prepared(self, admitted: list[Admitted]) -> list[Admitted | errors.ServiceError]:
+    def _prepared(self, admitted: list[Admitted]) -> list[Admitted | BaseException]:
         try:
             return self.groups.prepare(admitted)
         except Exception as exc:  # answered, so no call hangs
             log.exception("native Embed: preparing calls failed")
-            for one in admitted:
-                one.permit.release()
-            return [errors.InferenceFailed(f"internal error: {type(exc).__name__}")] * len(admitted)
-
-    async def _prepare_off_loop(self, group: tuple[list[int], list[Admitted]], started: float) -> None:
-        self._submit(group[0], await self.core.off_loop(self._prepared, group[1]), started)
+            return [exc] * len(admitted)
 
     def _plain(self, call: TakenCall) -> PlainEmbed:
         request = parse_request(pb.EmbedRequest, call.request)
@@ -142,37 +183,47 @@ class NativeFront:
         normalize = request.normalize if request.HasField("normalize") else None
         return PlainEmbed(request.model, list(request.inputs), normalize, request.truncate, deadline)
 
-    def _submit(self, ids: list[int], prepared: list[Admitted | errors.ServiceError], started: float) -> None:
-        for call, one in zip(ids, prepared, strict=True):
-            if isinstance(one, errors.ServiceError):
-                self._answer(call, started, one)
+    def _submit(
+        self,
+        ids: list[int],
+        admitted: list[Admitted],
+        prepared: list[Admitted | BaseException],
+        started: float,
+    ) -> None:
+        """On the loop: each tokenized call's inputs queued in its room; a refused one's room given back."""
+        for call, one, ready in zip(ids, admitted, prepared, strict=True):
+            if isinstance(ready, BaseException):
+                one.permit.release()
+                self._answer(call, started, ready)
                 continue
             try:
                 self.groups.submit(one, lambda result, call=call: self._answer(call, started, result))
-            except Exception as exc:  # answered, so no call hangs
+            except Exception as exc:  # `submit` answers what it refuses; this is a bug's, answered too
                 log.exception("native Embed: queueing a call failed")
                 one.permit.release()
                 self._answer(call, started, exc)
 
     def _answer(self, call: int, started: float, result: EmbedResult | BaseException) -> None:
-        """On the loop: the call's reply (or status) handed to the transport; the call leaves the lifecycle."""
+        """On the loop: the call's reply (or status) handed to the transport; the call leaves the lifecycle.
+        Never raises."""
         try:
             if self.transport is None:  # stopped: the transport ended the call with UNAVAILABLE
                 self._count(grpc.StatusCode.UNAVAILABLE, started)
             elif isinstance(result, EmbedResult):
-                try:
-                    data = messages.embed(result)
-                    check_response_size(data, self.settings.max_message_bytes)
-                except errors.ServiceError as exc:
-                    self._fail(call, exc, started)
-                else:
-                    sent = self.transport.reply(call, data)  # not: its client left, or it timed out
-                    self._count(grpc.StatusCode.OK if sent else grpc.StatusCode.CANCELLED, started)
+                data = messages.embed(result)
+                check_response_size(data, self.settings.max_message_bytes)
+                sent = self.transport.reply(call, data)  # not: it had ended (its client left, a timeout)
+                self._count(grpc.StatusCode.OK if sent else grpc.StatusCode.CANCELLED, started)
             elif isinstance(result, errors.ServiceError):
                 self._fail(call, result, started)
             else:
-                log.error("native Embed failed: %r", result)
-                self._fail(call, errors.InferenceFailed(f"internal error: {type(result).__name__}"), started)
+                raise result
+        except errors.ServiceError as exc:  # the reply is too large
+            self._fail(call, exc, started)
+        except Exception as exc:
+            log.error("native Embed failed: %r", exc)
+            with contextlib.suppress(Exception):
+                self._fail(call, errors.InferenceFailed(f"internal error: {type(exc).__name__}"), started)
         finally:
             self.lifecycle.leave()
 
@@ -199,6 +250,11 @@ class NativeFront:
         while self.transport.held and time.monotonic() < until:
             await asyncio.sleep(DRAIN_POLL_S)
         self._loop.remove_reader(self.transport.wakeup_fd)
+        for task in list(self._pending):  # their calls answered with UNAVAILABLE, their room given back
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
         await self._loop.run_in_executor(None, self.transport.stop, max(0.0, until - time.monotonic()))
+        self._counting.cancel()
+        self._add_transport_counts()
         self.transport.free()
         self.transport = None

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -69,6 +70,7 @@ class Refusal : public grpc::ServerGenericBidiReactor {
 
 using Steady = std::chrono::steady_clock;
 using Wall = std::chrono::system_clock;
+constexpr int kCodes = 17;  // gRPC status codes
 
 class Transport : public grpc::CallbackGenericService {
  public:
@@ -99,9 +101,11 @@ class Transport : public grpc::CallbackGenericService {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (draining_) {
+        Count(grpc::StatusCode::UNAVAILABLE);
         return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
       }
       if (static_cast<int>(table_.size()) >= max_open_) {
+        Count(grpc::StatusCode::RESOURCE_EXHAUSTED);
         return new Refusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                         std::to_string(table_.size()) + " calls are open, max_concurrent_rpcs " +
                                             std::to_string(max_open_) + "; retry later"));
@@ -151,11 +155,13 @@ class Transport : public grpc::CallbackGenericService {
   }
 
   // The call leaves the table (so exactly one of Python's answer, a cancellation, the reaper or shutdown
-  // ends it); its request, if still here, is freed with it.
-  Call* Take(uint64_t id) {
+  // ends it); its request, if still here, is freed with it. `code`: how this side ends it, counted when
+  // Python never took it (Python counts the calls it took).
+  Call* Take(uint64_t id, int code = -1) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = table_.find(id);
     if (found == table_.end()) return nullptr;
+    if (code >= 0 && !found->second.taken) Count(static_cast<grpc::StatusCode>(code));
     Call* call = found->second.call;
     bytes_ -= found->second.bytes;
     admitted_ -= found->second.read ? 1 : 0;
@@ -191,6 +197,7 @@ class Transport : public grpc::CallbackGenericService {
       Append(&size, sizeof(size));
       Append(held.request.data(), size);
       std::string().swap(held.request);  // Python has its copy; the bytes stay counted until the answer
+      held.taken = true;
       ++taken;
     }
     if (queue_.empty()) told_ = false;  // all taken: the next arrival writes the eventfd again
@@ -220,7 +227,10 @@ class Transport : public grpc::CallbackGenericService {
     std::vector<Call*> calls;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& entry : table_) calls.push_back(entry.second.call);
+      for (auto& entry : table_) {
+        calls.push_back(entry.second.call);
+        if (!entry.second.taken) Count(status.error_code());
+      }
       table_.clear();
       queue_.clear();
       bytes_ = 0;
@@ -234,6 +244,11 @@ class Transport : public grpc::CallbackGenericService {
     return admitted_;
   }
 
+  // Calls this side ended before Python took them, by status code (0-16), since the start.
+  void Counts(int64_t* out) {
+    for (int code = 0; code < kCodes; ++code) out[code] = ended_[code].load();
+  }
+
  private:
   struct Held {
     Call* call = nullptr;
@@ -241,6 +256,7 @@ class Transport : public grpc::CallbackGenericService {
     Steady::time_point created;
     Wall::time_point deadline = Wall::time_point::max();
     bool read = false;    // its request came (it counts against max_calls and the bytes)
+    bool taken = false;   // Python took it (Python counts how it ends)
     int64_t bytes = 0;    // of its request
     std::string request;  // until Python takes it
   };
@@ -254,6 +270,7 @@ class Transport : public grpc::CallbackGenericService {
       auto now = Steady::now();
       for (auto it = table_.begin(); it != table_.end();) {
         if (!it->second.read && now - it->second.created > read_timeout_) {
+          Count(grpc::StatusCode::DEADLINE_EXCEEDED);
           late.push_back(it->second.call);
           it = table_.erase(it);
         } else {
@@ -269,6 +286,9 @@ class Transport : public grpc::CallbackGenericService {
   }
 
   void Append(const void* data, size_t size) { batch_.append(static_cast<const char*>(data), size); }
+  void Count(grpc::StatusCode code) {
+    if (code >= 0 && code < kCodes) ++ended_[code];
+  }
   void Tell() {
     uint64_t one = 1;
     if (write(wakeup_, &one, sizeof(one)) < 0) {
@@ -293,23 +313,25 @@ class Transport : public grpc::CallbackGenericService {
   bool closed_ = false;
   bool told_ = false;  // the eventfd was written since a take last left the queue empty
   int wakeup_;
-  std::thread reaper_;  // last: starts once the rest is made
+  std::atomic<int64_t> ended_[kCodes] = {};  // see Counts
+  std::thread reaper_;                        // last: starts once the rest is made
 };
 
 void Call::Begin() { StartRead(&request_); }
 
 void Call::OnReadDone(bool ok) {
   if (!ok) {  // the client went away, or half-closed without a request
-    if (transport_->Take(id_) != nullptr) {
-      Finish(context_->IsCancelled()
-                 ? grpc::Status::CANCELLED
-                 : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request: no message before the client's end"));
-    }
+    grpc::Status status = context_->IsCancelled()
+                              ? grpc::Status::CANCELLED
+                              : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request: no message before the client's end");
+    if (transport_->Take(id_, status.error_code()) != nullptr) Finish(status);
     return;
   }
   std::vector<grpc::Slice> slices;
   if (!request_.Dump(&slices).ok()) {
-    if (transport_->Take(id_) != nullptr) Finish(grpc::Status(grpc::StatusCode::INTERNAL, "unreadable request"));
+    if (transport_->Take(id_, grpc::StatusCode::INTERNAL) != nullptr) {
+      Finish(grpc::Status(grpc::StatusCode::INTERNAL, "unreadable request"));
+    }
     return;
   }
   std::string request;
@@ -317,13 +339,16 @@ void Call::OnReadDone(bool ok) {
   for (const grpc::Slice& slice : slices) request.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
   request_.Clear();
   std::string refusal = transport_->Arrived(id_, context_->deadline(), std::move(request));
-  if (!refusal.empty() && transport_->Take(id_) != nullptr) {
+  if (!refusal.empty() && transport_->Take(id_, grpc::StatusCode::RESOURCE_EXHAUSTED) != nullptr) {
     Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, refusal));
   }
 }
 
 void Call::OnCancel() {
-  if (transport_->Take(id_) != nullptr) Finish(grpc::Status::CANCELLED);
+  // a deadline that passed ends the call as a cancellation does; the client saw DEADLINE_EXCEEDED then
+  bool expired = context_->deadline() <= Wall::now();
+  int code = expired ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED;
+  if (transport_->Take(id_, code) != nullptr) Finish(grpc::Status::CANCELLED);
 }
 
 void Call::OnDone() { delete this; }
@@ -427,6 +452,10 @@ int bsn_fail(void* handle, uint64_t id, int code, const char* message) {
 }
 
 int bsn_held(void* handle) { return static_cast<Handle*>(handle)->transport->held(); }
+
+// Calls the transport ended itself before Python took them (refusals, timeouts, cancellations), by gRPC
+// status code: 17 counters since the start into `out`.
+void bsn_counts(void* handle, int64_t* out) { static_cast<Handle*>(handle)->transport->Counts(out); }
 
 // New calls get UNAVAILABLE from now on; the held ones are still answered.
 void bsn_drain(void* handle) { static_cast<Handle*>(handle)->transport->StartDraining(); }

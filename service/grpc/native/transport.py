@@ -17,6 +17,7 @@ from bertserve.service.grpc.native.build import NativeUnavailable, built, cached
 SOURCE = Path(__file__).with_name("transport.cc")
 _HEAD = struct.Struct("<QdiI")  # call id, seconds to its deadline (-1: none), method index, request size
 _ERROR_BYTES = 512
+STATUS_CODES = 17  # gRPC status codes, 0 (OK) to 16 (UNAUTHENTICATED)
 
 __all__ = ["NativeTransport", "NativeUnavailable", "TakenCall", "library"]
 
@@ -64,6 +65,7 @@ def library() -> ctypes.CDLL:
             "bsn_reply": (c.c_int, [c.c_void_p, c.c_uint64, c.c_char_p, c.c_int64]),
             "bsn_fail": (c.c_int, [c.c_void_p, c.c_uint64, c.c_int, c.c_char_p]),
             "bsn_held": (c.c_int, [c.c_void_p]),
+            "bsn_counts": (None, [c.c_void_p, c.POINTER(c.c_int64)]),
             "bsn_drain": (None, [c.c_void_p]),
             "bsn_stop": (None, [c.c_void_p, c.c_double]),
             "bsn_free": (None, [c.c_void_p]),
@@ -141,6 +143,13 @@ class NativeTransport:
     def held(self) -> int:
         """Calls whose request was read, not yet ended."""
         return self._lib.bsn_held(self._handle)
+
+    def counts(self) -> list[int]:
+        """Calls the transport ended itself before they were taken (refusals, read timeouts, clients that
+        left), by gRPC status code (index = the code's number), since the start."""
+        out = (ctypes.c_int64 * STATUS_CODES)()
+        self._lib.bsn_counts(self._handle, out)
+        return list(out)
 
     def drain(self) -> None:
         """New calls get UNAVAILABLE; those held are still answered."""
