@@ -22,7 +22,7 @@ from bertserve.service.engine.batcher import Permit, WorkItem
 from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tokenization import EncodedInput
-from bertserve.service.errors import InvalidInput, ServiceError, ShuttingDown
+from bertserve.service.errors import ServiceError, ShuttingDown
 
 
 @dataclass(frozen=True)
@@ -95,12 +95,7 @@ class EmbedGroups:
     def _check(self, admitted: Admitted) -> None:
         served, encoded = admitted.served, admitted.encoded
         if not (admitted.plain.truncate or self.settings.auto_truncate):
-            for i, e in enumerate(encoded):
-                if e.truncated:  # as ModelTokenizer.encode refuses it
-                    raise InvalidInput(
-                        f"inputs[{i}]: {served.tokenizer.count_tokens(admitted.texts[i])} tokens is more "
-                        f"than the model's max_length {served.tokenizer.max_length} (set truncate to cut it)"
-                    )
+            served.tokenizer.refuse_cut(admitted.texts, dict(enumerate(encoded)))  # as `encode` refuses it
         check_embed_answer_size(served, [admitted.option], encoded, self.settings.max_message_bytes)
 
     def submit(self, prepared: Admitted, on_done: Callable[[EmbedResult | BaseException], None]) -> None:

@@ -147,14 +147,19 @@ class ModelTokenizer:
         # without truncate, only inputs before the first too-long one still matter
         needed = None if truncate else lambda i: i < first_cut[0]
         self._prefixes(texts, True, detailed, keep, needed, left=left and truncate)
-        refused = sorted(i for i, r in results.items() if r.truncated)
-        if refused and not truncate:
-            i = refused[0]
+        if not truncate:  # inputs after the first one cut may not be there
+            self.refuse_cut(texts, results)
+        return [results[i] for i in range(len(texts))]
+
+    def refuse_cut(self, texts: list[str], encoded: dict[int, EncodedInput]) -> None:
+        """InvalidInput naming the first of `texts` whose encoding (by its index) was cut at max_length, for
+        a call that did not ask to truncate."""
+        i = min((i for i, e in encoded.items() if e.truncated), default=None)
+        if i is not None:
             raise InvalidInput(
                 f"inputs[{i}]: {self.count_tokens(texts[i])} tokens is more than the model's max_length "
                 f"{self.max_length} (set truncate to cut it)"
             )
-        return [results[i] for i in range(len(texts))]
 
     def encode_pairs(
         self,
