@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 METHODS = ["/bertserve.v1.Inference/Embed"]
 DRAIN_POLL_S = 0.01  # while draining: how often the calls still held are counted
-UNARY_FIELDS = ("options", "token_ids")  # an Embed request's fields this port refuses
 INLINE_PARSE_BYTES = 64 * 1024  # larger requests are parsed on the CPU pool, not the event loop
 COUNT_EVERY_S = 1.0  # how often the transport's own refusals reach the metrics
 CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
@@ -81,14 +80,14 @@ class NativeFront:
 
     def _take(self) -> None:
         """On the loop, when calls wait: one group (up to max_batch_size calls) per turn of the loop, parsed
-        and checked here, its calls tokenized here when short (as the core tokenizes a short call on the
-        loop) or on the CPU pool, then admitted; a full group takes the next turn too."""
+        (large requests on the CPU pool), then admitted and tokenized (`_admit`); a full group takes the
+        next turn too."""
         if self.transport is None:
             return
         with contextlib.suppress(BlockingIOError):
             os.read(self.transport.wakeup_fd, 8)
         limit = self.settings.max_batch_size
-        calls = self.transport.take(0, limit)
+        calls = self.transport.take(limit)
         if not calls:
             return
         if len(calls) == limit:  # more may wait: taken next turn, so a flood never holds the loop
@@ -146,11 +145,11 @@ class NativeFront:
         long: tuple[list[int], list[Admitted]] = ([], [])
         for call, plain in zip(ids, parsed, strict=True):
             try:
-                if isinstance(plain, BaseException):
-                    raise plain
-                admitted = self.groups.admit(plain)
+                admitted = plain if isinstance(plain, BaseException) else self.groups.admit(plain)
             except Exception as exc:  # a ServiceError refuses it; anything else is answered as INTERNAL
-                self._answer(call, started, exc)
+                admitted = exc
+            if isinstance(admitted, BaseException):
+                self._answer(call, started, admitted)
                 continue
             group = short if sum(len(t) for t in admitted.texts) <= INLINE_TOKENIZE_CHARS else long
             group[0].append(call)
@@ -173,8 +172,11 @@ class NativeFront:
 
     def _plain(self, call: TakenCall) -> PlainEmbed:
         request = parse_request(pb.EmbedRequest, call.request)
-        for name in UNARY_FIELDS:
-            if request.HasField(name) if name == "options" else len(getattr(request, name)):
+        for name, present in (
+            ("options", request.HasField("options")),
+            ("token_ids", bool(request.token_ids)),
+        ):
+            if present:
                 raise errors.InvalidInput(
                     f"{name}: the native port answers plain Embed calls (inputs, model, normalize, "
                     "truncate); send this call to the main port"

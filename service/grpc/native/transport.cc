@@ -149,7 +149,6 @@ class Transport : public grpc::CallbackGenericService {
       tell = !told_;
       told_ = true;
     }
-    arrived_.notify_one();
     if (tell) Tell();
     return "";
   }
@@ -169,13 +168,10 @@ class Transport : public grpc::CallbackGenericService {
     return call;
   }
 
-  // Waits up to `timeout_s` for a queued call; takes up to `max_calls` of them into `batch_`.
-  // Returns how many, or -1 once closed and empty.
-  int Next(double timeout_s, int max_calls) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (timeout_s > 0) {
-      arrived_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return !queue_.empty() || closed_; });
-    }
+  // Takes up to `max_calls` queued calls into `batch_`, without waiting. Returns how many, or -1 once
+  // closed and empty.
+  int Next(int max_calls) {
+    std::lock_guard<std::mutex> lock(mutex_);
     batch_.clear();
     int taken = 0;
     auto now = Wall::now();
@@ -217,7 +213,6 @@ class Transport : public grpc::CallbackGenericService {
       std::lock_guard<std::mutex> lock(mutex_);
       closed_ = true;
     }
-    arrived_.notify_all();
     reap_.notify_all();
     Tell();
   }
@@ -303,8 +298,7 @@ class Transport : public grpc::CallbackGenericService {
   int64_t bytes_ = 0;  // requests of the calls held
   int admitted_ = 0;   // calls whose request was read, not yet ended
   std::mutex mutex_;
-  std::condition_variable arrived_;  // the taker's (a blocking bsn_next)
-  std::condition_variable reap_;     // the reaper's
+  std::condition_variable reap_;  // the reaper's
   std::unordered_map<uint64_t, Held> table_;  // calls not yet ended
   std::deque<uint64_t> queue_;               // calls read, not yet taken by Python
   std::string batch_;                        // the last group taken (one taker)
@@ -422,13 +416,13 @@ int bsn_port(void* handle) { return static_cast<Handle*>(handle)->port; }
 // The eventfd that becomes readable when calls wait to be taken (read it, then take until none is left).
 int bsn_wakeup_fd(void* handle) { return static_cast<Handle*>(handle)->transport->wakeup(); }
 
-// Blocks up to `timeout_s` (0: not at all; ctypes releases Python's lock meanwhile) for calls; takes up to
-// `max_calls`. Each taken call is [u64 id][f64 seconds to its deadline, -1: none][i32 method][u32 size][request].
+// Takes up to `max_calls` waiting calls, without blocking (read the eventfd first, then take until none
+// is left). Each taken call is [u64 id][f64 seconds to its deadline, -1: none][i32 method][u32 size][request].
 // Returns how many were taken (their records at *data, *size bytes, valid until the next bsn_next), 0 when
-// none came in time, -1 once the transport is closed and nothing is queued.
-int bsn_next(void* handle, double timeout_s, int max_calls, const char** data, int64_t* size) {
+// none waits, -1 once the transport is closed and nothing is queued.
+int bsn_next(void* handle, int max_calls, const char** data, int64_t* size) {
   Transport* transport = static_cast<Handle*>(handle)->transport.get();
-  int taken = transport->Next(timeout_s, max_calls);
+  int taken = transport->Next(max_calls);
   *data = transport->batch().data();
   *size = static_cast<int64_t>(transport->batch().size());
   return taken;

@@ -1,9 +1,8 @@
 """The native gRPC transport (transport.cc, built on first use and loaded with ctypes): a C++ gRPC server
 whose calls Python takes in groups and answers one by one with bytes or a status.
 
-An event loop watches `wakeup_fd` and takes what waits without blocking; a thread may instead block in
-`take` (ctypes releases Python's lock for each foreign call, and gRPC's own threads run beside the
-interpreter)."""
+An event loop watches `wakeup_fd` and takes what waits without blocking; gRPC's own threads run beside
+the interpreter (ctypes releases Python's lock for each foreign call)."""
 
 from __future__ import annotations
 
@@ -60,7 +59,7 @@ def library() -> ctypes.CDLL:
             "bsn_wakeup_fd": (c.c_int, [c.c_void_p]),
             "bsn_next": (
                 c.c_int,
-                [c.c_void_p, c.c_double, c.c_int, c.POINTER(c.c_void_p), c.POINTER(c.c_int64)],
+                [c.c_void_p, c.c_int, c.POINTER(c.c_void_p), c.POINTER(c.c_int64)],
             ),
             "bsn_reply": (c.c_int, [c.c_void_p, c.c_uint64, c.c_char_p, c.c_int64]),
             "bsn_fail": (c.c_int, [c.c_void_p, c.c_uint64, c.c_int, c.c_char_p]),
@@ -82,7 +81,7 @@ class NativeTransport:
     UNIMPLEMENTED); `max_open`: calls open at once (beyond: RESOURCE_EXHAUSTED); once a call's request is
     read, at most `max_calls` calls and `max_request_bytes` of their requests are held (beyond:
     RESOURCE_EXHAUSTED; a lone call always fits); a request not read within `read_timeout_s` of its call's
-    start: DEADLINE_EXCEEDED. One thread takes calls; any thread answers them."""
+    start: DEADLINE_EXCEEDED. One thread at a time takes calls; any thread answers them."""
 
     def __init__(
         self,
@@ -112,10 +111,10 @@ class NativeTransport:
         self.wakeup_fd = self._lib.bsn_wakeup_fd(self._handle)  # readable: calls wait to be taken
         self._data, self._size = ctypes.c_void_p(), ctypes.c_int64()
 
-    def take(self, timeout_s: float, max_calls: int) -> list[TakenCall] | None:
-        """Up to `max_calls` calls, waiting up to `timeout_s` (0: not at all) for one ([] if none came); None
-        once stopped. Taking none re-arms `wakeup_fd` for the next call."""
-        taken = self._lib.bsn_next(self._handle, timeout_s, max_calls, self._data, self._size)
+    def take(self, max_calls: int) -> list[TakenCall] | None:
+        """Up to `max_calls` waiting calls, without blocking ([] if none waits); None once stopped. A take
+        that leaves none waiting re-arms `wakeup_fd` for the next call."""
+        taken = self._lib.bsn_next(self._handle, max_calls, self._data, self._size)
         if taken < 0:
             return None
         if taken == 0:
