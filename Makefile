@@ -80,7 +80,7 @@ bench: setup export-default
 
 # On a machine with an NVIDIA GPU (scripts/gpu-check.sh, under 8 minutes): stops with one line where no GPU is
 # usable; else makes .venv-gpu (make setup, then onnxruntime-gpu), exports the default model and runs the GPU
-# bench with workers auto and native (GPU_CHECK_WORKERS=1,2,auto,native for others) into
+# bench with workers auto, on the main port then the native port (GPU_CHECK_WORKERS=1,auto,native-2 for others) into
 # docs/performance/gpu-<device>/.
 gpu-check:
 	scripts/gpu-check.sh

@@ -289,6 +289,8 @@ async def run(config: BenchConfig) -> dict:
         "simulated_two_vs_one_worker": simulated and simulated["two_vs_one_worker"],
         "front_cpu_ms_per_call": simulated and simulated["front_cpu_ms_per_call"],
         "native_cpu_ms_per_call": simulated and simulated["native_cpu_ms_per_call"],
+        "native_two_vs_one_worker": simulated and simulated["native_two_vs_one_worker"],
+        "native_two_cpu_ms_per_call": simulated and simulated["native_two_cpu_ms_per_call"],
     }
     result = {
         "bench_version": 1,

@@ -28,8 +28,10 @@ from bertserve.bench.processes import (
 )
 from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun
 
-WORKERS = ("1", "2", "auto", "native")  # the server's `workers` values, in measuring order
-NATIVE = "native"  # workers 1, the load on its native port (plain Embed through gRPC's C++ server)
+WORKERS = ("1", "2", "auto", "native", "native-2")  # the server's `workers` values, in measuring order
+# "native" and "native-N": workers 1 (or N), the load on the native port (plain Embed calls through gRPC's
+# C++ server, in every front)
+NATIVE, NATIVE_TWO = "native", "native-2"
 ROUNDS = 3  # phases per server, interleaved with the other servers' phases
 STARTUP_TIMEOUT_S = 180.0
 
@@ -88,11 +90,11 @@ async def _start(
     the value."""
     name = f"simulated-device-w{workers}"
     chosen = {"workers": workers}
-    if workers == NATIVE:
+    if workers.startswith(NATIVE):
         native_port = free_port()
-        chosen = {"workers": "1", "native_port": str(native_port)}
+        chosen = {"workers": workers.partition("-")[2] or "1", "native_port": str(native_port)}
     server = bertserve_process(name, repo, spec, threads, logs, settings | chosen)
-    if workers == NATIVE:
+    if workers.startswith(NATIVE):
         server.embed_port = native_port
     server.env.update(child_pythonpath())
     try:
@@ -102,7 +104,8 @@ async def _start(
         why = lines[0] if len(lines) < 2 else f"{lines[0]} {lines[-1].strip()}"
         return None, {"workers": workers, "skipped": f"the server refused workers={workers}: {why}"}
     processes = server.processes() or 0
-    if workers.isdigit() and int(workers) > 1 and processes <= int(workers):
+    fronts = chosen["workers"]
+    if fronts.isdigit() and int(fronts) > 1 and processes <= int(fronts):
         await server.stop()
         return None, {
             "workers": workers,
@@ -160,17 +163,30 @@ def summarize(rows: dict[str, dict], device_ms: float) -> dict:
     with the most processes (where the split between processes costs most; the first such run in order)."""
     measured = [row for row in rows.values() if "skipped" not in row]
     widest = max(
-        (row for row in measured if row["workers"] != NATIVE), key=lambda row: row["processes"], default=None
+        (row for row in measured if not row["workers"].startswith(NATIVE)),
+        key=lambda row: row["processes"],
+        default=None,
     )
     one, two, native = _rate(rows.get("1")), _rate(rows.get("2")), _rate(rows.get(NATIVE))
+    native_two = _rate(rows.get(NATIVE_TWO))
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    def cpu(workers: str) -> float | None:
+        return None if _rate(rows.get(workers)) is None else rows[workers]["cpu_ms_per_call"]
+
     return {
         "device_ms_per_batch": device_ms,
         "concurrency": PER_CALL_CONCURRENCY,
         "workers": rows,
-        "two_vs_one_worker": two / one if one and two is not None else None,
+        "two_vs_one_worker": ratio(two, one),
         "front_cpu_ms_per_call": widest and widest["cpu_ms_per_call"],
         "front_cpu_workers": widest and widest["workers"],
-        # the native port: plain Embed calls through gRPC's C++ server into the one process's batcher
-        "native_vs_one_worker": native / one if one and native is not None else None,
-        "native_cpu_ms_per_call": None if native is None else rows[NATIVE]["cpu_ms_per_call"],
+        # the native port: plain Embed calls through gRPC's C++ server, in one process, then in 2 fronts
+        "native_vs_one_worker": ratio(native, one),
+        "native_cpu_ms_per_call": cpu(NATIVE),
+        "native_two_vs_one_worker": ratio(native_two, one),
+        "native_two_vs_native": ratio(native_two, native),
+        "native_two_cpu_ms_per_call": cpu(NATIVE_TWO),
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make gpu-check`: on a machine with an NVIDIA GPU, from a fresh clone, install what the GPU bench needs,
 # export the default model and run `bertserve bench --provider cuda --quick` once per workers setting
-# (native: one process whose gRPC Embed calls go to its native port, service/grpc/native/),
+# (native-N: workers N, the gRPC Embed calls to the native port of every front, service/grpc/native/),
 # writing docs/performance/gpu-<device>/: gpu-check.md and gpu-check.json (the GPU goals of issue 26, one
 # column per run) and workers-<N>/ (each run's bench.json, bench.md and plots; its logs stay in
 # build/gpu-check/).
@@ -29,9 +29,9 @@ usage() {
     cat <<'EOF'
 usage: scripts/gpu-check.sh [--workers LIST] [--out DIR] [--repo DIR] [--python PY] [--no-install]
 
-  --workers LIST  workers settings to bench, comma-separated, each an integer >= 1, auto or native
-                  (one process, its gRPC Embed calls to its native port; default auto,native;
-                  environment GPU_CHECK_WORKERS)
+  --workers LIST  workers settings to bench, comma-separated, each an integer >= 1, auto, or native-N
+                  (N an integer or auto; native is native-1): workers N, the gRPC Embed calls to the
+                  native port of every front (default auto,native-auto; environment GPU_CHECK_WORKERS)
   --out DIR       where the results go (default docs/performance/gpu-<device>, after the GPU's model)
   --repo DIR      model repository; the default model is exported into it unless it is there
                   (default model_repository; environment REPO)
@@ -116,12 +116,14 @@ phase_export() {
 phase_bench() {  # phase_bench WORKERS
     local workers="$1" run="${SCRATCH}/workers-$1"
     local args=(--provider cuda --quick --connections per-caller --model-repo "${REPO}" --model "${MODEL}" --targets "${TARGETS}" --out "${run}")
-    if [ "${workers}" = native ]; then
+    if [[ "${workers}" == native* ]]; then
         if ! "${PYTHON_BIN}" -c 'from bertserve.service.grpc.native.transport import library; library()' >/dev/null 2>&1; then
-            echo "gpu-check: no native port here (this bertserve lacks it, or g++ and libgrpc++-dev): workers native not measured"
+            echo "gpu-check: no native port here (this bertserve lacks it, or g++ and libgrpc++-dev): workers ${workers} not measured"
             return 0
         fi
-        args+=(--front native --server-setting workers=1)
+        local fronts="${workers#native}"
+        fronts="${fronts#-}"
+        args+=(--front native --server-setting "workers=${fronts:-1}")
     elif "${PYTHON_BIN}" -m bertserve.cli bench --help 2>/dev/null | grep -q -- '--workers'; then
         args+=(--workers "${workers}")
     elif "${PYTHON_BIN}" -c 'import sys; from bertserve.service.settings import Settings; sys.exit("workers" not in Settings.model_fields)'; then
@@ -164,7 +166,7 @@ if [ "${1:-}" = __phase ]; then
 fi
 
 # ---- the command line ----
-WORKERS="${GPU_CHECK_WORKERS:-auto,native}"
+WORKERS="${GPU_CHECK_WORKERS:-auto,native-auto}"
 OUT=""
 REPO="${REPO:-model_repository}"
 PYTHON_BIN=""
@@ -188,7 +190,8 @@ done
 IFS=, read -r -a WORKERS_LIST <<<"${WORKERS}"
 [ "${#WORKERS_LIST[@]}" -gt 0 ] || fail 2 "--workers: give at least one setting"
 for workers in "${WORKERS_LIST[@]}"; do
-    [[ "${workers}" =~ ^(auto|native|[1-9][0-9]*)$ ]] || fail 2 "--workers: ${workers} is neither an integer >= 1, auto nor native"
+    [[ "${workers}" =~ ^(auto|[1-9][0-9]*|native(-auto|-[1-9][0-9]*)?)$ ]] \
+        || fail 2 "--workers: ${workers} is neither an integer >= 1, auto, nor native-N (N an integer or auto)"
 done
 
 cd "${ROOT}" || exit 1

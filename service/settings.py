@@ -138,7 +138,7 @@ class Settings(BaseSettings):
     tls_client_ca: Path | None = None  # set: clients must present a certificate signed by it (mutual TLS)
     # HTTP beside gRPC (service/http/: OpenAI-compatible, bertserve JSON and KServe v2 REST routes).
     http_port: int = Field(8080, ge=-1, le=65535)  # 0 = pick a free port, -1 = no HTTP
-    # bertserve.v1 Embed through gRPC's C++ server (service/grpc/native/): plain calls, one process only
+    # bertserve.v1 Embed through gRPC's C++ server (service/grpc/native/): plain calls
     native_port: int = Field(-1, ge=-1, le=65535)  # 0 = pick a free port, -1 = off
     http_max_connections: int = Field(1024, ge=1, le=1_000_000)  # beyond: 503 and closed
     # bytes of HTTP request bodies being read or answered, all connections together; beyond: 503
@@ -218,19 +218,10 @@ class Settings(BaseSettings):
             raise ValueError(f"must be auto or a number of processes from 1 to {WORKERS_MAX}")
         return int(text)
 
-    @model_validator(mode="after")
-    def _check_native_workers(self) -> Settings:
-        if self.native_port >= 0 and self.workers != "auto" and self.workers > 1:
-            raise ValueError(
-                f"native_port needs workers 1 (or auto), not {self.workers}: its front runs threads beside "
-                "the engine, in one process"
-            )
-        return self
-
     def worker_count(self) -> int:
-        """`workers` with auto resolved from the CPUs this process may use (1 with a native port)."""
+        """`workers` with auto resolved from the CPUs this process may use."""
         if self.workers == "auto":
-            return 1 if self.native_port >= 0 else auto_workers()
+            return auto_workers()
         return self.workers
 
     def concurrent_rpcs_limit(self) -> int:

@@ -258,7 +258,10 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
 
     # the simulated device (bench/simulated_device.py): single-input callers per workers value
     simulated = result["simulated_device"]
-    assert list(simulated["workers"]) == ["1", "2", "auto", "native"] and simulated["concurrency"] == 32
+    assert (
+        list(simulated["workers"]) == ["1", "2", "auto", "native", "native-2"]
+        and simulated["concurrency"] == 32
+    )
     for workers, row in simulated["workers"].items():
         if "skipped" in row:  # a server without the workers setting: noted, never measured as if it had it
             assert workers != "1" and f"simulated-device: {row['skipped']}" in result["notes"]
@@ -272,11 +275,12 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
             assert phase["server"]["inference_ms_mean"] >= 1.0  # each batch took the device's 1 ms at least
         assert row["calls"] == sum(phase["inputs"] for phase in rounds), workers
         assert row["calls"] == 3000 or row["stopped_early"], workers  # the quick preset's calls
-        assert row["cpu_ms_per_call"] > 0 and row["processes"] >= (int(workers) + 2 if workers == "2" else 1)
+        fronts = {"2": 2, "native-2": 2}.get(workers, 1)
+        assert row["cpu_ms_per_call"] > 0 and row["processes"] >= (fronts + 2 if fronts > 1 else 1)
         seconds = sum(phase["seconds"] for phase in rounds)
         assert math.isclose(row["inputs_per_s"], row["calls"] / seconds), workers  # pooled over the rounds
     widest = max(
-        (r for w, r in simulated["workers"].items() if "skipped" not in r and w != "native"),
+        (r for w, r in simulated["workers"].items() if "skipped" not in r and not w.startswith("native")),
         key=lambda r: r["processes"],
     )
     native = simulated["workers"]["native"]  # one process, its load on the native port
@@ -290,6 +294,13 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     assert goals["front_cpu_ms_per_call"] == result["front_cpu_ms_per_call"]
     assert goals["simulated_two_vs_one_worker"] == simulated["two_vs_one_worker"]
     assert goals["native_cpu_ms_per_call"] == simulated["native_cpu_ms_per_call"]
+    two = simulated["workers"]["native-2"]  # two fronts, the load on their native port
+    assert two["processes"] >= 4 and goals["native_two_cpu_ms_per_call"] == two["cpu_ms_per_call"]
+    assert (
+        goals["native_two_vs_one_worker"]
+        == simulated["native_two_vs_one_worker"]
+        == (two["inputs_per_s"] / simulated["workers"]["1"]["inputs_per_s"])
+    )
 
     table = (out / "bench.md").read_text()
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table

@@ -98,8 +98,18 @@ def test_a_cpu_build_of_onnxruntime_is_refused_at_the_sanity_step(tmp_path):
     [
         (["--bogus"], "unknown argument --bogus (see --help)"),
         (["--workers"], "--workers needs a value (see --help)"),
-        (["--workers", "0"], "--workers: 0 is neither an integer >= 1, auto nor native"),
-        (["--workers", "1,two"], "--workers: two is neither an integer >= 1, auto nor native"),
+        (
+            ["--workers", "0"],
+            "--workers: 0 is neither an integer >= 1, auto, nor native-N (N an integer or auto)",
+        ),
+        (
+            ["--workers", "1,two"],
+            "--workers: two is neither an integer >= 1, auto, nor native-N (N an integer or auto)",
+        ),
+        (
+            ["--workers", "native-0"],
+            "--workers: native-0 is neither an integer >= 1, auto, nor native-N (N an integer or auto)",
+        ),
     ],
 )
 def test_a_wrong_command_line_exits_2_with_one_line(args, message, tmp_path):

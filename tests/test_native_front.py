@@ -13,8 +13,8 @@ import grpc
 import numpy as np
 import pytest
 
+from bertserve.client import Client
 from bertserve.service.errors import StartupError
-from bertserve.service.settings import load_settings
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.h2_client import H2Connection, grpc_message_head
 from tests.helpers.server import GatedBatches, ServerProcess, ServerThread, metric, scrape, wait_for
@@ -106,13 +106,24 @@ def test_refusals_equal_the_main_ports(server, request_):
 @pytest.mark.parametrize(
     ("request_", "field"),
     [
-        (pb.EmbedRequest(inputs=["a"], options=pb.EmbedOptions()), "options"),
+        (pb.EmbedRequest(inputs=["a"], options=pb.EmbedOptions(dense=True)), "options"),
+        (pb.EmbedRequest(inputs=["a"], options=pb.EmbedOptions(dimensions=0)), "options"),
         (pb.EmbedRequest(token_ids=[pb.TokenIds(ids=[1, 2])]), "token_ids"),
     ],
 )
 def test_calls_beyond_plain_embed_are_refused_naming_the_field(server, request_, field):
     code, details = _code(server.server.native_port, request_)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"{field}: ")
+
+
+def test_the_clients_empty_options_are_plain(server):
+    """bertserve.client sends an EmbedOptions message even when every option is its default: served."""
+    main, native = _ports(server)
+    with Client(f"127.0.0.1:{native}", timeout=30) as client:
+        got = client.embed(TEXTS[:2], model=MODEL)
+    with Client(f"127.0.0.1:{main}", timeout=30) as client:
+        want = client.embed(TEXTS[:2], model=MODEL)
+    assert np.abs(got.vectors - want.vectors).max() <= 1e-5
 
 
 def test_other_methods_are_unimplemented(server):
@@ -282,12 +293,6 @@ def test_a_taken_port_fails_at_start(tiny_repo, server):
     taken = ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=server.server.native_port)
     with pytest.raises(StartupError, match="setting native_port: cannot listen on"):
         taken.start()
-
-
-def test_native_port_needs_one_process():
-    with pytest.raises(ValueError, match="native_port needs workers 1"):
-        load_settings(native_port=0, workers=2)
-    assert load_settings(native_port=0, workers="auto").worker_count() == 1
 
 
 def test_many_concurrent_callers_each_get_their_own_answer(server):

@@ -4,6 +4,7 @@ files), and ONNX Runtime sessions (provider reported truthfully, I/O binding equ
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -148,3 +149,16 @@ def test_cuda_sessions_leave_out_cudnn_flash_attention(monkeypatch, available, s
     mask = int(options["sdpa_kernel"])
     assert mask & 8 == 0  # no cuDNN flash attention
     assert mask & 16 and mask & 1  # the unfused kernel (always there) and flash attention stay allowed
+
+
+def test_server_processes_tokenize_without_the_tokenizers_thread_pool(monkeypatch):
+    """Each server process turns off the tokenizers library's own threads (one pool per front, each the
+    size of the machine) unless the user set TOKENIZERS_PARALLELISM."""
+    from bertserve.service.supervisor.serving import configure_process
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    configure_process(load_settings())
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    configure_process(load_settings())
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"

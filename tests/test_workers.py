@@ -182,12 +182,24 @@ def _until_sent(server: ServerProcess, before: float, count: int) -> None:
     wait_for(lambda: _sent(server) - before >= count, timeout=60)
 
 
-def test_the_engine_killed_ends_calls_in_flight_with_unavailable_and_the_server_exits_1(tiny_repo):
-    server = workers(tiny_repo)
+PORTS = ("main", "native")  # the gRPC port, and the native port (service/grpc/native/) of every front
+
+
+def _workers_on(tiny_repo, port: str) -> tuple[ServerProcess, str]:
+    """A server of two fronts, and the address of its `port` (one of PORTS)."""
+    if port == "main":
+        return (server := workers(tiny_repo)), server.address
+    server = workers(tiny_repo, "--native-port", "0")
+    return server, f"127.0.0.1:{server.native_port}"
+
+
+@pytest.mark.parametrize("port", PORTS)
+def test_the_engine_killed_ends_calls_in_flight_with_unavailable_and_the_server_exits_1(tiny_repo, port):
+    server, address = _workers_on(tiny_repo, port)
     try:
         before = _sent(server)
         resume = _stop(pids(server)["engine"])
-        pool, futures = _calls(server.address, 6)
+        pool, futures = _calls(address, 6)
         _until_sent(server, before, 6)  # every call waits in a front for the stopped engine
         assert not any(f.done() for f in futures)
         supervisor = _stop(server.process.pid)  # so only the fronts themselves can end the calls
@@ -208,13 +220,14 @@ def test_the_engine_killed_ends_calls_in_flight_with_unavailable_and_the_server_
         server.kill()
 
 
-def test_a_front_killed_is_started_again_and_only_its_callers_notice(tiny_repo):
-    server = workers(tiny_repo)
+@pytest.mark.parametrize("port", PORTS)
+def test_a_front_killed_is_started_again_and_only_its_callers_notice(tiny_repo, port):
+    server, address = _workers_on(tiny_repo, port)
     try:
         first = pids(server)
         before = _sent(server)
         resume = _stop(first["engine"])
-        pool, futures = _calls(server.address, 16)
+        pool, futures = _calls(address, 16)
         _until_sent(server, before, 16)  # every call waits in one of the two fronts for the stopped engine
         os.kill(first["front-0"], signal.SIGKILL)
         wait_for(lambda: pids(server)["front-0"] != first["front-0"], timeout=30)
@@ -225,9 +238,10 @@ def test_a_front_killed_is_started_again_and_only_its_callers_notice(tiny_repo):
         # the killed front's callers saw their connection close; the other front's were answered
         assert sorted({code for code, _ in results}) == ["OK", "UNAVAILABLE"]
         wait_for(lambda: "front 0 exited" in server.output, timeout=10)
-        with Client(server.address, timeout=30) as client:  # served again by both fronts
+        with Client(server.address, timeout=30) as client:
             client.wait_until_serving(60)
-            for _ in range(10):
+        for _ in range(10):  # served again by both fronts (a connection each time)
+            with Client(address, timeout=30) as client:
                 assert client.embed(TEXTS, model="tiny-embed").vectors.shape == (3, 48)
     finally:
         server.kill()

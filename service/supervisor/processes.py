@@ -91,7 +91,7 @@ class Supervisor:
     def claim_ports(self) -> Settings:
         """The fronts' settings: the claimed ports' real numbers; no metrics port of their own."""
         s = self.settings
-        ports = {"port": s.port, "http_port": s.http_port}
+        ports = {"port": s.port, "http_port": s.http_port, "native_port": s.native_port}
         update = {"metrics_port": -1, "workers": 1}
         for setting, port in ports.items():
             if port >= 0:
@@ -178,13 +178,11 @@ class Supervisor:
         self.engine = self._start("engine", _engine_main, self.settings, self.address, os.getpid())
         for index in range(self.workers):
             self._start_front(self._front_settings, index)
+        s = self._front_settings
         log.info(
-            "supervising %d fronts on gRPC port %s, HTTP port %s; engine at %s",
-            self.workers,
-            self._front_settings.port,
-            self._front_settings.http_port,
-            self.address,
-        )
+            "supervising %d fronts on gRPC port %s, HTTP port %s, native port %s; engine at %s",
+            self.workers, s.port, s.http_port, s.native_port, self.address,
+        )  # fmt: skip
         waits = [asyncio.ensure_future(e.wait()) for e in (stop, self._failed)]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:

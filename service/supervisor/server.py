@@ -214,7 +214,7 @@ class InferenceServer:
             ca = s.tls_client_ca.read_bytes() if s.tls_client_ca else b""
             tls = (s.tls_cert.read_bytes(), s.tls_key.read_bytes(), ca)
         try:
-            self.native_port = await self.native.start(s.host, s.native_port, tls)
+            self.native_port = await self.native.start(s.host, s.native_port, tls, self.front is not None)
         except (OSError, NativeUnavailable) as exc:
             raise StartupError(f"setting native_port: {exc}") from None
         log.info("serving bertserve.v1 Embed (native) on %s:%d", s.host, self.native_port)

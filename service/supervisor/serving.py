@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -73,9 +74,12 @@ async def run_until_signalled(
 
 
 def configure_process(settings: Settings, several: bool = False) -> None:
-    """What every server process sets first: its log format (naming the process when `several`) and how
-    its heap gives memory back."""
+    """What every server process sets first: its log format (naming the process when `several`), how
+    its heap gives memory back, and no tokenizer threads."""
     limit_heap_growth()  # freed large requests go back to the kernel (service/memory.py)
+    # the tokenizer's own thread pool costs more CPU than it saves on a call's few texts (the CPU pool
+    # already spreads large ones), and each front would start one per core; the user's setting wins
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     process = "%(processName)s " if several else ""
     logging.basicConfig(
         level=settings.log_level,

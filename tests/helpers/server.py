@@ -24,6 +24,7 @@ READY_LINE = re.compile(
     r"serving bertserve\.v1\.Inference on [\d.]+:(\d+), metrics on (?:http://[\d.]+:(\d+)/|\(off\))"
 )
 HTTP_LINE = re.compile(r"serving HTTP on https?://[\d.]+:(\d+)/")  # logged just before READY_LINE
+NATIVE_LINE = re.compile(r"serving bertserve.v1 Embed \(native\) on [\d.]+:(\d+)")  # so is this one
 
 
 class ServerThread:
@@ -177,6 +178,7 @@ class ServerProcess:
         self.port: int | None = None
         self.metrics_port: int | None = None
         self.http_port: int | None = None
+        self.native_port: int | None = None  # with --native-port
         self.lines: list[str] = []
         self._ready = threading.Event()
 
@@ -197,6 +199,8 @@ class ServerProcess:
             self.lines.append(line)
             if match := HTTP_LINE.search(line):
                 self.http_port = int(match[1])
+            if match := NATIVE_LINE.search(line):
+                self.native_port = int(match[1])
             if match := READY_LINE.search(line):
                 self.port, self.metrics_port = int(match[1]), match[2] and int(match[2])
                 self._ready.set()

@@ -5,7 +5,7 @@ group's texts at once (service/core/embed_groups.py); the calls share queues, ba
 main port's. Python's work per call is its request's parsing and its reply's building; the rest is per
 group.
 
-Plain calls only (inputs, model, normalize, truncate): a call with `options` or `token_ids` gets
+Plain calls only (inputs, model, normalize, truncate): a call with `options` set or `token_ids` gets
 INVALID_ARGUMENT naming the field, any other method UNIMPLEMENTED (the main port serves everything)."""
 
 from __future__ import annotations
@@ -49,15 +49,18 @@ class NativeFront:
         self._counting: asyncio.Task | None = None
         self._counted = [0] * STATUS_CODES  # the transport's counts already added to the metrics
 
-    async def start(self, host: str, port: int, tls: tuple[bytes, bytes, bytes] | None) -> int:
-        """Listens (building the transport on first use) and takes calls as they come; returns the port."""
+    async def start(
+        self, host: str, port: int, tls: tuple[bytes, bytes, bytes] | None, reuse_port: bool = False
+    ) -> int:
+        """Listens (building the transport on first use) and takes calls as they come; returns the port.
+        `reuse_port`: one front of several sharing the port (service/supervisor/ports.py)."""
         s = self.settings
         self._loop = asyncio.get_running_loop()
         self.transport = await self._loop.run_in_executor(
             None,
             lambda: NativeTransport(
                 f"{host}:{port}", METHODS, s.max_queue_inputs, s.max_request_bytes_in_flight, s.max_message_bytes,
-                s.concurrent_rpcs_limit(), s.http_read_timeout_s, tls,
+                s.concurrent_rpcs_limit(), s.http_read_timeout_s, tls, reuse_port,
             ),
         )  # fmt: skip
         self._loop.add_reader(self.transport.wakeup_fd, self._take)
@@ -173,7 +176,7 @@ class NativeFront:
     def _plain(self, call: TakenCall) -> PlainEmbed:
         request = parse_request(pb.EmbedRequest, call.request)
         for name, present in (
-            ("options", request.HasField("options")),
+            ("options", request.options.ByteSize() > 0),  # an empty message means every default
             ("token_ids", bool(request.token_ids)),
         ):
             if present:

@@ -370,10 +370,11 @@ extern "C" {
 
 // `methods`: NUL-separated full method names ("/package.Service/Method"), `methods_size` bytes in all; a
 // call's method is its index there. PEM strings empty: no TLS; `client_ca` set: clients must present a
-// certificate it signed. Returns NULL with `error` filled when the port cannot be had.
+// certificate it signed. `reuse_port`: join the bound sockets of the server's other fronts (its supervisor
+// holds the port); else a taken port fails. Returns NULL with `error` filled when the port cannot be had.
 void* bsn_start(const char* address, const char* methods, int methods_size, int max_calls,
                 int64_t max_request_bytes, int max_message_bytes, int max_open, double read_timeout_s,
-                const char* cert, const char* key, const char* client_ca, char* error, int error_size) {
+                int reuse_port, const char* cert, const char* key, const char* client_ca, char* error, int error_size) {
   std::vector<std::string> names;
   for (int start = 0; start < methods_size;) {
     std::string name(methods + start);
@@ -396,7 +397,7 @@ void* bsn_start(const char* address, const char* methods, int methods_size, int 
   builder.SetMaxReceiveMessageSize(max_message_bytes);
   builder.SetMaxSendMessageSize(max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, std::min(max_open, kMaxStreamsPerConnection));
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port fails here, never shared
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port);
   // gRPC's own buffers (requests being received, replies being sent): under pressure it shrinks the
   // flow-control windows, so clients that send or read slowly cannot make it hold more
   grpc::ResourceQuota quota("bertserve-native");

@@ -51,7 +51,7 @@ def library() -> ctypes.CDLL:
         signatures = {
             "bsn_start": (
                 c.c_void_p,
-                [c.c_char_p, c.c_char_p, c.c_int, c.c_int, c.c_int64, c.c_int, c.c_int, c.c_double]
+                [c.c_char_p, c.c_char_p, c.c_int, c.c_int, c.c_int64, c.c_int, c.c_int, c.c_double, c.c_int]
                 + [c.c_char_p] * 3
                 + [c.c_char_p, c.c_int],
             ),
@@ -93,8 +93,10 @@ class NativeTransport:
         max_open: int,
         read_timeout_s: float,
         tls: tuple[bytes, bytes, bytes] | None = None,
+        reuse_port: bool = False,
     ):
-        """`tls`: (certificate chain, private key, client CA or b"") in PEM. Raises OSError when the port
+        """`tls`: (certificate chain, private key, client CA or b"") in PEM; `reuse_port`: share the port
+        with the server's other fronts (SO_REUSEPORT; the supervisor holds it). Raises OSError when the port
         cannot be had, NativeUnavailable when the library cannot be built."""
         self._lib = library()
         names = b"".join(m.encode() + b"\0" for m in methods)
@@ -102,7 +104,7 @@ class NativeTransport:
         error = ctypes.create_string_buffer(_ERROR_BYTES)
         self._handle = self._lib.bsn_start(
             address.encode(), names, len(names), max_calls, max_request_bytes, max_message_bytes, max_open,
-            read_timeout_s,
+            read_timeout_s, int(reuse_port),
             cert, key, ca, error, _ERROR_BYTES,
         )  # fmt: skip
         if not self._handle:

@@ -1,0 +1,89 @@
+"""The native port with `workers` 2: each front serves it beside its gRPC and HTTP ports, sharing the port
+the supervisor holds, and sends its calls' inputs to the one engine, which batches them with every other
+front's."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from bertserve.v1 import inference_pb2 as pb
+from tests.helpers.server import ServerProcess, metric, scrape, wait_for
+from tests.test_native_front import EMBED, _code, _embed
+from tests.test_workers import _cpu_ticks, pids
+
+MODEL = "tiny-embed"
+TEXTS = ["the cat sat", "a longer sentence about dogs and cats and birds", "x"]
+
+
+@pytest.fixture(scope="module")
+def native_fronts(tiny_repo):
+    server = ServerProcess(
+        "--model-repo", str(tiny_repo), "--model", MODEL, "--workers", "2", "--native-port", "0",
+    ).start(timeout=120)  # fmt: skip
+    yield server
+    server.kill()
+
+
+def test_answers_equal_the_main_ports(native_fronts):
+    for request in (pb.EmbedRequest(inputs=TEXTS), pb.EmbedRequest(inputs=TEXTS[:1], normalize=False)):
+        got = _embed(native_fronts.native_port, request)
+        want = _embed(native_fronts.port, request)
+        assert got.dimension == want.dimension > 0
+        values = np.array([e.values for e in got.embeddings])
+        assert np.abs(values - np.array([e.values for e in want.embeddings])).max() <= 1e-5
+
+
+def test_refusals_are_the_main_ports(native_fronts):
+    request = pb.EmbedRequest(inputs=TEXTS, model="no-such-model")
+    code, details = _code(native_fronts.native_port, request)
+    assert (code, details) == _code(native_fronts.port, request)
+    assert code == grpc.StatusCode.NOT_FOUND
+
+
+def test_connections_reach_both_fronts_native_port(native_fronts):
+    """Each front answers a share of the native port's connections (SO_REUSEPORT among the server's own
+    fronts): its CPU while only the native port is called, beyond what it spends idle over as long."""
+    fronts = {name: pid for name, pid in pids(native_fronts).items() if name.startswith("front")}
+
+    def ticks() -> dict[str, int]:
+        return {name: _cpu_ticks(pid) for name, pid in fronts.items()}
+
+    started, before = time.monotonic(), ticks()
+    for _ in range(80):  # a new connection each time: new source ports, spread by SO_REUSEPORT's hash
+        with grpc.insecure_channel(f"127.0.0.1:{native_fronts.native_port}") as channel:
+            call = channel.unary_unary(EMBED, pb.EmbedRequest.SerializeToString, pb.EmbedResponse.FromString)
+            for _ in range(10):
+                call(pb.EmbedRequest(inputs=TEXTS), timeout=30)
+    busy, took = ticks(), time.monotonic() - started
+    time.sleep(took)
+    idle = ticks()
+    answering = {name: (busy[name] - before[name]) - (idle[name] - busy[name]) for name in fronts}
+    for name in fronts:
+        assert answering[name] > max(2, 0.15 * sum(answering.values())), (name, answering)
+
+
+def test_one_scrape_counts_native_calls_of_every_front(native_fronts):
+    def ok() -> float:
+        return metric(scrape(native_fronts.metrics_url), "bertserve_requests_total", rpc="Embed", code="OK")
+
+    before = ok()
+    for _ in range(20):
+        _embed(native_fronts.native_port, pb.EmbedRequest(inputs=TEXTS[:1]))
+    wait_for(lambda: ok() - before >= 20, timeout=10)
+    assert ok() - before == 20
+
+
+def test_a_second_server_on_the_taken_native_port_fails_at_start(native_fronts, tiny_repo):
+    port = native_fronts.native_port
+    for workers in ("1", "2"):
+        second = ServerProcess(
+            "--model-repo", str(tiny_repo), "--model", MODEL, "--native-port", str(port), "--workers", workers,
+        )  # fmt: skip
+        assert second.run_to_exit() == 1
+        assert "setting native_port: cannot listen on" in second.output, second.output
+        assert "Traceback" not in second.output
+    assert len(_embed(port, pb.EmbedRequest(inputs=TEXTS)).embeddings) == len(TEXTS)  # still served
