@@ -259,6 +259,56 @@ def _counted(server, code: str) -> float:
     return metric(scrape(server.metrics_url), "bertserve_requests_total", rpc="Embed", code=code)
 
 
+def _call(port: int, request: pb.EmbedRequest, timeout: float | None = None):
+    """An Embed call in flight on its own channel: (its future, the channel to close)."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = channel.unary_unary(EMBED, pb.EmbedRequest.SerializeToString, pb.EmbedResponse.FromString)
+    return stub.future(request, timeout=timeout), channel
+
+
+def test_a_call_cancelled_while_queued_has_its_inputs_dropped(server):
+    """The client cancels a native call whose input waits in the queue: the transport tells the front, the
+    input is dropped before compute (bertserve_dropped_total{reason="cancelled"}), the call counts as
+    CANCELLED."""
+    main, native = _ports(server)
+    model = server.server.core.registry.by_name[MODEL]
+    wait_for(lambda: server.server.lifecycle.in_flight == 0)
+    before = scrape(server.metrics_url)
+
+    def moved(name: str, **labels) -> float:
+        return metric(scrape(server.metrics_url), name, **labels) - metric(before, name, **labels)
+
+    with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = _held_at_the_gate(pool, gate, main)
+        call, channel = _call(native, pb.EmbedRequest(inputs=["left behind"]))
+        wait_for(lambda: moved("bertserve_inputs_total", model=MODEL, task="embed") == 2)  # queued
+        call.cancel()
+        wait_for(lambda: moved("bertserve_requests_total", rpc="Embed", code="CANCELLED") == 1)
+        gate.release()
+        first.result(30)
+        channel.close()
+    wait_for(lambda: moved("bertserve_dropped_total", model=MODEL, reason="cancelled") == 1)
+    assert moved("bertserve_batch_size_sum", model=MODEL) == 1  # only the first call's input was computed
+
+
+def test_a_call_past_its_deadline_while_computing_counts_as_deadline_exceeded(server):
+    """A native call whose deadline passes while its batch computes: answered at once, counted as the client
+    saw it (DEADLINE_EXCEEDED, not CANCELLED)."""
+    native = server.server.native_port
+    model = server.server.core.registry.by_name[MODEL]
+    wait_for(lambda: server.server.lifecycle.in_flight == 0)
+    expired = _counted(server, "DEADLINE_EXCEEDED")
+    with GatedBatches(model) as gate:
+        call, channel = _call(native, pb.EmbedRequest(inputs=["slow batch"]), timeout=0.5)
+        assert gate.computing.wait(30)
+        assert call.exception(30).code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_for(lambda: _counted(server, "DEADLINE_EXCEEDED") == expired + 1)  # while the batch computes
+        gate.release()
+        channel.close()
+    wait_for(lambda: server.server.lifecycle.in_flight == 0)
+    assert _counted(server, "DEADLINE_EXCEEDED") == expired + 1
+
+
 def test_native_calls_are_counted_with_the_main_ports(server):
     native = server.server.native_port
 

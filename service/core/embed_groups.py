@@ -98,9 +98,13 @@ class EmbedGroups:
             served.tokenizer.refuse_cut(admitted.texts, dict(enumerate(encoded)))  # as `encode` refuses it
         check_embed_answer_size(served, [admitted.option], encoded, self.settings.max_message_bytes)
 
-    def submit(self, prepared: Admitted, on_done: Callable[[EmbedResult | BaseException], None]) -> None:
+    def submit(
+        self, prepared: Admitted, on_done: Callable[[EmbedResult | BaseException], None]
+    ) -> list[asyncio.Future]:
         """On the event loop: queues the call's inputs in its room (or calls `on_done` with the refusal at
-        once: its deadline is too near) and calls `on_done` with its result once every input is computed."""
+        once: its deadline is too near) and calls `on_done` with its result once every input is computed.
+        Returns the inputs' futures: cancelling one drops the call's inputs still queued and answers the
+        call as cancelled."""
         served, loop = prepared.served, asyncio.get_running_loop()
         deadline = prepared.plain.deadline
         items = [
@@ -111,7 +115,7 @@ class EmbedGroups:
             served.encoder.batcher.submit(items, prepared.permit)
         except ServiceError as exc:
             on_done(exc)
-            return
+            return []
         finally:
             prepared.permit.release()  # room not used (refused); after a submit it was handed over
         self.core.metrics.inputs_of(served.name, Task.EMBED.value).inc(len(items))
@@ -138,3 +142,4 @@ class EmbedGroups:
 
         for item in items:
             item.future.add_done_callback(one_done)
+        return [item.future for item in items]

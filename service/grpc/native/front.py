@@ -35,7 +35,7 @@ METHODS = ["/bertserve.v1.Inference/Embed"]
 DRAIN_POLL_S = 0.01  # while draining: how often the calls still held are counted
 INLINE_PARSE_BYTES = 64 * 1024  # larger requests are parsed on the CPU pool, not the event loop
 COUNT_EVERY_S = 1.0  # how often the transport's own refusals reach the metrics
-CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class NativeFront:
@@ -48,6 +48,9 @@ class NativeFront:
         self._pending: set[asyncio.Task] = set()  # calls being parsed or tokenized on the CPU pool
         self._counting: asyncio.Task | None = None
         self._counted = [0] * STATUS_CODES  # the transport's counts already added to the metrics
+        # calls taken and not yet answered -> their inputs' futures once queued (None before)
+        self._live: dict[int, list[asyncio.Future] | None] = {}
+        self._ended: dict[int, grpc.StatusCode] = {}  # live calls the transport ended: how
 
     async def start(
         self, host: str, port: int, tls: tuple[bytes, bytes, bytes] | None, reuse_port: bool = False
@@ -78,7 +81,7 @@ class NativeFront:
         counts = self.transport.counts()
         for code, (now, before) in enumerate(zip(counts, self._counted, strict=True)):
             if now > before:
-                self.metrics.requests.labels("Embed", CODE_NAMES[code]).inc(now - before)
+                self.metrics.requests.labels("Embed", CODES[code].name).inc(now - before)
         self._counted = counts
 
     def _take(self) -> None:
@@ -91,19 +94,31 @@ class NativeFront:
             os.read(self.transport.wakeup_fd, 8)
         limit = self.settings.max_batch_size
         calls = self.transport.take(limit)
+        self._drop(self.transport.dropped(limit) if calls is not None else [])
         if not calls:
             return
         if len(calls) == limit:  # more may wait: taken next turn, so a flood never holds the loop
             self._loop.call_soon(self._take)
         started = time.perf_counter()
-        for _ in calls:
+        for call in calls:
             self.lifecycle.enter()  # left in `_answer`
+            self._live[call.id] = None
         small = [call for call in calls if len(call.request) <= INLINE_PARSE_BYTES]
         large = [call for call in calls if len(call.request) > INLINE_PARSE_BYTES]
         if small:
             self._admit([call.id for call in small], self._parsed(small), started)
         if large:  # parsed on the CPU pool (a bounded hold of the loop), then admitted here
             self._off_loop([call.id for call in large], lambda: self._parsed(large), self._admit, started)
+
+    def _drop(self, dropped: list[tuple[int, int]]) -> None:
+        """Calls whose client cancelled them (or whose deadline passed) after they were taken: their queued
+        inputs are cancelled (the batcher skips them), and each is counted as the transport ended it."""
+        for call, code in dropped:
+            if call not in self._live:
+                continue  # answered meanwhile
+            self._ended[call] = CODES.get(code, grpc.StatusCode.CANCELLED)
+            for future in self._live[call] or ():
+                future.cancel()
 
     def _off_loop(self, ids: list[int], work, then, started: float, admitted: list[Admitted] = ()) -> None:
         """`then(ids, work(), started)` on the loop once `work` has run on the CPU pool; if that fails or is
@@ -202,7 +217,11 @@ class NativeFront:
                 self._answer(call, started, ready)
                 continue
             try:
-                self.groups.submit(one, lambda result, call=call: self._answer(call, started, result))
+                futures = self.groups.submit(
+                    one, lambda result, call=call: self._answer(call, started, result)
+                )
+                if call in self._live:  # else answered at once (refused)
+                    self._live[call] = futures
             except Exception as exc:  # `submit` answers what it refuses; this is a bug's, answered too
                 log.exception("native Embed: queueing a call failed")
                 one.permit.release()
@@ -211,6 +230,7 @@ class NativeFront:
     def _answer(self, call: int, started: float, result: EmbedResult | BaseException) -> None:
         """On the loop: the call's reply (or status) handed to the transport; the call leaves the lifecycle.
         Never raises."""
+        self._live.pop(call, None)
         try:
             if self.transport is None:  # stopped: the transport ended the call with UNAVAILABLE
                 self._count(grpc.StatusCode.UNAVAILABLE, started)
@@ -218,7 +238,7 @@ class NativeFront:
                 data = messages.embed(result)
                 check_response_size(data, self.settings.max_message_bytes)
                 sent = self.transport.reply(call, data)  # not: it had ended (its client left, a timeout)
-                self._count(grpc.StatusCode.OK if sent else grpc.StatusCode.CANCELLED, started)
+                self._count(grpc.StatusCode.OK if sent else self._ended_as(call), started)
             elif isinstance(result, errors.ServiceError):
                 self._fail(call, result, started)
             else:
@@ -230,12 +250,17 @@ class NativeFront:
             with contextlib.suppress(Exception):
                 self._fail(call, errors.InferenceFailed(f"internal error: {type(exc).__name__}"), started)
         finally:
+            self._ended.pop(call, None)
             self.lifecycle.leave()
 
     def _fail(self, call: int, exc: errors.ServiceError, started: float) -> None:
         code = status_of(exc)
-        self.transport.fail(call, code.value[0], status_message(str(exc)))
-        self._count(code, started)
+        sent = self.transport.fail(call, code.value[0], status_message(str(exc)))
+        self._count(code if sent else self._ended_as(call), started)
+
+    def _ended_as(self, call: int) -> grpc.StatusCode:
+        """How the transport ended `call` before its answer (a client that left: CANCELLED)."""
+        return self._ended.get(call, grpc.StatusCode.CANCELLED)
 
     def _count(self, code: grpc.StatusCode, started: float) -> None:
         self.metrics.answered("Embed", code.name, time.perf_counter() - started)

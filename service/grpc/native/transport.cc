@@ -155,17 +155,42 @@ class Transport : public grpc::CallbackGenericService {
 
   // The call leaves the table (so exactly one of Python's answer, a cancellation, the reaper or shutdown
   // ends it); its request, if still here, is freed with it. `code`: how this side ends it, counted when
-  // Python never took it (Python counts the calls it took).
+  // Python never took it (Python counts the calls it took: those are told to it, `Dropped`).
   Call* Take(uint64_t id, int code = -1) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto found = table_.find(id);
-    if (found == table_.end()) return nullptr;
-    if (code >= 0 && !found->second.taken) Count(static_cast<grpc::StatusCode>(code));
-    Call* call = found->second.call;
-    bytes_ -= found->second.bytes;
-    admitted_ -= found->second.read ? 1 : 0;
-    table_.erase(found);
+    bool tell = false;
+    Call* call;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto found = table_.find(id);
+      if (found == table_.end()) return nullptr;
+      if (code >= 0 && !found->second.taken) Count(static_cast<grpc::StatusCode>(code));
+      if (code >= 0 && found->second.taken) {  // Python computes it still: tell it to stop
+        dropped_.push_back({id, static_cast<int64_t>(code)});
+        tell = !told_;
+        told_ = true;
+      }
+      call = found->second.call;
+      bytes_ -= found->second.bytes;
+      admitted_ -= found->second.read ? 1 : 0;
+      table_.erase(found);
+    }
+    if (tell) Tell();
     return call;
+  }
+
+  // The calls Python took that ended without its answer (cancelled by their client, past their deadline),
+  // as (id, status code) pairs into `out` (at most `max_pairs`); returns how many. At most one per call
+  // taken, so bounded by the calls held.
+  int Dropped(int64_t* out, int max_pairs) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    int n = std::min(max_pairs, static_cast<int>(dropped_.size()));
+    for (int i = 0; i < n; ++i) {
+      out[2 * i] = static_cast<int64_t>(dropped_[i].first);
+      out[2 * i + 1] = dropped_[i].second;
+    }
+    dropped_.erase(dropped_.begin(), dropped_.begin() + n);
+    if (queue_.empty() && dropped_.empty()) told_ = false;
+    return n;
   }
 
   // Takes up to `max_calls` queued calls into `batch_`, without waiting. Returns how many, or -1 once
@@ -196,7 +221,7 @@ class Transport : public grpc::CallbackGenericService {
       held.taken = true;
       ++taken;
     }
-    if (queue_.empty()) told_ = false;  // all taken: the next arrival writes the eventfd again
+    if (queue_.empty() && dropped_.empty()) told_ = false;  // all taken: the next one writes the eventfd
     if (taken == 0 && closed_) return -1;
     return taken;
   }
@@ -228,6 +253,7 @@ class Transport : public grpc::CallbackGenericService {
       }
       table_.clear();
       queue_.clear();
+      dropped_.clear();
       bytes_ = 0;
       admitted_ = 0;
     }
@@ -301,11 +327,12 @@ class Transport : public grpc::CallbackGenericService {
   std::condition_variable reap_;  // the reaper's
   std::unordered_map<uint64_t, Held> table_;  // calls not yet ended
   std::deque<uint64_t> queue_;               // calls read, not yet taken by Python
+  std::vector<std::pair<uint64_t, int64_t>> dropped_;  // see Dropped
   std::string batch_;                        // the last group taken (one taker)
   uint64_t last_id_ = 0;
   bool draining_ = false;
   bool closed_ = false;
-  bool told_ = false;  // the eventfd was written since a take last left the queue empty
+  bool told_ = false;  // the eventfd was written since a take last left nothing queued or dropped
   int wakeup_;
   std::atomic<int64_t> ended_[kCodes] = {};  // see Counts
   std::thread reaper_;                        // last: starts once the rest is made
@@ -447,6 +474,11 @@ int bsn_fail(void* handle, uint64_t id, int code, const char* message) {
 }
 
 int bsn_held(void* handle) { return static_cast<Handle*>(handle)->transport->held(); }
+
+// Calls taken that ended without an answer: (id, status code) pairs into `out`, at most `max_pairs`.
+int bsn_dropped(void* handle, int64_t* out, int max_pairs) {
+  return static_cast<Handle*>(handle)->transport->Dropped(out, max_pairs);
+}
 
 // Calls the transport ended itself before Python took them (refusals, timeouts, cancellations), by gRPC
 // status code: 17 counters since the start into `out`.

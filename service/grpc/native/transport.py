@@ -64,6 +64,7 @@ def library() -> ctypes.CDLL:
             "bsn_reply": (c.c_int, [c.c_void_p, c.c_uint64, c.c_char_p, c.c_int64]),
             "bsn_fail": (c.c_int, [c.c_void_p, c.c_uint64, c.c_int, c.c_char_p]),
             "bsn_held": (c.c_int, [c.c_void_p]),
+            "bsn_dropped": (c.c_int, [c.c_void_p, c.POINTER(c.c_int64), c.c_int]),
             "bsn_counts": (None, [c.c_void_p, c.POINTER(c.c_int64)]),
             "bsn_drain": (None, [c.c_void_p]),
             "bsn_stop": (None, [c.c_void_p, c.c_double]),
@@ -115,7 +116,7 @@ class NativeTransport:
 
     def take(self, max_calls: int) -> list[TakenCall] | None:
         """Up to `max_calls` waiting calls, without blocking ([] if none waits); None once stopped. A take
-        that leaves none waiting re-arms `wakeup_fd` for the next call."""
+        (or `dropped`) that leaves nothing waiting re-arms `wakeup_fd` for the next call or drop."""
         taken = self._lib.bsn_next(self._handle, max_calls, self._data, self._size)
         if taken < 0:
             return None
@@ -139,6 +140,13 @@ class NativeTransport:
     def fail(self, call: int, code: int, message: str) -> bool:
         """Ends `call` with status `code` (grpc.StatusCode's number) and `message`."""
         return bool(self._lib.bsn_fail(self._handle, call, code, message.encode(errors="replace")))
+
+    def dropped(self, max_calls: int) -> list[tuple[int, int]]:
+        """Up to `max_calls` taken calls that ended without an answer (their client cancelled them, or
+        their deadline passed), as (id, gRPC status code); each once. Asked after each `take`."""
+        out = (ctypes.c_int64 * (2 * max_calls))()
+        n = self._lib.bsn_dropped(self._handle, out, max_calls)
+        return [(out[2 * i], out[2 * i + 1]) for i in range(n)]
 
     @property
     def held(self) -> int:
