@@ -86,6 +86,10 @@ RUN provider="$(python -c 'import onnxruntime, pathlib; print(pathlib.Path(onnxr
     && missing="$(ldd "${provider}" | grep 'not found' | grep -v 'libcuda\.so\.1' || true)" \
     && if [ -n "${missing}" ]; then echo "onnxruntime-gpu needs libraries this base lacks: ${missing}" >&2; exit 1; fi \
     && ldconfig -p | grep -q 'libcudnn\.so\.9'
+# The native port's transport, as in the cpu stage (Ubuntu's gRPC C++ library)
+ENV BERTSERVE_CACHE_DIR=/opt/bertserve
+COPY scripts/image-native-transport.sh /tmp/
+RUN /tmp/image-native-transport.sh && rm /tmp/image-native-transport.sh
 COPY --from=exporter --chown=root:root /models /models
 ENV BERTSERVE_MODEL_REPO=/models \
     BERTSERVE_HOST=0.0.0.0 \
@@ -115,6 +119,11 @@ RUN groupadd --system --gid 10001 bertserve \
         --shell /usr/sbin/nologin bertserve
 COPY --from=wheel /wheels /wheels
 RUN pip install --no-cache-dir /wheels/bertserve-*.whl && rm -rf /wheels
+# The native port's transport (BERTSERVE_NATIVE_PORT; C++ against the distribution's gRPC), built once
+# here: the compiler goes, the libraries it links stay.
+ENV BERTSERVE_CACHE_DIR=/opt/bertserve
+COPY scripts/image-native-transport.sh /tmp/
+RUN /tmp/image-native-transport.sh && rm /tmp/image-native-transport.sh
 COPY --from=exporter --chown=root:root /models /models
 ENV BERTSERVE_MODEL_REPO=/models \
     BERTSERVE_HOST=0.0.0.0 \

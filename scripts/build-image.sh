@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the `cpu` image with Debian's podman (no Docker daemon) on a base made from Debian packages, then
-# serves from the built image and answers one gRPC call. For machines where `podman run` cannot start a
-# container (no cgroup delegation for crun): the image's filesystem is mounted (`podman image mount`) and
+# serves from the built image and answers one gRPC call on its main port and one on its native port. For
+# machines where `podman run` cannot start a container (no cgroup delegation for crun): the image's filesystem is mounted (`podman image mount`) and
 # `bertserve serve` runs in it by chroot, as the image's user, with the image's environment.
 #
 #   apt-get install -y podman mmdebstrap      # Debian bookworm; run as root
@@ -82,7 +82,9 @@ log "built $TAG in $(($(date +%s) - start)) s; size $(podman image inspect --for
 # 4. Serve from the image: its filesystem, its user, its environment, its ENTRYPOINT + CMD.
 root=$(podman image mount "$TAG")
 mounted=1
-PORT=${PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+PORT=${PORT:-$(free_port)}
+NATIVE_PORT=$(free_port)
 mapfile -t image_env < <(podman image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "$TAG" | sed '/^$/d')
 # As Docker does for an image that sets no PATH.
 printf '%s\n' "${image_env[@]}" | grep -q '^PATH=' ||
@@ -96,7 +98,7 @@ in_image() {
         mount -t proc proc "$1/proc" && mount --rbind /dev "$1/dev" && mount -t tmpfs tmpfs "$1/tmp" &&
         shift && exec "$@"' sh "$root" chroot --userspec="$user" "$root" \
         /usr/bin/env -i "${image_env[@]}" BERTSERVE_HOST=127.0.0.1 BERTSERVE_PORT="$PORT" \
-        BERTSERVE_METRICS_PORT=0 BERTSERVE_HTTP_PORT=0 "$@"
+        BERTSERVE_METRICS_PORT=0 BERTSERVE_HTTP_PORT=0 BERTSERVE_NATIVE_PORT="$NATIVE_PORT" "$@"
 }
 log "serving from the image on 127.0.0.1:$PORT: $command"
 # shellcheck disable=SC2086  # the image's ENTRYPOINT + CMD, split into words as Docker does
@@ -115,6 +117,9 @@ sys.exit(0 if r.status == h.HealthCheckResponse.SERVING else 1)") 2>/dev/null; t
 done
 log "one call: bertserve embed (the image's client) against the image's server"
 (in_image bertserve embed --address "127.0.0.1:$PORT" "the image answers") | head -c 300
+echo
+log "one call to the native port (its transport was built in the image)"
+(in_image bertserve embed --address "127.0.0.1:$NATIVE_PORT" "the native port answers") | head -c 300
 echo
 kill -TERM "$server_pid"
 status=0

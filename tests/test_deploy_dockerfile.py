@@ -193,7 +193,7 @@ def test_cuda_stage_installs_the_serving_dependencies_with_onnxruntime_gpu(docke
     assert not any(re.match(r"onnxruntime[<>=! ]", d) for d in selected)
 
 
-def test_dockerignore_lets_in_what_the_wheel_stage_copies(dockerfile):
+def test_dockerignore_lets_in_what_the_stages_copy(dockerfile):
     _, stages = dockerfile
     allowed = {
         line[1:].rstrip("/")
@@ -201,9 +201,26 @@ def test_dockerignore_lets_in_what_the_wheel_stage_copies(dockerfile):
         if line.startswith("!")
     }
     copied = set()
-    for args in stages["wheel"].all("COPY"):
-        copied.update(args.split()[:-1])
+    for stage in stages.values():
+        for args in stage.all("COPY"):
+            if not args.startswith("--from"):  # from the build context
+                copied.update(args.split()[:-1])
+    assert "scripts/image-native-transport.sh" in copied
     assert copied <= allowed, copied - allowed
+
+
+@pytest.mark.parametrize("name", RUNTIME_STAGES)
+def test_runtime_stages_build_the_native_transport_where_the_server_finds_it(dockerfile, name):
+    """The native port needs its transport compiled: each runtime image builds it at build time into the
+    cache folder the server reads (BERTSERVE_CACHE_DIR), as root, before the image's user is set."""
+    _, stages = dockerfile
+    stage = stages[name]
+    env = " ".join(stage.all("ENV"))
+    assert "BERTSERVE_CACHE_DIR=/opt/bertserve" in env
+    order = [kw if "image-native-transport.sh" not in args else "BUILD" for kw, args in stage.instructions]
+    assert "BUILD" in order and order.index("BUILD") < order.index("USER")
+    script = (ROOT / "scripts" / "image-native-transport.sh").read_text()
+    assert "library()" in script and "apt-mark manual" in script and "purge" in script
 
 
 def test_exporter_installs_the_export_extra(dockerfile):
