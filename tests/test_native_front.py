@@ -291,6 +291,34 @@ def test_a_call_cancelled_while_queued_has_its_inputs_dropped(server):
     assert moved("bertserve_batch_size_sum", model=MODEL) == 1  # only the first call's input was computed
 
 
+def test_more_calls_ending_at_once_than_a_turn_takes_never_stall_the_port(tiny_repo):
+    """Six queued calls end while the event loop is busy, with groups of 2 (max_batch_size): every drop is
+    handled in the next turn, and the port goes on answering (a drop left behind would leave the eventfd
+    unarmed, and no later call would be taken)."""
+    with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, max_batch_size=2) as running:
+        main, native = _ports(running)
+        model = running.server.core.registry.by_name[MODEL]
+        before = scrape(running.metrics_url)
+
+        def queued() -> float:
+            name = "bertserve_inputs_total"
+            return metric(scrape(running.metrics_url), name, model=MODEL) - metric(before, name, model=MODEL)
+
+        with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = _held_at_the_gate(pool, gate, main)
+            calls = [_call(native, pb.EmbedRequest(inputs=[f"call {i}"])) for i in range(6)]
+            wait_for(lambda: queued() == 7)
+            running.loop.call_soon_threadsafe(time.sleep, 2.0)  # the loop busy while all six end
+            for call, _ in calls:
+                call.cancel()
+            gate.release()
+            first.result(30)
+            for _, channel in calls:
+                channel.close()
+        assert len(_embed(native, pb.EmbedRequest(inputs=["after"]), timeout=20).embeddings) == 1
+        wait_for(lambda: running.server.lifecycle.in_flight == 0)
+
+
 def test_a_call_past_its_deadline_while_computing_counts_as_deadline_exceeded(server):
     """A native call whose deadline passes while its batch computes: answered at once, counted as the client
     saw it (DEADLINE_EXCEEDED, not CANCELLED)."""

@@ -94,7 +94,11 @@ class NativeFront:
             os.read(self.transport.wakeup_fd, 8)
         limit = self.settings.max_batch_size
         calls = self.transport.take(limit)
-        self._drop(self.transport.dropped(limit) if calls is not None else [])
+        while calls is not None:  # every drop reported so far (cheap; at most one per call held)
+            dropped = self.transport.dropped(limit)
+            self._drop(dropped)
+            if len(dropped) < limit:  # none left: with no call waiting, the next one writes the eventfd
+                break
         if not calls:
             return
         if len(calls) == limit:  # more may wait: taken next turn, so a flood never holds the loop
