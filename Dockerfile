@@ -80,16 +80,17 @@ RUN pip install --no-cache-dir --no-deps /wheels/bertserve-*.whl \
         > /tmp/serving-requirements.txt \
     && pip install --no-cache-dir -r /tmp/serving-requirements.txt \
     && rm -rf /wheels /tmp/serving-requirements.txt
+# The native port's transport, as in the cpu stage (Ubuntu's gRPC C++ library), before the check
+# below, so that it sees the image as it ships
+ENV BERTSERVE_CACHE_DIR=/opt/bertserve
+COPY scripts/image-native-transport.sh /tmp/
+RUN /tmp/image-native-transport.sh && rm /tmp/image-native-transport.sh
 # Every library the CUDA provider links (libcuda.so.1 comes from the host driver at run time) and cuDNN 9
 # must resolve in this image.
 RUN provider="$(python -c 'import onnxruntime, pathlib; print(pathlib.Path(onnxruntime.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so")')" \
     && missing="$(ldd "${provider}" | grep 'not found' | grep -v 'libcuda\.so\.1' || true)" \
     && if [ -n "${missing}" ]; then echo "onnxruntime-gpu needs libraries this base lacks: ${missing}" >&2; exit 1; fi \
     && ldconfig -p | grep -q 'libcudnn\.so\.9'
-# The native port's transport, as in the cpu stage (Ubuntu's gRPC C++ library)
-ENV BERTSERVE_CACHE_DIR=/opt/bertserve
-COPY scripts/image-native-transport.sh /tmp/
-RUN /tmp/image-native-transport.sh && rm /tmp/image-native-transport.sh
 COPY --from=exporter --chown=root:root /models /models
 ENV BERTSERVE_MODEL_REPO=/models \
     BERTSERVE_HOST=0.0.0.0 \

@@ -1,21 +1,29 @@
 #!/bin/sh
 # Run by the Dockerfile's runtime stages as root: compiles the native port's transport
 # (service/grpc/native/transport.cc, from the installed wheel) into $BERTSERVE_CACHE_DIR against the
-# distribution's gRPC C++ library, then removes the compiler and headers and keeps the libraries the
-# transport links. Debian and Ubuntu (apt).
+# distribution's gRPC C++ library, then removes what it installed but the libraries the transport links.
+# Debian and Ubuntu (apt). Nothing the image had before is removed.
 set -eu
 : "${BERTSERVE_CACHE_DIR:?set BERTSERVE_CACHE_DIR to where the image keeps the transport}"
 load='from bertserve.service.grpc.native.transport import library; print(library()._name)'
+tools="g++ pkg-config libgrpc++-dev"
+before="$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' | awk '$1 == "ii" {print $2}')"
 apt-get update
-apt-get install -y --no-install-recommends g++ pkg-config libgrpc++-dev
+# shellcheck disable=SC2086  # one package name per word
+apt-get install -y --no-install-recommends $tools
 built="$(python -c "$load")"
-# the packages holding the libraries it links (libc's own are essential and stay anyway)
+# kept: what was there before, and the packages holding the libraries it links (libc's are essential)
 keep="$(ldd "$built" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | xargs -r realpath \
     | xargs -r dpkg -S 2>/dev/null | cut -d: -f1 | sort -u || true)"
-# shellcheck disable=SC2086  # one package name per word
-[ -z "$keep" ] || apt-mark manual $keep >/dev/null
-apt-get purge -y --auto-remove -o APT::AutoRemove::RecommendsImportant=false \
-    -o APT::AutoRemove::SuggestsImportant=false g++ pkg-config libgrpc++-dev
+# shellcheck disable=SC2086
+echo $before $keep | xargs -r apt-mark manual >/dev/null
+remove=""
+for tool in $tools; do
+    echo "$before" | grep -qx "$tool" || remove="$remove $tool"
+done
+# shellcheck disable=SC2086
+[ -z "$remove" ] || apt-get purge -y --auto-remove -o APT::AutoRemove::RecommendsImportant=false \
+    -o APT::AutoRemove::SuggestsImportant=false $remove
 apt-get clean
 rm -rf /var/lib/apt/lists/*
 chmod -R a+rX "$BERTSERVE_CACHE_DIR"

@@ -448,3 +448,79 @@ def test_partial_requests_are_held_within_grpcs_quota(tiny_repo):
         server.terminate()
     assert grown < 128 * mib, f"RSS grew {grown / mib:.0f} MiB ({sent / mib:.0f} MiB sent)"
     assert len(answer.embeddings) == 1
+
+
+def test_a_call_that_comes_while_drops_are_read_is_still_taken(tiny_repo):
+    """A call arrives between the loop's take and its read of the drops (a drop was pending at the take):
+    the transport writes the eventfd again for what is left, so the call is taken (it was not, once, and
+    the port stopped taking calls)."""
+    with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0) as running:
+        main, native = _ports(running)
+        model = running.server.core.registry.by_name[MODEL]
+        front = running.server.native
+        transport = front.transport
+        armed, reading, go_on, loop_free = (threading.Event() for _ in range(4))
+        real_dropped = transport.dropped
+
+        def dropped_slowly(max_calls: int) -> list[tuple[int, int]]:
+            if armed.is_set() and not reading.is_set():  # the read after the cancel waits for `go_on`
+                reading.set()
+                assert go_on.wait(30)
+            return real_dropped(max_calls)
+
+        transport.dropped = dropped_slowly
+        with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = _held_at_the_gate(pool, gate, main)
+            left, channel = _call(native, pb.EmbedRequest(inputs=["leaves"]))
+            wait_for(lambda: len(front._live) == 1)  # taken, its input queued behind the gate
+            running.loop.call_soon_threadsafe(loop_free.wait, 30)  # the drop comes while the loop waits
+            left.cancel()
+            wait_for(lambda: transport.held == 0)
+            armed.set()
+            loop_free.set()
+            assert reading.wait(30)
+            late, late_channel = _call(native, pb.EmbedRequest(inputs=["comes late"]))
+            wait_for(lambda: transport.held == 1)  # in the transport's queue; the loop was told nothing
+            go_on.set()
+            gate.release()
+            first.result(30)
+            assert len(late.result(20).embeddings) == 1
+            channel.close()
+            late_channel.close()
+
+
+def test_a_call_that_ends_while_tokenized_off_the_loop_is_never_queued(server):
+    """The client leaves while its call's long text is tokenized on the CPU pool: the call is answered
+    without queueing its inputs (nothing is computed for it) and counted as CANCELLED."""
+    native = server.server.native_port
+    front = server.server.native
+    tokenizing, go_on = threading.Event(), threading.Event()
+    real_prepared = front._prepared
+
+    def prepared_slowly(admitted):
+        tokenizing.set()
+        assert go_on.wait(30)
+        return real_prepared(admitted)
+
+    wait_for(lambda: server.server.lifecycle.in_flight == 0)
+    before = scrape(server.metrics_url)
+
+    def moved(name: str, **labels) -> float:
+        return metric(scrape(server.metrics_url), name, **labels) - metric(before, name, **labels)
+
+    front._prepared = prepared_slowly
+    try:
+        call, channel = _call(
+            native, pb.EmbedRequest(inputs=["a long text to tokenize " * 20], truncate=True)
+        )
+        assert tokenizing.wait(30)  # on the CPU pool: longer than the loop tokenizes itself
+        call.cancel()
+        wait_for(lambda: call.cancelled() and front._ended)  # the front heard of it
+        go_on.set()
+        wait_for(lambda: moved("bertserve_requests_total", rpc="Embed", code="CANCELLED") == 1)
+        channel.close()
+    finally:
+        front._prepared = real_prepared
+        go_on.set()
+    assert moved("bertserve_inputs_total", model=MODEL, task="embed") == 0  # never queued
+    assert len(_embed(native, pb.EmbedRequest(inputs=["next"])).embeddings) == 1

@@ -94,19 +94,21 @@ class NativeFront:
             os.read(self.transport.wakeup_fd, 8)
         limit = self.settings.max_batch_size
         calls = self.transport.take(limit)
-        while calls is not None:  # every drop reported so far (cheap; at most one per call held)
+        if calls is None:  # stopped
+            return
+        started = time.perf_counter()
+        for call in calls:
+            self.lifecycle.enter()  # left in `_answer`
+            self._live[call.id] = None  # before the drops are read: one of these may be among them
+        while True:  # every drop reported so far (cheap; at most one per call held)
             dropped = self.transport.dropped(limit)
             self._drop(dropped)
-            if len(dropped) < limit:  # none left: with no call waiting, the next one writes the eventfd
+            if len(dropped) < limit:
                 break
         if not calls:
             return
         if len(calls) == limit:  # more may wait: taken next turn, so a flood never holds the loop
             self._loop.call_soon(self._take)
-        started = time.perf_counter()
-        for call in calls:
-            self.lifecycle.enter()  # left in `_answer`
-            self._live[call.id] = None
         small = [call for call in calls if len(call.request) <= INLINE_PARSE_BYTES]
         large = [call for call in calls if len(call.request) > INLINE_PARSE_BYTES]
         if small:
@@ -216,6 +218,8 @@ class NativeFront:
     ) -> None:
         """On the loop: each tokenized call's inputs queued in its room; a refused one's room given back."""
         for call, one, ready in zip(ids, admitted, prepared, strict=True):
+            if call in self._ended:  # its client left while it was parsed or tokenized: nothing to compute
+                ready = errors.ShuttingDown("the call ended before its inputs were queued")
             if isinstance(ready, BaseException):
                 one.permit.release()
                 self._answer(call, started, ready)

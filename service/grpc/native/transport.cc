@@ -182,21 +182,26 @@ class Transport : public grpc::CallbackGenericService {
   // as (id, status code) pairs into `out` (at most `max_pairs`); returns how many. At most one per call
   // taken, so bounded by the calls held.
   int Dropped(int64_t* out, int max_pairs) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    int n = std::min(max_pairs, static_cast<int>(dropped_.size()));
-    for (int i = 0; i < n; ++i) {
-      out[2 * i] = static_cast<int64_t>(dropped_[i].first);
-      out[2 * i + 1] = dropped_[i].second;
+    int n;
+    bool left;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      n = std::min(max_pairs, static_cast<int>(dropped_.size()));
+      for (int i = 0; i < n; ++i) {
+        out[2 * i] = static_cast<int64_t>(dropped_[i].first);
+        out[2 * i + 1] = dropped_[i].second;
+      }
+      dropped_.erase(dropped_.begin(), dropped_.begin() + n);
+      left = Rearm();
     }
-    dropped_.erase(dropped_.begin(), dropped_.begin() + n);
-    if (queue_.empty() && dropped_.empty()) told_ = false;
+    if (left) Tell();
     return n;
   }
 
   // Takes up to `max_calls` queued calls into `batch_`, without waiting. Returns how many, or -1 once
   // closed and empty.
   int Next(int max_calls) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     batch_.clear();
     int taken = 0;
     auto now = Wall::now();
@@ -221,9 +226,11 @@ class Transport : public grpc::CallbackGenericService {
       held.taken = true;
       ++taken;
     }
-    if (queue_.empty() && dropped_.empty()) told_ = false;  // all taken: the next one writes the eventfd
-    if (taken == 0 && closed_) return -1;
-    return taken;
+    bool left = Rearm();
+    bool done = taken == 0 && closed_;
+    lock.unlock();
+    if (left) Tell();
+    return done ? -1 : taken;
   }
 
   const std::string& batch() const { return batch_; }
@@ -307,6 +314,17 @@ class Transport : public grpc::CallbackGenericService {
   }
 
   void Append(const void* data, size_t size) { batch_.append(static_cast<const char*>(data), size); }
+  // After a take or a read of the drops (under the lock): with nothing left, the next arrival or drop
+  // writes the eventfd; with something left, true: the caller writes it again (after unlocking), for the
+  // loop may have read it before that came, and would never look again.
+  bool Rearm() {
+    if (queue_.empty() && dropped_.empty()) {
+      told_ = false;
+      return false;
+    }
+    told_ = true;
+    return true;
+  }
   void Count(grpc::StatusCode code) {
     if (code >= 0 && code < kCodes) ++ended_[code];
   }
@@ -332,7 +350,7 @@ class Transport : public grpc::CallbackGenericService {
   uint64_t last_id_ = 0;
   bool draining_ = false;
   bool closed_ = false;
-  bool told_ = false;  // the eventfd was written since a take last left nothing queued or dropped
+  bool told_ = false;  // the eventfd was written since a take or drop read last left nothing (Rearm)
   int wakeup_;
   std::atomic<int64_t> ended_[kCodes] = {};  // see Counts
   std::thread reaper_;                        // last: starts once the rest is made
