@@ -144,7 +144,10 @@ def test_settings_configmap_is_valid_for_the_server(rendered, monkeypatch):
         monkeypatch.setenv(key, value)
     settings = load_settings()
     ports = {p["name"]: p["containerPort"] for p in _container(documents)["ports"]}
-    assert ports == {"grpc": settings.port, "metrics": settings.metrics_port, "http": settings.http_port}
+    served = {"grpc": settings.port, "metrics": settings.metrics_port, "http": settings.http_port}
+    if settings.native_port >= 0:
+        served["grpc-native"] = settings.native_port
+    assert ports == served
     assert settings.host == "0.0.0.0"
     assert (settings.provider, settings.precision) == (("cuda", "fp16") if name == "gpu" else ("cpu", "fp32"))
 
@@ -279,6 +282,25 @@ def test_gpu_overlay_asks_for_a_gpu_and_the_cuda_image():
     base = render_kustomize(KUSTOMIZE_DIRS["base"])
     assert _container(base)["image"].endswith("-cpu")
     assert "nvidia.com/gpu" not in _container(base)["resources"]["limits"]
+
+
+def test_gpu_overlay_serves_the_native_port_through_both_services():
+    """The GPU overlay turns the native port on (its fronts feed the GPU at less CPU per call) on the port
+    the container declares, and both Services carry it to that port."""
+    documents = render_kustomize(KUSTOMIZE_DIRS["gpu"])
+    env = _settings_env(documents)
+    ports = {p["name"]: p["containerPort"] for p in _container(documents)["ports"]}
+    assert ports["grpc-native"] == int(env["BERTSERVE_NATIVE_PORT"]) and ports["grpc"] == 50051
+    services = [d for d in documents if d["kind"] == "Service"]
+    assert len(services) == 2
+    for service in services:
+        native = [p for p in service["spec"]["ports"] if p["name"] == "grpc-native"]
+        assert native == [
+            {"name": "grpc-native", "port": 50052, "targetPort": "grpc-native", "protocol": "TCP",
+             "appProtocol": "kubernetes.io/h2c"}
+        ]  # fmt: skip
+    base = render_kustomize(KUSTOMIZE_DIRS["base"])
+    assert "BERTSERVE_NATIVE_PORT" not in _settings_env(base)  # off by default
 
 
 def test_gpu_bench_uses_the_gpu_overlays_batch_settings():
