@@ -51,6 +51,7 @@ class NativeFront:
         # calls taken and not yet answered -> their inputs' futures once queued (None before)
         self._live: dict[int, list[asyncio.Future] | None] = {}
         self._ended: dict[int, grpc.StatusCode] = {}  # live calls the transport ended: how
+        self._stopping = False  # no call is taken once stop has begun
 
     async def start(
         self, host: str, port: int, tls: tuple[bytes, bytes, bytes] | None, reuse_port: bool = False
@@ -86,9 +87,10 @@ class NativeFront:
 
     def _take(self) -> None:
         """On the loop, when calls wait: one group (up to max_batch_size calls) per turn of the loop, parsed
-        (large requests on the CPU pool), then admitted and tokenized (`_admit`); a full group takes the
-        next turn too."""
-        if self.transport is None:
+        (large requests on the CPU pool), then admitted and tokenized (`_admit`). Calls left after a take
+        (or drops) make the transport write the eventfd again: the next turn takes them, so a flood never
+        holds the loop."""
+        if self.transport is None or self._stopping:
             return
         with contextlib.suppress(BlockingIOError):
             os.read(self.transport.wakeup_fd, 8)
@@ -107,8 +109,6 @@ class NativeFront:
                 break
         if not calls:
             return
-        if len(calls) == limit:  # more may wait: taken next turn, so a flood never holds the loop
-            self._loop.call_soon(self._take)
         small = [call for call in calls if len(call.request) <= INLINE_PARSE_BYTES]
         large = [call for call in calls if len(call.request) > INLINE_PARSE_BYTES]
         if small:
@@ -287,6 +287,7 @@ class NativeFront:
         until = time.monotonic() + grace_s
         while self.transport.held and time.monotonic() < until:
             await asyncio.sleep(DRAIN_POLL_S)
+        self._stopping = True
         self._loop.remove_reader(self.transport.wakeup_fd)
         for task in list(self._pending):  # their calls answered with UNAVAILABLE, their room given back
             task.cancel()
