@@ -4,16 +4,14 @@ front's."""
 
 from __future__ import annotations
 
-import time
-
 import grpc
 import numpy as np
 import pytest
 
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.server import ServerProcess, metric, scrape, wait_for
-from tests.test_native_front import EMBED, _code, _embed
-from tests.test_workers import _cpu_ticks, pids
+from tests.test_native_front import _code, _embed
+from tests.test_workers import assert_each_front_answers_a_share
 
 MODEL = "tiny-embed"
 TEXTS = ["the cat sat", "a longer sentence about dogs and cats and birds", "x"]
@@ -45,25 +43,8 @@ def test_refusals_are_the_main_ports(native_fronts):
 
 
 def test_connections_reach_both_fronts_native_port(native_fronts):
-    """Each front answers a share of the native port's connections (SO_REUSEPORT among the server's own
-    fronts): its CPU while only the native port is called, beyond what it spends idle over as long."""
-    fronts = {name: pid for name, pid in pids(native_fronts).items() if name.startswith("front")}
-
-    def ticks() -> dict[str, int]:
-        return {name: _cpu_ticks(pid) for name, pid in fronts.items()}
-
-    started, before = time.monotonic(), ticks()
-    for _ in range(80):  # a new connection each time: new source ports, spread by SO_REUSEPORT's hash
-        with grpc.insecure_channel(f"127.0.0.1:{native_fronts.native_port}") as channel:
-            call = channel.unary_unary(EMBED, pb.EmbedRequest.SerializeToString, pb.EmbedResponse.FromString)
-            for _ in range(10):
-                call(pb.EmbedRequest(inputs=TEXTS), timeout=30)
-    busy, took = ticks(), time.monotonic() - started
-    time.sleep(took)
-    idle = ticks()
-    answering = {name: (busy[name] - before[name]) - (idle[name] - busy[name]) for name in fronts}
-    for name in fronts:
-        assert answering[name] > max(2, 0.15 * sum(answering.values())), (name, answering)
+    """SO_REUSEPORT among the server's own fronts spreads the native port's connections too."""
+    assert_each_front_answers_a_share(native_fronts, f"127.0.0.1:{native_fronts.native_port}")
 
 
 def test_one_scrape_counts_native_calls_of_every_front(native_fronts):
