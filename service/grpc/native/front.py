@@ -6,7 +6,9 @@ main port's. Python's work per call is its request's parsing and its reply's bui
 group.
 
 Plain calls only (inputs, model, normalize, truncate): a call with `options` set or `token_ids` gets
-INVALID_ARGUMENT naming the field, any other method UNIMPLEMENTED (the main port serves everything)."""
+INVALID_ARGUMENT naming the field, any other method UNIMPLEMENTED (the main port serves everything). A call
+that ends in C++ after it was taken (its client left, its deadline passed) is reported back with the
+status it ended with: its queued inputs are cancelled and it is counted as its client saw it."""
 
 from __future__ import annotations
 
