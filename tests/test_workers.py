@@ -275,12 +275,13 @@ def test_engine_lost_turns_health_not_serving(tiny_repo):
         server.kill()
 
 
-def test_sigterm_drains_every_process_and_exits_0(tiny_repo):
-    server = workers(tiny_repo)
+@pytest.mark.parametrize("port", PORTS)
+def test_sigterm_drains_every_process_and_exits_0(tiny_repo, port):
+    server, address = _workers_on(tiny_repo, port)
     children = pids(server)
     before = _sent(server)
     resume = _stop(children["engine"])
-    pool, futures = _calls(server.address, 6)
+    pool, futures = _calls(address, 6)
     _until_sent(server, before, 6)  # every call admitted, waiting for the stopped engine
     server.process.send_signal(signal.SIGTERM)
     wait_for(lambda: server.output.count("draining: ") == 2, timeout=30)  # both fronts drain, calls in flight
