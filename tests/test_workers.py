@@ -134,7 +134,8 @@ def _connections(pid: int, port: int) -> int:
 def assert_each_front_answers_a_share(server: ServerProcess, address: str) -> None:
     """The kernel shares connections to `address` out between the fronts (SO_REUSEPORT): with CONNECTIONS
     held open at once, each having answered a call, each front holds at least 15% of them (fewer than 6 of
-    40 on a fair coin: about 1 in 10^7). Counted from /proc, so a loaded machine passes as a quiet one."""
+    40 on a fair coin, for either front: about 1 in 700,000). Counted from /proc, so a loaded machine passes
+    as a quiet one."""
     fronts = {name: pid for name, pid in pids(server).items() if name.startswith("front")}
     port = int(address.rsplit(":", 1)[1])
     channels = [
