@@ -67,10 +67,12 @@ class CostEstimate:
 
     def __init__(self, window: int = 16):
         self._costs: deque[float] = deque(maxlen=window)
+        self._median: float | None = None  # of `_costs`: read by every admission, changed once per batch
 
     def add(self, seconds: float, padded_tokens: int) -> None:
         self._costs.append(seconds / max(1, padded_tokens))
+        self._median = statistics.median(self._costs)
 
     @property
     def seconds_per_token(self) -> float | None:
-        return statistics.median(self._costs) if self._costs else None
+        return self._median
