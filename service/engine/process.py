@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from bertserve.service import errors
 from bertserve.service.engine import model_registry
 from bertserve.service.engine.batcher import ItemResult, WorkItem
-from bertserve.service.engine.encoders import attach_batchers
+from bertserve.service.engine.encoders import EncoderGroup, attach_batchers
 from bertserve.service.engine.frame_link import FrameLink
 from bertserve.service.engine.messages import array, options_in, small
 from bertserve.service.engine.model_registry import ModelRegistry
@@ -38,6 +38,7 @@ class Engine:
         self.metrics = metrics or Metrics(multiprocess=True)
         self.metrics.export_limits(settings)
         self.registry: ModelRegistry | None = None
+        self._groups: dict[str, EncoderGroup] = {}  # by encoder name, once loaded
         self._calls: dict[tuple[FrameLink, int], asyncio.Task] = {}  # (front, call id) -> its task
         self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertserve-engine-load")
         self._server: asyncio.AbstractServer | None = None
@@ -47,6 +48,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         self.registry = await loop.run_in_executor(self._cpu, model_registry.load, self.settings)
+        self._groups = {group.name: group for group in self.registry.encoders}  # looked up per call
         # no batch cut ahead: this loop does nothing but batch, so it cuts the next batch as soon as an
         # instance is free, with every input that came while the last one computed
         attach_batchers(self.registry, self.settings, self.metrics, prefetch=0)
@@ -172,8 +174,8 @@ class Engine:
     def _send(self, front: FrameLink, message: tuple) -> None:
         front.post(message)  # nothing once the front has gone away
 
-    def _group(self, name: str):
-        return next(g for g in self.registry.encoders if g.name == name)
+    def _group(self, name: str) -> EncoderGroup:
+        return self._groups[name]
 
     async def _submit_bulk(
         self, front: FrameLink, encoder: str, bulk: bool, deadline: float | None, items: list
