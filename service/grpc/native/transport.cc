@@ -3,8 +3,9 @@
 // ctypes), which answers each call with its reply's bytes or a status. Python's cost is per group of calls,
 // not per call; the per-call work (HTTP/2, the call's life, its deadline and cancellation) stays here.
 //
-// Python learns of new calls from an eventfd (its event loop watches it): it is written when a call arrives
-// and nobody was told since a take last left the queue empty.
+// Python learns of new calls, and of taken calls that ended without its answer, from an eventfd (its event
+// loop watches it): written when one comes and nobody was told since a take (or a read of the ended calls)
+// left nothing, and again after a take or read that leaves some (Rearm).
 //
 // Bounds: at most `max_open` calls open (kMaxStreamsPerConnection on one connection), requests of at most
 // `max_message_bytes` (gRPC refuses larger ones), each within `read_timeout_s` of the call's start (else
@@ -146,8 +147,7 @@ class Transport : public grpc::CallbackGenericService {
       bytes_ += size;
       ++admitted_;
       queue_.push_back(id);
-      tell = !told_;
-      told_ = true;
+      tell = ShouldTell();
     }
     if (tell) Tell();
     return "";
@@ -166,8 +166,7 @@ class Transport : public grpc::CallbackGenericService {
       if (code >= 0 && !found->second.taken) Count(static_cast<grpc::StatusCode>(code));
       if (code >= 0 && found->second.taken) {  // Python computes it still: tell it to stop
         dropped_.push_back({id, static_cast<int64_t>(code)});
-        tell = !told_;
-        told_ = true;
+        tell = ShouldTell();
       }
       call = found->second.call;
       bytes_ -= found->second.bytes;
@@ -314,6 +313,12 @@ class Transport : public grpc::CallbackGenericService {
   }
 
   void Append(const void* data, size_t size) { batch_.append(static_cast<const char*>(data), size); }
+  // Something came (under the lock): true when the caller must write the eventfd (after unlocking).
+  bool ShouldTell() {
+    bool tell = !told_;
+    told_ = true;
+    return tell;
+  }
   // After a take or a read of the drops (under the lock): with nothing left, the next arrival or drop
   // writes the eventfd; with something left, true: the caller writes it again (after unlocking), for the
   // loop may have read it before that came, and would never look again.
