@@ -510,10 +510,10 @@ def test_a_call_that_ends_while_tokenized_off_the_loop_is_never_queued(server):
 
     front._prepared = prepared_slowly
     try:
-        call, channel = _call(
-            native, pb.EmbedRequest(inputs=["a long text to tokenize " * 20], truncate=True)
+        call, channel = _call(  # more characters than a group tokenizes on the loop
+            native, pb.EmbedRequest(inputs=["a long text to tokenize " * 20] * 8, truncate=True)
         )
-        assert tokenizing.wait(30)  # on the CPU pool: longer than the loop tokenizes itself
+        assert tokenizing.wait(30)  # on the CPU pool
         call.cancel()
         wait_for(lambda: call.cancelled() and front._ended)  # the front heard of it
         go_on.set()
@@ -524,3 +524,36 @@ def test_a_call_that_ends_while_tokenized_off_the_loop_is_never_queued(server):
         go_on.set()
     assert moved("bertserve_inputs_total", model=MODEL, task="embed") == 0  # never queued
     assert len(_embed(native, pb.EmbedRequest(inputs=["next"])).embeddings) == 1
+
+
+def test_a_group_tokenizes_up_to_its_budget_on_the_loop_and_the_rest_on_the_pool(server):
+    """Three calls of 960 characters taken in one turn: the first two (within INLINE_GROUP_CHARS) are
+    tokenized on the event loop, the third in one hop to the CPU pool; each is answered."""
+    from bertserve.service.grpc.native.front import INLINE_GROUP_CHARS
+
+    front, transport = server.server.native, server.server.native.transport
+    texts = ["a text of some length " * 20, "another text, as long " * 20]  # 480 characters each
+    assert 2 * 960 <= INLINE_GROUP_CHARS < 3 * 960
+    where: list[tuple[str, int]] = []
+    real_prepared = front._prepared
+
+    def prepared_where(admitted):
+        where.append((threading.current_thread().name, len(admitted)))
+        return real_prepared(admitted)
+
+    wait_for(lambda: server.server.lifecycle.in_flight == 0 and transport.held == 0)
+    loop_free = threading.Event()
+    front._prepared = prepared_where
+    try:
+        server.loop.call_soon_threadsafe(loop_free.wait, 30)  # the three calls come while the loop waits
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            request = pb.EmbedRequest(inputs=texts, truncate=True)
+            calls = [pool.submit(_embed, server.server.native_port, request) for _ in range(3)]
+            wait_for(lambda: transport.held == 3)
+            loop_free.set()
+            assert all(len(call.result(30).embeddings) == 2 for call in calls)
+    finally:
+        front._prepared = real_prepared
+        loop_free.set()
+    assert where[0] == ("test-server", 2)  # the loop's thread
+    assert where[1][0] != "test-server" and where[1][1] == 1

@@ -24,7 +24,6 @@ from bertserve.service import errors
 from bertserve.service.core.embed_groups import Admitted, EmbedGroups, PlainEmbed
 from bertserve.service.core.lifecycle import Lifecycle
 from bertserve.service.core.results import EmbedResult
-from bertserve.service.core.tokenizing import INLINE_TOKENIZE_CHARS
 from bertserve.service.grpc import v1_messages as messages
 from bertserve.service.grpc.native.transport import STATUS_CODES, NativeTransport, TakenCall
 from bertserve.service.grpc.rpc_status import check_response_size, parse_request, status_message, status_of
@@ -38,6 +37,9 @@ DRAIN_POLL_S = 0.01  # while draining: how often the calls still held are counte
 INLINE_PARSE_BYTES = 64 * 1024  # larger requests are parsed on the CPU pool, not the event loop
 COUNT_EVERY_S = 1.0  # how often the transport's own refusals reach the metrics
 CODES = {code.value[0]: code for code in grpc.StatusCode}
+# A group's calls are tokenized on the loop up to this many characters in all (a bounded hold of the loop,
+# cheaper than the hop to the CPU pool); the rest of the group goes to the pool in one hop.
+INLINE_GROUP_CHARS = 2048
 
 
 class NativeFront:
@@ -165,10 +167,11 @@ class NativeFront:
 
     def _admit(self, ids: list[int], parsed: list[PlainEmbed | BaseException], started: float) -> None:
         """Each call checked and given room in its encoder's queue (or refused) before any tokenization;
-        short calls then tokenized here, as the core tokenizes a short call on the loop, long ones on the
-        CPU pool."""
+        the calls then tokenized here up to INLINE_GROUP_CHARS characters in all (in arrival order, each
+        call whole), the others on the CPU pool."""
         short: tuple[list[int], list[Admitted]] = ([], [])
         long: tuple[list[int], list[Admitted]] = ([], [])
+        budget = INLINE_GROUP_CHARS
         for call, plain in zip(ids, parsed, strict=True):
             try:
                 admitted = plain if isinstance(plain, BaseException) else self.groups.admit(plain)
@@ -177,7 +180,10 @@ class NativeFront:
             if isinstance(admitted, BaseException):
                 self._answer(call, started, admitted)
                 continue
-            group = short if sum(len(t) for t in admitted.texts) <= INLINE_TOKENIZE_CHARS else long
+            chars = sum(len(t) for t in admitted.texts)
+            inline = chars <= budget
+            budget -= chars if inline else 0
+            group = short if inline else long
             group[0].append(call)
             group[1].append(admitted)
         if short[0]:
