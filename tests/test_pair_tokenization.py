@@ -138,7 +138,7 @@ def test_cutting_a_text_to_a_few_tokens_costs_no_square_of_max_length(make_tiny_
             pieces.append(sum(len(o.ids) for o in encoding.overflowing))
             return encoding
 
-    ours._pairs[strategy] = Recording()
+    ours._pairs = {strategy: Recording()}
     kept, cut = "the " * (max_length - 4), "a " * 500
     a, b = (kept, cut) if strategy == "only_second" else (cut, kept)
     (pair,) = ours.encode_pairs([a], [b], True, strategy)
@@ -213,7 +213,7 @@ def test_a_pair_without_room_is_refused_before_the_library_runs(make_tiny_checkp
         def post_process(self, *args, **kwargs):
             raise RuntimeError("the library failed")
 
-    ours._pairs["only_second"] = Failing()
+    ours._pairs = {"only_second": Failing()}
     with pytest.raises(InvalidInput, match=r"^inputs\[0\]: 40 tokens leave no room for pairs\[0\]"):
         ours.encode_pairs(["the cat " * 20], ["a dog"], True, "only_second")
     with pytest.raises(RuntimeError, match="the library failed"):

@@ -6,14 +6,16 @@ added tokens written in the text, and texts exactly at the limit."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import random
+import time
 
 import pytest
 from tokenizers import Tokenizer
 
 from bertserve.export.default_model import default_checkpoint_dir
 from bertserve.manifest import TokenizerSpec
-from bertserve.service.engine import token_counts, tokenization
+from bertserve.service.engine import token_counts, tokenization, tokenizer_variants
 from bertserve.service.engine.tokenization import ModelTokenizer
 from bertserve.service.errors import InvalidInput
 
@@ -131,16 +133,46 @@ def test_a_long_text_is_tokenized_only_as_far_as_the_model_reads(make_tiny_check
     path = tokenizer_files(make_tiny_checkpoint)["minilm"]
     ours = ModelTokenizer(path, spec(path), 256)
     seen: list[int] = []
-    encode_batch = ours._cutting.encode_batch
+    encode_batch = ours._cutting["right"].encode_batch
 
     class Recording:
         def encode_batch(self, texts, *args, **kwargs):
             seen.extend(len(t) for t in texts)
             return encode_batch(texts, *args, **kwargs)
 
-    monkeypatch.setattr(ours, "_cutting", Recording())
+    monkeypatch.setattr(ours, "_cutting", {"right": Recording()})
     for piece in ("!", "中", "word ", "ab, "):
         seen.clear()
         encoded = ours.encode([piece * (20_000 // len(piece))] * 8, truncate=True)
         assert all(e.length == 256 and e.truncated for e in encoded)
         assert max(seen) <= 2 * tokenization.PREFIX_CHARS_PER_TOKEN * 256, (piece, max(seen))
+
+
+def test_cutting_variants_are_made_on_first_use_and_once(make_tiny_checkpoint, monkeypatch):
+    """A model's tokenizer holds the whole and the right-cutting tokenizers from the start (each a copy of
+    the vocabulary); the left-cutting one and each pair strategy's are made when a call first needs them,
+    once however many threads ask at the same time, and cut as they should."""
+    path = tokenizer_files(make_tiny_checkpoint)["minilm"]
+    ours = ModelTokenizer(path, spec(path), 8)
+    assert ours._cutting.made == ["right"] and ours._pairs.made == []
+    text = "one two three four five six seven eight nine ten"
+    assert ours.encode([text], True)[0].ids.tolist() == reference(path, 8).encode(text).ids
+    assert ours._cutting.made == ["right"]
+    reads = []
+    real = tokenizer_variants.Tokenizer
+
+    class Counted:
+        @staticmethod
+        def from_file(name: str) -> Tokenizer:
+            reads.append(name)
+            time.sleep(0.05)  # every thread asks while the first one reads
+            return real.from_file(name)
+
+    monkeypatch.setattr(tokenizer_variants, "Tokenizer", Counted)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        lefts = list(pool.map(lambda _: ours.encode([text], True, left=True)[0].ids.tolist(), range(8)))
+        list(pool.map(lambda _: ours.encode_pairs([text], ["x"], True, "only_first"), range(8)))
+    assert len(reads) == 2 and ours._cutting.made == ["right", "left"] and ours._pairs.made == ["only_first"]
+    left = reference(path, 8)
+    left.enable_truncation(8, direction="left")
+    assert lefts == [left.encode(text).ids] * 8

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tokenizers import Encoding, Tokenizer
 
+from bertserve.service.engine.tokenizer_variants import TokenizerVariants
 from bertserve.service.errors import InvalidInput, quote
 
 TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
@@ -38,15 +39,15 @@ def check_strategy(strategy: str) -> str:
     return strategy
 
 
-def pair_tokenizers(path: Path, max_length: int) -> dict[str, Tokenizer]:
-    """One tokenizer per strategy, made once: its truncation cuts a pair, its post-processor adds the
-    special tokens and segment ids (never reconfigured: tokenization runs on several threads)."""
-    tokenizers = {}
-    for strategy in TRUNCATION_STRATEGIES:
-        tokenizer = tokenizers[strategy] = Tokenizer.from_file(str(path))
+def pair_tokenizers(path: Path, max_length: int) -> TokenizerVariants:
+    """One tokenizer per strategy, made when a call first asks for it: its truncation cuts a pair, its
+    post-processor adds the special tokens and segment ids."""
+
+    def configure(tokenizer: Tokenizer, strategy: str) -> None:
         tokenizer.no_padding()
         tokenizer.enable_truncation(max_length, strategy=strategy)
-    return tokenizers
+
+    return TokenizerVariants(path, configure)
 
 
 def _first_tokens(encoding: Encoding, length: int) -> Encoding:

@@ -28,6 +28,7 @@ from bertserve.service.engine.pair_truncation import (
 )
 from bertserve.service.engine.token_counts import TokenCounts, chunks
 from bertserve.service.engine.token_windows import token_windows
+from bertserve.service.engine.tokenizer_variants import TokenizerVariants
 from bertserve.service.engine.word_boundaries import WordBoundaries, supports_prefixes
 from bertserve.service.errors import InvalidInput, StartupError
 
@@ -95,18 +96,19 @@ def _encoded(encoding: Encoding, truncated: bool, detailed: bool, shift: int = 0
 
 class ModelTokenizer:
     def __init__(self, path: Path, spec: TokenizerSpec, max_length: int):
+        def cutting(tokenizer: Tokenizer, direction: str) -> None:
+            tokenizer.no_padding()
+            tokenizer.enable_truncation(max_length, direction=direction)
+
+        # by the direction they cut ("right": keep the first tokens); "left" made when first asked for
+        self._cutting = TokenizerVariants(path, cutting)
         try:
             self._whole = Tokenizer.from_file(str(path))
-            self._cutting = Tokenizer.from_file(str(path))
-            self._cutting_left = Tokenizer.from_file(str(path))
+            self._cutting["right"]
         except Exception as exc:  # the library raises plain Exception for unreadable files
             raise StartupError(f"{path}: cannot read the tokenizer: {exc}") from None
         self._whole.no_truncation()
         self._whole.no_padding()
-        self._cutting.no_padding()
-        self._cutting.enable_truncation(max_length)
-        self._cutting_left.no_padding()
-        self._cutting_left.enable_truncation(max_length, direction="left")
         self._pairs = pair_tokenizers(path, max_length)
         self._pair_specials = self._whole.num_special_tokens_to_add(is_pair=True)
         self.spec = spec
@@ -246,7 +248,7 @@ class ModelTokenizer:
         text, at most max_length tokens each (`special`: special tokens included), `cut` when the text has
         more, `start` the piece's first character. `needed(i)` False: text i is given up (its call is
         refused anyway). `left`: bounded suffixes instead, cut on the left (tokens kept: the last ones)."""
-        tokenizer = self._cutting_left if left else self._cutting
+        tokenizer = self._cutting["left" if left else "right"]
         # encode_batch_fast: the same ids, type ids and cuts, without token strings and offsets (0.20+)
         fast = None if detailed else getattr(tokenizer, "encode_batch_fast", None)
         encode_batch = fast or tokenizer.encode_batch
