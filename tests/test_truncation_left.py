@@ -46,14 +46,14 @@ def test_a_long_text_is_tokenized_only_as_far_back_as_the_model_reads(make_tiny_
     path = tokenizer_files(make_tiny_checkpoint)["minilm"]
     ours = ModelTokenizer(path, spec(path), 256)
     seen: list[int] = []
-    encode_batch = ours._cutting_left.encode_batch
+    encode_batch = ours._cutting["left"].encode_batch
 
     class Recording:
         def encode_batch(self, texts, *args, **kwargs):
             seen.extend(len(t) for t in texts)
             return encode_batch(texts, *args, **kwargs)
 
-    monkeypatch.setattr(ours, "_cutting_left", Recording())
+    monkeypatch.setattr(ours, "_cutting", {"left": Recording()})
     for piece in ("!", "中", "word ", "ab, "):
         seen.clear()
         encoded = ours.encode([piece * (20_000 // len(piece))] * 8, truncate=True, left=True)
