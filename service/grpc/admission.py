@@ -29,6 +29,7 @@ import logging
 
 import grpc
 
+from bertserve.service.grpc.request_reads import RequestReads
 from bertserve.service.memory import release_free_memory
 from bertserve.service.metrics import Metrics
 
@@ -53,9 +54,16 @@ def server_options(max_concurrent_rpcs: int) -> list[tuple[str, int]]:
 
 class Admission(grpc.aio.ServerInterceptor):
     def __init__(
-        self, limit: int, metrics: Metrics, stream_limit: int | None = None, bytes_limit: int | None = None
+        self,
+        limit: int,
+        metrics: Metrics,
+        stream_limit: int | None = None,
+        bytes_limit: int | None = None,
+        reads: RequestReads | None = None,
     ):
+        """`reads`: reads unary calls' request messages (service/grpc/request_reads.py); None: gRPC does."""
         self.limit = limit
+        self.reads = reads
         self.stream_limit = limit if stream_limit is None else stream_limit
         self.bytes_limit = bytes_limit
         self.metrics = metrics
@@ -68,14 +76,18 @@ class Admission(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
-        if handler is None or details.method in NEVER_REFUSED:
+        if handler is None:
             return handler
         rpc = details.method.rsplit("/", 1)[-1]
-        message = self._full(handler.request_streaming)
-        if message is None:
-            return self._tracked(handler, rpc)
-        self._count_refusal(rpc)
-        return _refusal(handler, message)
+        if details.method not in NEVER_REFUSED:
+            message = self._full(handler.request_streaming)
+            if message is not None:
+                self._count_refusal(rpc)
+                return _refusal(handler, message)
+            handler = self._tracked(handler, rpc)
+        return (
+            handler if self.reads is None or handler.request_streaming else self.reads.streamed(handler, rpc)
+        )
 
     def _full(self, stream: bool) -> str | None:
         """Why a call (`stream`: with streamed requests) is refused now; None: it may start."""
@@ -86,7 +98,11 @@ class Admission(grpc.aio.ServerInterceptor):
         return None
 
     def _count_refusal(self, rpc: str) -> None:
-        self.metrics.requests.labels(rpc, grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
+        self.count(rpc, grpc.StatusCode.RESOURCE_EXHAUSTED.name)
+
+    def count(self, rpc: str, code: str) -> None:
+        """A call ended here (refused, or its request never came whole)."""
+        self.metrics.requests.labels(rpc, code).inc()
 
     def _tracked(self, handler: grpc.RpcMethodHandler, rpc: str) -> grpc.RpcMethodHandler:
         """The handler, counted in flight while its behaviour runs (every shape: coroutine functions and
@@ -167,13 +183,11 @@ def _message_size(request) -> int:
 
 
 def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    async def refuse(request, context):
+    """Refuses without reading the request (a stream-request handler: gRPC reads nothing before it)."""
+
+    async def refuse(requests, context):
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(refuse)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(refuse)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(refuse)
-    return grpc.stream_stream_rpc_method_handler(refuse)
+    if handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    return grpc.stream_unary_rpc_method_handler(refuse)

@@ -24,7 +24,8 @@ NATIVE_QUOTA_MIN = 16 * MIB  # transport.cc's kMinQuotaBytes
 
 def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
     """Bytes per term: HTTP connections (request heads and pipelined bytes), HTTP bodies held, JSON bodies
-    being parsed, gRPC request messages held by unary calls, EmbedStreams, and the native port's requests."""
+    being parsed, gRPC request messages of unary calls (arriving and held), EmbedStreams, and the native port's
+    requests."""
     header_bytes = HttpLimits(max_body_bytes=settings.max_message_bytes).max_header_bytes
     per_connection = 2 * header_bytes + 2 * READ_BYTES + CONNECTION_OBJECTS + (TLS_READ_BUFFER if tls else 0)
     message = settings.max_message_bytes
@@ -32,7 +33,10 @@ def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
         "http_connections": settings.http_max_connections * per_connection,
         "http_bodies": settings.http_max_body_bytes_in_flight + message,
         "http_json_parsing": JSON_PARSERS * JSON_PARSE_COPIES * message,
-        "grpc_requests": 2 * (settings.max_request_bytes_in_flight + message),  # as received, and parsed
+        # the main port's request messages: still arriving (in gRPC's buffers, service/grpc/request_reads.py),
+        # then held as received and as parsed
+        "grpc_requests": settings.max_request_bytes_in_flight
+        + 2 * (settings.max_request_bytes_in_flight + message),
         "streams": streams_bound(settings, dimension),
         # the native port (service/grpc/native/): gRPC's buffers (its resource quota, NATIVE_QUOTA_MIN at
         # least), then its own budget of requests held, as received and as parsed

@@ -26,6 +26,7 @@ from bertserve.service.grpc.admission import server_options as admission_options
 from bertserve.service.grpc.health_watch import WatchStreams
 from bertserve.service.grpc.native.front import NativeFront
 from bertserve.service.grpc.native.transport import NativeUnavailable
+from bertserve.service.grpc.request_reads import RequestReads
 from bertserve.service.grpc.rpc_status import parsing
 from bertserve.service.grpc.servicer import InferenceServicer
 from bertserve.service.grpc.servicer import add_to_server as add_inference_servicer
@@ -141,6 +142,9 @@ class InferenceServer:
         ]
         self.admission = Admission(
             s.concurrent_rpcs_limit(), self.metrics, s.max_concurrent_streams, s.max_request_bytes_in_flight
+        )
+        self.admission.reads = RequestReads(
+            s.max_request_bytes_in_flight, s.max_message_bytes, s.http_read_timeout_s, self.admission.count
         )
         self._server = grpc.aio.server(
             options=size_options + admission_options(self.admission.limit), interceptors=[self.admission]
