@@ -37,7 +37,9 @@ def test_requests_still_arriving_hold_at_most_the_budget(tiny_repo):
         grown = _rss(server.process.pid) - before
         with Client(f"127.0.0.1:{server.port}") as client:
             answer = client.stub.Embed(pb.EmbedRequest(inputs=["still serving"]), timeout=30)
-        refused = metric(scrape(metrics_url), "bertserve_requests_total", rpc="Embed", code="RESOURCE_EXHAUSTED")
+        refused = metric(
+            scrape(metrics_url), "bertserve_requests_total", rpc="Embed", code="RESOURCE_EXHAUSTED"
+        )
         connection.close()
     finally:
         server.terminate()
@@ -54,10 +56,15 @@ def test_a_request_never_whole_ends_at_the_read_timeout_and_gives_its_room_back(
         connection.send(connection.open(EMBED), grpc_message_head(200_000) + b"x" * 100_000, wait_s=1)
         wait_for(lambda: reads.room.used > 0)  # past its grace, holding room for a whole message
         wait_for(
-            lambda: metric(
-                scrape(running.metrics_url), "bertserve_requests_total", rpc="Embed", code="DEADLINE_EXCEEDED"
+            lambda: (
+                metric(
+                    scrape(running.metrics_url),
+                    "bertserve_requests_total",
+                    rpc="Embed",
+                    code="DEADLINE_EXCEEDED",
+                )
+                == 1
             )
-            == 1
         )
         waited = time.monotonic() - started
         assert reads.room.used == 0 and 0.9 < waited < 10
@@ -71,9 +78,14 @@ def test_a_call_without_a_request_message_is_invalid(tiny_repo):
         connection = H2Connection(running.server.port)
         connection._send(frame(DATA, END_STREAM, connection.open(EMBED)))
         wait_for(
-            lambda: metric(
-                scrape(running.metrics_url), "bertserve_requests_total", rpc="Embed", code="INVALID_ARGUMENT"
+            lambda: (
+                metric(
+                    scrape(running.metrics_url),
+                    "bertserve_requests_total",
+                    rpc="Embed",
+                    code="INVALID_ARGUMENT",
+                )
+                == 1
             )
-            == 1
         )
         connection.close()
