@@ -5,9 +5,15 @@ a message is INVALID_ARGUMENT; small calls are answered all the while. Each endi
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import time
 
+import grpc
+
 from bertserve.client import Client
+from bertserve.service.grpc.request_reads import RECEIVE_GRACE_S, RequestReads
+from bertserve.service.metrics import Metrics
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.h2_client import DATA, END_STREAM, H2Connection, frame, grpc_message_head
 from tests.helpers.server import ServerProcess, ServerThread, metric, scrape, wait_for
@@ -54,7 +60,7 @@ def test_a_request_never_whole_ends_at_the_read_timeout_and_gives_its_room_back(
         connection = H2Connection(running.server.port)
         started = time.monotonic()
         connection.send(connection.open(EMBED), grpc_message_head(200_000) + b"x" * 100_000, wait_s=1)
-        wait_for(lambda: reads.room.used > 0)  # past its grace, holding room for a whole message
+        wait_for(lambda: reads.used > 0)  # past its grace, holding room for a whole message
         wait_for(
             lambda: (
                 metric(
@@ -67,7 +73,7 @@ def test_a_request_never_whole_ends_at_the_read_timeout_and_gives_its_room_back(
             )
         )
         waited = time.monotonic() - started
-        assert reads.room.used == 0 and 0.9 < waited < 10
+        assert reads.used == 0 and 0.9 < waited < 10
         connection.close()
         with Client(running.address) as client:
             assert len(client.stub.Embed(pb.EmbedRequest(inputs=["next"]), timeout=30).embeddings) == 1
@@ -89,3 +95,47 @@ def test_a_call_without_a_request_message_is_invalid(tiny_repo):
             )
         )
         connection.close()
+
+
+class _Context:
+    """What `RequestReads.read` uses of a call's context: its message comes when `message` is set."""
+
+    def __init__(self):
+        self.message = asyncio.get_running_loop().create_future()
+        self.aborted: tuple | None = None
+
+    async def read(self):
+        return await self.message
+
+    def done(self) -> bool:
+        return self.aborted is not None
+
+    async def abort(self, code, details):
+        self.aborted = (code, details)
+        raise grpc.aio.AbortError()
+
+
+def test_a_message_that_came_while_the_loop_was_busy_is_read_not_refused():
+    """The room is full and the loop is held past the grace; the message comes in the same turn as the
+    grace ends (its I/O callback runs before the timer, the reader's wake-up after it): the message is
+    read, the call is not refused."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        reads = RequestReads(1000, 1000, 5.0, Metrics())
+        reads.used = 1000  # another message, still arriving, holds all the room
+        context = _Context()
+        reader, writer = socket.socketpair()
+        loop.add_reader(reader, lambda: (reader.recv(1), context.message.set_result(b"request")))
+        read = asyncio.ensure_future(reads.read(context, "Embed"))
+        await asyncio.sleep(0)  # the grace runs from here
+        writer.send(b"x")
+        time.sleep(2 * RECEIVE_GRACE_S)  # the loop busy past the grace, the message waiting in the socket
+        try:
+            return await read, context.aborted
+        finally:
+            loop.remove_reader(reader)
+            reader.close()
+            writer.close()
+
+    assert asyncio.run(scenario()) == (b"request", None)

@@ -24,12 +24,13 @@ starts for IDLE_RELEASE_S, the heap's free pages are handed back to the kernel
 from __future__ import annotations
 
 import asyncio
-import inspect
+import contextlib
+import functools
 import logging
 
 import grpc
 
-from bertserve.service.grpc.request_reads import RequestReads
+from bertserve.service.grpc.request_reads import RequestReads, around, as_streamed
 from bertserve.service.memory import release_free_memory
 from bertserve.service.metrics import Metrics
 
@@ -54,14 +55,10 @@ def server_options(max_concurrent_rpcs: int) -> list[tuple[str, int]]:
 
 class Admission(grpc.aio.ServerInterceptor):
     def __init__(
-        self,
-        limit: int,
-        metrics: Metrics,
-        stream_limit: int | None = None,
+        self, limit: int, metrics: Metrics, reads: RequestReads, stream_limit: int | None = None,
         bytes_limit: int | None = None,
-        reads: RequestReads | None = None,
-    ):
-        """`reads`: reads unary calls' request messages (service/grpc/request_reads.py); None: gRPC does."""
+    ):  # fmt: skip
+        """`reads`: what reads unary calls' request messages (service/grpc/request_reads.py)."""
         self.limit = limit
         self.reads = reads
         self.stream_limit = limit if stream_limit is None else stream_limit
@@ -79,15 +76,13 @@ class Admission(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         rpc = details.method.rsplit("/", 1)[-1]
-        if details.method not in NEVER_REFUSED:
-            message = self._full(handler.request_streaming)
-            if message is not None:
-                self._count_refusal(rpc)
-                return _refusal(handler, message)
-            handler = self._tracked(handler, rpc)
-        return (
-            handler if self.reads is None or handler.request_streaming else self.reads.streamed(handler, rpc)
-        )
+        if details.method in NEVER_REFUSED:
+            return handler if handler.request_streaming else self.reads.streamed(handler, rpc)
+        message = self._full(handler.request_streaming)
+        if message is None:
+            return self._tracked(handler, rpc)
+        self._count_refusal(rpc)
+        return _refusal(handler, message)
 
     def _full(self, stream: bool) -> str | None:
         """Why a call (`stream`: with streamed requests) is refused now; None: it may start."""
@@ -98,66 +93,65 @@ class Admission(grpc.aio.ServerInterceptor):
         return None
 
     def _count_refusal(self, rpc: str) -> None:
-        self.count(rpc, grpc.StatusCode.RESOURCE_EXHAUSTED.name)
-
-    def count(self, rpc: str, code: str) -> None:
-        """A call ended here (refused, or its request never came whole)."""
-        self.metrics.requests.labels(rpc, code).inc()
+        self.metrics.requests.labels(rpc, grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
 
     def _tracked(self, handler: grpc.RpcMethodHandler, rpc: str) -> grpc.RpcMethodHandler:
         """The handler, counted in flight while its behaviour runs (every shape: coroutine functions and
-        async generators). gRPC reads a unary request between `intercept_service` and the behaviour, so
-        calls checked there together may all start: the limits are checked again as the behaviour
-        starts, with no await before it is counted, and the excess refused then."""
+        async generators); a unary request is read here, after the call is counted and before its bytes
+        are (service/grpc/request_reads.py). Calls checked in `intercept_service` together may all start:
+        the limits are checked again as the behaviour starts, and the excess refused then."""
         releasing = handler.request_streaming or not handler.response_streaming  # Watch streams: not
-        stream = handler.request_streaming
-        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
-            behaviour = getattr(handler, kind)
-            if behaviour is not None:
-                return handler._replace(**{kind: self._counted(behaviour, releasing, stream, rpc)})
-        return handler
+        if not handler.request_streaming:
+            session = functools.partial(self._unary_call, releasing=releasing, rpc=rpc)
+            return as_streamed(handler, lambda behaviour: around(behaviour, session))
+        session = functools.partial(self._streamed_call, releasing=releasing, rpc=rpc)
+        kind = "stream_unary" if handler.stream_unary is not None else "stream_stream"
+        return handler._replace(**{kind: around(getattr(handler, kind), session)})
 
-    def _counted(self, behaviour, releasing: bool, stream: bool, rpc: str):
-        if inspect.isasyncgenfunction(behaviour):
+    @contextlib.asynccontextmanager
+    async def _unary_call(self, requests, context, releasing: bool, rpc: str):
+        """A unary call: counted in flight, its request read, its bytes held (or the call refused)."""
+        await self._enter(context, releasing, False, rpc)
+        size = 0
+        try:
+            request = await self.reads.read(context, rpc)
+            size = await self._hold(context, rpc, request)
+            yield request
+        finally:
+            self._leave(releasing, False, size)
 
-            async def generator(request, context):
-                size = await self._enter(context, releasing, stream, rpc, request)
-                try:
-                    async for response in behaviour(request, context):
-                        yield response
-                finally:
-                    self._leave(releasing, stream, size)
+    @contextlib.asynccontextmanager
+    async def _streamed_call(self, requests, context, releasing: bool, rpc: str):
+        """A call with streamed requests, counted in flight and among the streams."""
+        await self._enter(context, releasing, True, rpc)
+        try:
+            yield requests
+        finally:
+            self._leave(releasing, True, 0)
 
-            return generator
-
-        async def coroutine(request, context):
-            size = await self._enter(context, releasing, stream, rpc, request)
-            try:
-                return await behaviour(request, context)
-            finally:
-                self._leave(releasing, stream, size)
-
-        return coroutine
-
-    async def _enter(self, context, releasing: bool, stream: bool, rpc: str, request) -> int:
-        """Counts the call in flight and its request's bytes (returned), or refuses it (RESOURCE_EXHAUSTED)
-        when the limits are reached."""
-        size = 0 if stream or self.bytes_limit is None else _message_size(request)
+    async def _enter(self, context, releasing: bool, stream: bool, rpc: str) -> None:
+        """Counts the call in flight, or refuses it (RESOURCE_EXHAUSTED) when the limits are reached."""
         message = self._full(stream)
-        if message is None and size and self.request_bytes and self.request_bytes + size > self.bytes_limit:
-            message = (
-                f"requests in flight hold {self.request_bytes} bytes; this one ({size} bytes) would pass "
-                f"max_request_bytes_in_flight {self.bytes_limit}; retry later"
-            )
         if message is not None:
             self._count_refusal(rpc)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
-        self.request_bytes += size
         self.in_flight += 1
         self.streams += stream
         if releasing:
             self._releasing_in_flight += 1
             self._started += 1
+
+    async def _hold(self, context, rpc: str, request) -> int:
+        """Holds the request's bytes (returned), or refuses the call past max_request_bytes_in_flight."""
+        size = 0 if self.bytes_limit is None else _message_size(request)
+        if size and self.request_bytes and self.request_bytes + size > self.bytes_limit:
+            self._count_refusal(rpc)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"requests in flight hold {self.request_bytes} bytes; this one ({size} bytes) would pass "
+                f"max_request_bytes_in_flight {self.bytes_limit}; retry later",
+            )
+        self.request_bytes += size
         return size
 
     def _leave(self, releasing: bool, stream: bool, size: int) -> None:

@@ -3,129 +3,152 @@
 gRPC's Python server reads a unary request before it calls the handler, growing the stream's HTTP/2 window
 to the message's size, and has no byte quota (its C++ server's ResourceQuota is not reachable from Python):
 clients that start large messages and never finish them would hold gigabytes, for as long as they like.
-Here the handler is given to gRPC as a stream-request method (the same call on the wire) and reads the one
-message itself:
-- a message whole within RECEIVE_GRACE_S (every small one: the client's first 64 KiB wait in gRPC's buffer
-  before anyone reads) costs nothing more;
+Here the handler is given to gRPC as a stream-request method (the same call on the wire; `as_streamed`) and
+reads the one message itself (`RequestReads.read`):
+- a message whole within RECEIVE_GRACE_S costs nothing more (every small one: the client's first 64 KiB
+  wait in gRPC's buffer before anyone reads; the decision waits for the loop's pending wake-ups, so a
+  loop that was busy past the grace does not take a message that came for one still arriving);
 - one still arriving after that holds room for a whole message (`max_message_bytes`) in a budget of
   `max_request_bytes_in_flight` until it is whole; with no room the call ends at once with
-  RESOURCE_EXHAUSTED (which stops its bytes), so slow or unfinished senders hold at most that budget and
-  never hold up small calls;
-- it must be whole within `http_read_timeout_s` (and the call's deadline), else DEADLINE_EXCEEDED.
+  RESOURCE_EXHAUSTED (gRPC then resets the stream, which stops its bytes). Clients that start messages and
+  stall can so keep other slow or large messages out (retry later) for up to the read timeout, never small
+  ones, and hold at most that budget;
+- it must be whole within `http_read_timeout_s`, else DEADLINE_EXCEEDED; a call without one is
+  INVALID_ARGUMENT.
+The call is ended from a task of its own (`context.abort`), so the read that waits for the message returns
+through gRPC's own path (the AbortError of an aborted call), never cancelled half-way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Callable
 
 import grpc
 
-from bertserve.service.engine.queue_room import LaneRoom, Permit
+from bertserve.service.metrics import Metrics
 
 RECEIVE_GRACE_S = 0.05
-# The stream-request handler each unary shape becomes, and the grpc constructor of that handler.
-AS_STREAMED = {"unary_unary": "stream_unary", "unary_stream": "stream_stream"}
+AS_STREAMED = {"unary_unary": "stream_unary", "unary_stream": "stream_stream"}  # each unary shape's
+
+
+def as_streamed(handler: grpc.RpcMethodHandler, wrap: Callable) -> grpc.RpcMethodHandler:
+    """`handler` (unary request) as a stream-request handler whose behaviour is `wrap(behaviour)`."""
+    for unary, streamed in AS_STREAMED.items():
+        behaviour = getattr(handler, unary)
+        if behaviour is not None:
+            return handler._replace(request_streaming=True, **{unary: None, streamed: wrap(behaviour)})
+    return handler
+
+
+def around(behaviour, session: Callable):
+    """`behaviour(argument, context)` (a coroutine function or an async generator) run inside
+    `session(argument, context)`, an async context manager that gives the argument to pass on."""
+    if inspect.isasyncgenfunction(behaviour):
+
+        async def generator(argument, context):
+            async with session(argument, context) as passed:
+                async for response in behaviour(passed, context):
+                    yield response
+
+        return generator
+
+    async def coroutine(argument, context):
+        async with session(argument, context) as passed:
+            return await behaviour(passed, context)
+
+    return coroutine
 
 
 class RequestReads:
-    """Reads the request of the unary calls of the handlers passed through `streamed`; `count(rpc, code)`
-    counts a call this ends."""
-
-    def __init__(
-        self, budget_bytes: int, message_bytes: int, timeout_s: float, count: Callable[[str, str], None]
-    ):
-        self.room = LaneRoom(budget_bytes)
+    def __init__(self, budget_bytes: int, message_bytes: int, timeout_s: float, metrics: Metrics):
+        self.limit = budget_bytes
         self.message_bytes = min(message_bytes, budget_bytes)
-        self.timeout_s = timeout_s
-        self.count = count
+        self.timeout_s = max(timeout_s, RECEIVE_GRACE_S)
+        self.metrics = metrics
+        self.used = 0  # bytes of room held by messages still arriving
+        self.ending: set[asyncio.Task] = set()  # calls being ended (the loop holds tasks only weakly)
 
     def streamed(self, handler: grpc.RpcMethodHandler, rpc: str) -> grpc.RpcMethodHandler:
-        """`handler` (unary request) as a stream-request handler that reads its message here first."""
-        for unary, streamed in AS_STREAMED.items():
-            behaviour = getattr(handler, unary)
-            if behaviour is not None:
-                return handler._replace(
-                    request_streaming=True, **{unary: None, streamed: self._reading(behaviour, rpc)}
-                )
-        return handler
+        """`handler` (unary request) reading its message here, and nothing else (no admission)."""
 
-    def _reading(self, behaviour, rpc: str):
-        if inspect.isasyncgenfunction(behaviour):
+        @contextlib.asynccontextmanager
+        async def session(requests, context):
+            yield await self.read(context, rpc)
 
-            async def generator(requests, context):
-                request = await self.read(context, rpc)
-                async for response in behaviour(request, context):
-                    yield response
-
-            return generator
-
-        async def coroutine(requests, context):
-            return await behaviour(await self.read(context, rpc), context)
-
-        return coroutine
+        return as_streamed(handler, lambda behaviour: around(behaviour, session))
 
     async def read(self, context: grpc.aio.ServicerContext, rpc: str):
-        """The call's one request message (deserialized), or the call ended with the status that says why."""
-        waiting = _Waiting(asyncio.current_task())
-        waiting.timer = asyncio.get_running_loop().call_later(RECEIVE_GRACE_S, self._graced, waiting)
+        """The call's one request message (deserialized); the call ends (the exception gRPC expects) with
+        the status that says why when it does not come whole."""
+        waiting = _Waiting(self, context, rpc)
         try:
             request = await context.read()
-        except asyncio.CancelledError:
-            if waiting.ending is None:
-                raise  # the call was cancelled
-            if hasattr(waiting.task, "uncancel"):  # Python 3.11+: the cancel was ours, not the caller's
-                waiting.task.uncancel()
-            await self._end(context, rpc, *waiting.ending)
         finally:
-            waiting.timer.cancel()
-            if waiting.permit is not None:
-                waiting.permit.release()
-        if request is grpc.aio.EOF:
-            await self._end(
+            waiting.close()
+        if request is grpc.aio.EOF or request is None:
+            if context.done():  # the client left (or the call failed) before its message came
+                raise asyncio.CancelledError
+            await self.end(
                 context, rpc, grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message"
             )
         return request
 
-    def _graced(self, waiting: _Waiting) -> None:
-        """The grace is over and the message is still arriving (or came in this turn of the loop: its room
-        is then given back at once): it holds room for a whole message until it is whole (a lone message
-        always fits), or the call ends."""
-        if self.room.used and not self.room.fits(self.message_bytes):
-            waiting.end(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"request messages still arriving hold {self.room.used} bytes of max_request_bytes_in_flight "
-                f"{self.room.limit}; retry later",
-            )
-            return
-        waiting.permit = self.room.take(self.message_bytes)
-        waiting.timer = asyncio.get_running_loop().call_later(
-            self.timeout_s - RECEIVE_GRACE_S,
-            waiting.end,
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            f"the request message did not arrive within http_read_timeout_s {self.timeout_s:g} s",
-        )
-
-    async def _end(self, context: grpc.aio.ServicerContext, rpc: str, code: grpc.StatusCode, message: str):
-        self.count(rpc, code.name)
-        await context.abort(code, message)
+    async def end(self, context: grpc.aio.ServicerContext, rpc: str, code: grpc.StatusCode, message: str):
+        """Ends the call with `code`, counted in bertserve_requests_total when that is what the client gets."""
+        if context.done():
+            raise asyncio.CancelledError
+        try:
+            await context.abort(code, message)
+        except grpc.aio.AbortError:
+            self.metrics.requests.labels(rpc, code.name).inc()
+            raise
 
 
 class _Waiting:
-    """A request being read by `task` (the call's): its timer (the grace, then the read timeout), its room,
-    and why it ends."""
+    """One message being read: its timer (the grace, then the read timeout) and the room it holds."""
 
-    __slots__ = ("task", "timer", "permit", "ending")
+    def __init__(self, reads: RequestReads, context: grpc.aio.ServicerContext, rpc: str):
+        self.reads, self.context, self.rpc = reads, context, rpc
+        self.held = 0
+        self.loop = asyncio.get_running_loop()
+        self.timer: asyncio.Handle = self.loop.call_later(RECEIVE_GRACE_S, self._graced)
 
-    def __init__(self, task: asyncio.Task):
-        self.task = task
-        self.timer: asyncio.TimerHandle | None = None
-        self.permit: Permit | None = None
-        self.ending: tuple[grpc.StatusCode, str] | None = None
+    def _graced(self) -> None:
+        # after the wake-ups already due (a message that came while the loop was busy is taken first)
+        self.timer = self.loop.call_soon(self._decide)
 
-    def end(self, code: grpc.StatusCode, message: str) -> None:
-        """Stops the wait for the message: the call's task is cancelled, and `read` ends the call with `code`."""
-        if self.ending is None:
-            self.ending = (code, message)
-            self.task.cancel()
+    def _decide(self) -> None:
+        reads = self.reads
+        if reads.used and reads.used + reads.message_bytes > reads.limit:  # a lone message always fits
+            self._end(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"request messages still arriving hold {reads.used} bytes of max_request_bytes_in_flight "
+                f"{reads.limit}; retry later",
+            )
+            return
+        self.held = reads.message_bytes
+        reads.used += self.held
+        self.timer = self.loop.call_later(
+            reads.timeout_s - RECEIVE_GRACE_S,
+            self._end,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"the request message did not arrive within http_read_timeout_s {reads.timeout_s:g} s",
+        )
+
+    def _end(self, code: grpc.StatusCode, message: str) -> None:
+        async def end() -> None:
+            with contextlib.suppress(grpc.aio.AbortError, asyncio.CancelledError):
+                await self.reads.end(self.context, self.rpc, code, message)
+
+        task = asyncio.ensure_future(end())
+        self.reads.ending.add(task)
+        task.add_done_callback(self.reads.ending.discard)
+
+    def close(self) -> None:
+        """The read is over: the timer stops and the room comes back."""
+        self.timer.cancel()
+        self.reads.used -= self.held
+        self.held = 0

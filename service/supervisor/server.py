@@ -140,11 +140,15 @@ class InferenceServer:
             # Fronts of one server share theirs (the supervisor checked it was free, and holds it).
             ("grpc.so_reuseport", int(front)),
         ]
-        self.admission = Admission(
-            s.concurrent_rpcs_limit(), self.metrics, s.max_concurrent_streams, s.max_request_bytes_in_flight
+        reads = RequestReads(
+            s.max_request_bytes_in_flight, s.max_message_bytes, s.http_read_timeout_s, self.metrics
         )
-        self.admission.reads = RequestReads(
-            s.max_request_bytes_in_flight, s.max_message_bytes, s.http_read_timeout_s, self.admission.count
+        self.admission = Admission(
+            s.concurrent_rpcs_limit(),
+            self.metrics,
+            reads,
+            s.max_concurrent_streams,
+            s.max_request_bytes_in_flight,
         )
         self._server = grpc.aio.server(
             options=size_options + admission_options(self.admission.limit), interceptors=[self.admission]
