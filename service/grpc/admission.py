@@ -3,7 +3,8 @@
 with RESOURCE_EXHAUSTED naming the limit and counted in `bertserve_requests_total{rpc, code}`. Calls
 with one request message hold it until they end: a call whose message would take the bytes held past
 `max_request_bytes_in_flight` is refused the same way (a lone call is always admitted, as gRPC already
-bounds one message by `max_message_bytes`).
+bounds one message by `max_message_bytes`). A unary call's message is read here, once the call is counted
+in flight, within a budget of its own for messages still arriving (service/grpc/request_reads.py).
 
 A server interceptor rather than gRPC's own `maximum_concurrent_rpcs` option: gRPC refuses those calls
 before any Python code sees them, so no metric could count them. grpc.health.v1 Check is never refused
