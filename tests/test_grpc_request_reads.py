@@ -6,13 +6,14 @@ a message is INVALID_ARGUMENT; small calls are answered all the while. Each endi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 
 import grpc
 
 from bertserve.client import Client
-from bertserve.service.grpc.request_reads import RECEIVE_GRACE_S, RequestReads
+from bertserve.service.grpc.request_reads import RECEIVE_GRACE_S, UNCOUNTED_READS, RequestReads
 from bertserve.service.metrics import Metrics
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.h2_client import DATA, END_STREAM, H2Connection, frame, grpc_message_head
@@ -139,3 +140,49 @@ def test_a_message_that_came_while_the_loop_was_busy_is_read_not_refused():
             writer.close()
 
     assert asyncio.run(scenario()) == (b"request", None)
+
+
+def test_a_message_that_came_as_its_read_timed_out_is_read_not_ended():
+    """The loop is held past the read timeout and the message comes in that same turn: the handler's
+    wake-up runs before the task that would end the call, which then ends nothing."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        reads = RequestReads(1000, 1000, 2 * RECEIVE_GRACE_S, Metrics())
+        context = _Context()
+        reader, writer = socket.socketpair()
+        loop.add_reader(reader, lambda: (reader.recv(1), context.message.set_result(b"request")))
+        read = asyncio.ensure_future(reads.read(context, "Embed"))
+        await asyncio.sleep(1.5 * RECEIVE_GRACE_S)  # past the grace: the message holds room
+        held = reads.used
+        writer.send(b"x")
+        time.sleep(2 * RECEIVE_GRACE_S)  # the loop busy past the read timeout
+        try:
+            request = await read
+            await asyncio.sleep(0.01)  # the ending task, had it run, would have aborted by now
+            return request, context.aborted, held, reads.used
+        finally:
+            loop.remove_reader(reader)
+            reader.close()
+            writer.close()
+
+    assert asyncio.run(scenario()) == (b"request", None, 1000, 0)
+
+
+def test_reads_of_calls_never_counted_in_flight_are_bounded():
+    """health Check is never counted in flight: at most UNCOUNTED_READS of its reads at once, the next
+    call refused before its message is read."""
+
+    async def scenario():
+        reads = RequestReads(1000, 1000, 5.0, Metrics())
+        handler = reads.streamed(
+            grpc.unary_unary_rpc_method_handler(lambda request, context: request), "Check"
+        )
+        reads.uncounted = UNCOUNTED_READS
+        context = _Context()
+        with contextlib.suppress(grpc.aio.AbortError, asyncio.TimeoutError):
+            await asyncio.wait_for(handler.stream_unary(None, context), 1.0)  # read: it would wait
+        return context.aborted, context.message.done()
+
+    (code, details), read = asyncio.run(scenario())
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "being read" in details and not read

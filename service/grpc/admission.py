@@ -62,6 +62,7 @@ class Admission(grpc.aio.ServerInterceptor):
         """`reads`: what reads unary calls' request messages (service/grpc/request_reads.py)."""
         self.limit = limit
         self.reads = reads
+        self._wrapped: dict[str, tuple] = {}  # method -> (gRPC's handler, the one served for it)
         self.stream_limit = limit if stream_limit is None else stream_limit
         self.bytes_limit = bytes_limit
         self.metrics = metrics
@@ -76,14 +77,20 @@ class Admission(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return handler
-        rpc = details.method.rsplit("/", 1)[-1]
-        if details.method in NEVER_REFUSED:
-            return handler if handler.request_streaming else self.reads.streamed(handler, rpc)
-        message = self._full(handler.request_streaming)
-        if message is None:
-            return self._tracked(handler, rpc)
-        self._count_refusal(rpc)
-        return _refusal(handler, message)
+        method = details.method
+        rpc = method.rsplit("/", 1)[-1]
+        message = None if method in NEVER_REFUSED else self._full(handler.request_streaming)
+        if message is not None:
+            self._count_refusal(rpc)
+            return _refusal(handler, message)
+        wrapped = self._wrapped.get(method)
+        if wrapped is None or wrapped[0] is not handler:  # each method's handler wrapped once
+            if method in NEVER_REFUSED:
+                served = handler if handler.request_streaming else self.reads.streamed(handler, rpc)
+            else:
+                served = self._tracked(handler, rpc)
+            wrapped = self._wrapped[method] = (handler, served)
+        return wrapped[1]
 
     def _full(self, stream: bool) -> str | None:
         """Why a call (`stream`: with streamed requests) is refused now; None: it may start."""

@@ -31,6 +31,7 @@ import grpc
 from bertserve.service.metrics import Metrics
 
 RECEIVE_GRACE_S = 0.05
+UNCOUNTED_READS = 64  # reads of calls never counted in flight (health Check) at once; beyond: refused
 AS_STREAMED = {"unary_unary": "stream_unary", "unary_stream": "stream_stream"}  # each unary shape's
 
 
@@ -69,14 +70,26 @@ class RequestReads:
         self.timeout_s = max(timeout_s, RECEIVE_GRACE_S)
         self.metrics = metrics
         self.used = 0  # bytes of room held by messages still arriving
+        self.uncounted = 0  # reads under way for calls never counted in flight
         self.ending: set[asyncio.Task] = set()  # calls being ended (the loop holds tasks only weakly)
 
     def streamed(self, handler: grpc.RpcMethodHandler, rpc: str) -> grpc.RpcMethodHandler:
-        """`handler` (unary request) reading its message here, and nothing else (no admission)."""
+        """`handler` (unary request) reading its message here, for calls that admission never counts in
+        flight (health Check): at most UNCOUNTED_READS at once, so their grace is bounded too."""
 
         @contextlib.asynccontextmanager
         async def session(requests, context):
-            yield await self.read(context, rpc)
+            if self.uncounted >= UNCOUNTED_READS:
+                await self.end(
+                    context, rpc, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{self.uncounted} {rpc} calls are being read; retry later",
+                )  # fmt: skip
+            self.uncounted += 1
+            try:
+                request = await self.read(context, rpc)
+            finally:
+                self.uncounted -= 1
+            yield request
 
         return as_streamed(handler, lambda behaviour: around(behaviour, session))
 
@@ -89,8 +102,6 @@ class RequestReads:
         finally:
             waiting.close()
         if request is grpc.aio.EOF or request is None:
-            if context.done():  # the client left (or the call failed) before its message came
-                raise asyncio.CancelledError
             await self.end(
                 context, rpc, grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message"
             )
@@ -98,8 +109,6 @@ class RequestReads:
 
     async def end(self, context: grpc.aio.ServicerContext, rpc: str, code: grpc.StatusCode, message: str):
         """Ends the call with `code`, counted in bertserve_requests_total when that is what the client gets."""
-        if context.done():
-            raise asyncio.CancelledError
         try:
             await context.abort(code, message)
         except grpc.aio.AbortError:
@@ -113,6 +122,7 @@ class _Waiting:
     def __init__(self, reads: RequestReads, context: grpc.aio.ServicerContext, rpc: str):
         self.reads, self.context, self.rpc = reads, context, rpc
         self.held = 0
+        self.closed = False  # the read is over: a timer's task that runs after that ends nothing
         self.loop = asyncio.get_running_loop()
         self.timer: asyncio.Handle = self.loop.call_later(RECEIVE_GRACE_S, self._graced)
 
@@ -140,7 +150,9 @@ class _Waiting:
 
     def _end(self, code: grpc.StatusCode, message: str) -> None:
         async def end() -> None:
-            with contextlib.suppress(grpc.aio.AbortError, asyncio.CancelledError):
+            if self.closed:  # the message came in the same turn of the loop (its wake-up ran first)
+                return
+            with contextlib.suppress(grpc.aio.BaseError, asyncio.CancelledError):  # an ended call too
                 await self.reads.end(self.context, self.rpc, code, message)
 
         task = asyncio.ensure_future(end())
@@ -149,6 +161,7 @@ class _Waiting:
 
     def close(self) -> None:
         """The read is over: the timer stops and the room comes back."""
+        self.closed = True
         self.timer.cancel()
         self.reads.used -= self.held
         self.held = 0
