@@ -25,6 +25,11 @@ EMBED = "/bertserve.v1.Inference/Embed"
 MIB = 1 << 20
 
 
+def _ended(running: ServerThread, code: str) -> float:
+    """Embed calls counted with `code` by the running server."""
+    return metric(scrape(running.metrics_url), "bertserve_requests_total", rpc="Embed", code=code)
+
+
 def test_requests_still_arriving_hold_at_most_the_budget(tiny_repo):
     """64 calls whose 4 MiB request lacks its last byte (256 MiB sent on one connection): two hold the 8 MiB
     budget, the others are refused once their grace is over, so RSS grows by far less than what was sent
@@ -62,17 +67,7 @@ def test_a_request_never_whole_ends_at_the_read_timeout_and_gives_its_room_back(
         started = time.monotonic()
         connection.send(connection.open(EMBED), grpc_message_head(200_000) + b"x" * 100_000, wait_s=1)
         wait_for(lambda: reads.used > 0)  # past its grace, holding room for a whole message
-        wait_for(
-            lambda: (
-                metric(
-                    scrape(running.metrics_url),
-                    "bertserve_requests_total",
-                    rpc="Embed",
-                    code="DEADLINE_EXCEEDED",
-                )
-                == 1
-            )
-        )
+        wait_for(lambda: _ended(running, "DEADLINE_EXCEEDED") == 1)
         waited = time.monotonic() - started
         assert reads.used == 0 and 0.9 < waited < 10
         connection.close()
@@ -84,17 +79,7 @@ def test_a_call_without_a_request_message_is_invalid(tiny_repo):
     with ServerThread(model_repo=tiny_repo, models=[MODEL]) as running:
         connection = H2Connection(running.server.port)
         connection._send(frame(DATA, END_STREAM, connection.open(EMBED)))
-        wait_for(
-            lambda: (
-                metric(
-                    scrape(running.metrics_url),
-                    "bertserve_requests_total",
-                    rpc="Embed",
-                    code="INVALID_ARGUMENT",
-                )
-                == 1
-            )
-        )
+        wait_for(lambda: _ended(running, "INVALID_ARGUMENT") == 1)
         connection.close()
 
 
