@@ -45,19 +45,19 @@ def test_requests_still_arriving_hold_at_most_the_budget(tiny_repo):
         connection = H2Connection(server.port)
         body = grpc_message_head(4 * MIB) + b"\x00" * (4 * MIB - 1)
         sent = sum(connection.send(connection.open(EMBED), body, wait_s=0.3) for _ in range(64))
-        time.sleep(0.5)
+        refused = lambda: metric(  # noqa: E731
+            scrape(metrics_url), "bertserve_requests_total", rpc="Embed", code="RESOURCE_EXHAUSTED"
+        )
+        wait_for(lambda: refused() == 62, timeout=30)  # all but the two holding the budget
         grown = _rss(server.process.pid) - before
         with Client(f"127.0.0.1:{server.port}") as client:
             answer = client.stub.Embed(pb.EmbedRequest(inputs=["still serving"]), timeout=30)
-        refused = metric(
-            scrape(metrics_url), "bertserve_requests_total", rpc="Embed", code="RESOURCE_EXHAUSTED"
-        )
         connection.close()
     finally:
         server.terminate()
     assert sent > 128 * MIB
     assert grown < 128 * MIB, f"RSS grew {grown / MIB:.0f} MiB ({sent / MIB:.0f} MiB sent)"
-    assert refused >= 60 and len(answer.embeddings) == 1
+    assert len(answer.embeddings) == 1
 
 
 def test_a_request_never_whole_ends_at_the_read_timeout_and_gives_its_room_back(tiny_repo):
