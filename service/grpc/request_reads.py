@@ -32,7 +32,8 @@ from bertserve.service.metrics import Metrics
 
 RECEIVE_GRACE_S = 0.05
 UNCOUNTED_READS = 64  # reads of calls never counted in flight (health Check) at once; beyond: refused
-AS_STREAMED = {"unary_unary": "stream_unary", "unary_stream": "stream_stream"}  # each unary shape's
+# a unary-request handler shape -> the stream-request shape it is given to gRPC as
+AS_STREAMED = {"unary_unary": "stream_unary", "unary_stream": "stream_stream"}
 
 
 def as_streamed(handler: grpc.RpcMethodHandler, wrap: Callable) -> grpc.RpcMethodHandler:
