@@ -1,5 +1,6 @@
 """The native port (setting `native_port`, service/grpc/native/): plain Embed calls through gRPC's C++ server,
-checked, batched and answered as the main port answers them."""
+checked, batched and answered in groups as the main port answers them (its other calls:
+tests/test_native_unary.py)."""
 
 from __future__ import annotations
 
@@ -103,19 +104,6 @@ def test_refusals_equal_the_main_ports(server, request_):
     assert len(_embed(native, pb.EmbedRequest(inputs=["still serving"])).embeddings) == 1
 
 
-@pytest.mark.parametrize(
-    ("request_", "field"),
-    [
-        (pb.EmbedRequest(inputs=["a"], options=pb.EmbedOptions(dense=True)), "options"),
-        (pb.EmbedRequest(inputs=["a"], options=pb.EmbedOptions(dimensions=0)), "options"),
-        (pb.EmbedRequest(token_ids=[pb.TokenIds(ids=[1, 2])]), "token_ids"),
-    ],
-)
-def test_calls_beyond_plain_embed_are_refused_naming_the_field(server, request_, field):
-    code, details = _code(server.server.native_port, request_)
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"{field}: ")
-
-
 def test_the_clients_empty_options_are_plain(server):
     """bertserve.client sends an EmbedOptions message even when every option is its default: served."""
     main, native = _ports(server)
@@ -124,15 +112,6 @@ def test_the_clients_empty_options_are_plain(server):
     with Client(f"127.0.0.1:{main}", timeout=30) as client:
         want = client.embed(TEXTS[:2], model=MODEL)
     assert np.abs(got.vectors - want.vectors).max() <= 1e-5
-
-
-def test_other_methods_are_unimplemented(server):
-    with (
-        grpc.insecure_channel(f"127.0.0.1:{server.server.native_port}") as channel,
-        pytest.raises(grpc.RpcError) as failure,
-    ):
-        channel.unary_unary("/bertserve.v1.Inference/Info")(pb.InfoRequest().SerializeToString(), timeout=10)
-    assert failure.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_native_calls_share_batches_with_the_main_ports(server):
@@ -435,7 +414,7 @@ def test_partial_requests_are_held_within_grpcs_quota(tiny_repo):
         "--max-request-bytes-in-flight", str(4 * mib), "--max-message-bytes", str(4 * mib),
     ).start()  # fmt: skip
     try:
-        port = int(re.search(r"Embed \(native\) on [\d.]+:(\d+)", server.output)[1])
+        port = int(re.search(r"\(native\) on [\d.]+:(\d+)", server.output)[1])
         before = _rss(server.process.pid)
         connection = H2Connection(port)
         body = grpc_message_head(4 * mib) + b"\x00" * (4 * mib - 1)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bertserve.v1 import inference_pb2 as pb
+from bertserve.v1 import inference_pb2_grpc as pb_grpc
 from tests.helpers.server import ServerProcess, metric, scrape, wait_for
 from tests.test_native_front import _code, _embed
 from tests.test_workers import assert_each_front_answers_a_share
@@ -33,6 +34,17 @@ def test_answers_equal_the_main_ports(native_fronts):
         assert got.dimension == want.dimension > 0
         values = np.array([e.values for e in got.embeddings])
         assert np.abs(values - np.array([e.values for e in want.embeddings])).max() <= 1e-5
+
+
+def test_calls_beyond_plain_embed_reach_the_engine_through_the_fronts(native_fronts):
+    """Embed with options and Tokenize on the native port, answered by the fronts' main-port handlers."""
+    request = pb.EmbedRequest(inputs=TEXTS, options=pb.EmbedOptions(tokens=True, dense=True))
+    got, want = (_embed(port, request) for port in (native_fronts.native_port, native_fronts.port))
+    for one, other in zip(got.embeddings, want.embeddings, strict=True):
+        assert np.abs(np.array(one.tokens.values) - np.array(other.tokens.values)).max() <= 1e-5
+    with grpc.insecure_channel(f"127.0.0.1:{native_fronts.native_port}") as channel:
+        tokens = pb_grpc.InferenceStub(channel).Tokenize(pb.TokenizeRequest(inputs=TEXTS), timeout=30)
+    assert [len(r.tokens) for r in tokens.results] == [e.tokens.count for e in got.embeddings]
 
 
 def test_refusals_are_the_main_ports(native_fronts):

@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from bertserve.kserve import open_inference_pb2
 from bertserve.service.core.core import InferenceCore
 from bertserve.service.core.lifecycle import Lifecycle
 from bertserve.service.core.remote_engine import EngineLink
@@ -26,6 +27,7 @@ from bertserve.service.grpc.admission import server_options as admission_options
 from bertserve.service.grpc.health_watch import WatchStreams
 from bertserve.service.grpc.native.front import NativeFront
 from bertserve.service.grpc.native.transport import NativeUnavailable
+from bertserve.service.grpc.native.unary_calls import HandlerTable
 from bertserve.service.grpc.request_reads import RequestReads
 from bertserve.service.grpc.rpc_status import parsing
 from bertserve.service.grpc.servicer import InferenceServicer
@@ -43,6 +45,12 @@ log = logging.getLogger("bertserve.server")
 # After the grace period: how long the streams still open get to send their UNAVAILABLE status.
 STREAMS_END_S = 1.0
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name  # bertserve.v1.Inference
+# The services whose unary methods the native port serves too (service/grpc/native/).
+NATIVE_SERVICES = (
+    inference_pb2.DESCRIPTOR.services_by_name["Inference"],
+    open_inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"],
+    health_pb2.DESCRIPTOR.services_by_name["Health"],
+)
 
 
 def _warm_up(encoder: EncoderGroup) -> None:
@@ -98,7 +106,7 @@ class InferenceServer:
         self.metrics_port: int | None = None
         self.http: HttpFront | None = None  # HTTP beside gRPC (service/http/), through the same core
         self.http_port: int | None = None
-        # plain Embed calls through gRPC's C++ server (service/grpc/native/), with a native_port
+        # the unary methods through gRPC's C++ server (service/grpc/native/), with a native_port
         self.native: NativeFront | None = None
         self.native_port: int | None = None
         self.serving = False  # warmed up (HTTP readiness = serving and not draining)
@@ -153,10 +161,11 @@ class InferenceServer:
         self._server = grpc.aio.server(
             options=size_options + admission_options(self.admission.limit), interceptors=[self.admission]
         )
-        add_inference_servicer(InferenceServicer(self.core, self.lifecycle), self._server)
+        table = HandlerTable(self._server)  # the unary handlers, for the native port too
+        add_inference_servicer(InferenceServicer(self.core, self.lifecycle), table)
         # the KServe v2 protocol, on the same port and core
-        kserve_service = kserve.add_to_server(self.core, self.health, self.lifecycle, self._server)
-        add_health_servicer(self.health, self._server, self.watches)
+        kserve_service = kserve.add_to_server(self.core, self.health, self.lifecycle, table)
+        add_health_servicer(self.health, table, self.watches)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         reflection.enable_server_reflection(
             (
@@ -199,7 +208,7 @@ class InferenceServer:
                 ) from None
             log.info("serving HTTP on %s://%s:%d/", self.http.scheme, s.host, self.http_port)
         if s.native_port >= 0:
-            await self._start_native(s)
+            await self._start_native(s, table.unary(NATIVE_SERVICES))
         if front:
             await self._connect_engine()
         else:
@@ -215,8 +224,8 @@ class InferenceServer:
             "clients can make the server hold at most %s beyond its models", memory_bounds.describe(worst)
         )
 
-    async def _start_native(self, s: Settings) -> None:
-        self.native = NativeFront(self.core, s, self.lifecycle)
+    async def _start_native(self, s: Settings, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.native = NativeFront(self.core, s, self.lifecycle, handlers)
         tls = None
         if s.tls_cert is not None:
             ca = s.tls_client_ca.read_bytes() if s.tls_client_ca else b""
@@ -225,7 +234,7 @@ class InferenceServer:
             self.native_port = await self.native.start(s.host, s.native_port, tls, self.front is not None)
         except (OSError, NativeUnavailable) as exc:
             raise StartupError(f"setting native_port: {exc}") from None
-        log.info("serving bertserve.v1 Embed (native) on %s:%d", s.host, self.native_port)
+        log.info("serving %d unary methods (native) on %s:%d", len(handlers), s.host, self.native_port)
 
     async def _connect_engine(self) -> None:
         """Waits for the engine (warm once it answers) and takes its providers as the models'."""

@@ -1,14 +1,16 @@
-"""bertserve.v1 `Embed` on a port of its own (setting `native_port`), through the native transport: gRPC's
-C++ server holds the calls, the event loop takes them in groups when the transport's eventfd says some
-wait, the core checks each call and takes room for its inputs in the encoder's queue before tokenizing a
-group's texts at once (service/core/embed_groups.py); the calls share queues, batches and bounds with the
-main port's. Python's work per call is its request's parsing and its reply's building; the rest is per
-group.
+"""The main port's unary methods on a port of their own (setting `native_port`), through the native
+transport: gRPC's C++ server holds the calls, the event loop takes them in groups when the transport's
+eventfd says some wait.
 
-Plain calls only (inputs, model, normalize, truncate): a call with `options` set or `token_ids` gets
-INVALID_ARGUMENT naming the field, any other method UNIMPLEMENTED (the main port serves everything). A call
-that ends in C++ after it was taken (its client left, its deadline passed) is reported back with the
-status it ended with: its queued inputs are cancelled and it is counted as its client saw it."""
+Plain `Embed` calls (inputs, model, normalize, truncate) take the group path: the core checks each call and
+takes room for its inputs in the encoder's queue before tokenizing a group's texts at once
+(service/core/embed_groups.py); Python's work per call is its request's parsing and its reply's building,
+the rest is per group. Every other unary call (Embed with `options` or `token_ids`, the other bertserve.v1
+methods, KServe v2, health Check) is answered one by one by the main port's own handler
+(service/grpc/native/unary_calls.py). Streams (EmbedStream, health Watch, reflection) get UNIMPLEMENTED.
+Both share queues, batches and bounds with the main port. A call that ends in C++ after it was taken (its
+client left, its deadline passed) is reported back with the status it ended with: its queued inputs are
+cancelled and it is counted as its client saw it."""
 
 from __future__ import annotations
 
@@ -26,13 +28,14 @@ from bertserve.service.core.lifecycle import Lifecycle
 from bertserve.service.core.results import EmbedResult
 from bertserve.service.grpc import v1_messages as messages
 from bertserve.service.grpc.native.transport import STATUS_CODES, NativeTransport, TakenCall
+from bertserve.service.grpc.native.unary_calls import Aborted, UnaryCall, run
 from bertserve.service.grpc.rpc_status import check_response_size, parse_request, status_message, status_of
 from bertserve.service.settings import Settings
 from bertserve.v1 import inference_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-METHODS = ["/bertserve.v1.Inference/Embed"]
+EMBED = "/bertserve.v1.Inference/Embed"  # method 0: plain calls take the group path
 DRAIN_POLL_S = 0.01  # while draining: how often the calls still held are counted
 INLINE_PARSE_BYTES = 64 * 1024  # larger requests are parsed on the CPU pool, not the event loop
 COUNT_EVERY_S = 1.0  # how often the transport's own refusals reach the metrics
@@ -43,15 +46,21 @@ INLINE_GROUP_CHARS = 2048
 
 
 class NativeFront:
-    def __init__(self, core, settings: Settings, lifecycle: Lifecycle):
+    def __init__(
+        self, core, settings: Settings, lifecycle: Lifecycle, handlers: dict[str, grpc.RpcMethodHandler]
+    ):
+        """`handlers`: the main port's unary handlers by full method name (unary_calls.HandlerTable)."""
         self.core, self.settings, self.lifecycle = core, settings, lifecycle
+        self.methods = [EMBED, *(name for name in handlers if name != EMBED)]
+        self._handlers = [handlers[name] for name in self.methods]
+        self._rpcs = [name.rsplit("/", 1)[-1] for name in self.methods]
         self.metrics = core.metrics
         self.groups = EmbedGroups(core)
         self.transport: NativeTransport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: set[asyncio.Task] = set()  # calls being parsed or tokenized on the CPU pool
         self._counting: asyncio.Task | None = None
-        self._counted = [0] * STATUS_CODES  # the transport's counts already added to the metrics
+        self._counted = [[0] * STATUS_CODES for _ in self.methods]  # the transport's counts already added
         # calls taken and not yet answered -> their inputs' futures once queued (None before)
         self._live: dict[int, list[asyncio.Future] | None] = {}
         self._ended: dict[int, grpc.StatusCode] = {}  # live calls the transport ended: how
@@ -67,7 +76,7 @@ class NativeFront:
         self.transport = await self._loop.run_in_executor(
             None,
             lambda: NativeTransport(
-                f"{host}:{port}", METHODS, s.max_queue_inputs, s.max_request_bytes_in_flight, s.max_message_bytes,
+                f"{host}:{port}", self.methods, s.max_queue_inputs, s.max_request_bytes_in_flight, s.max_message_bytes,
                 s.concurrent_rpcs_limit(), s.http_read_timeout_s, tls, reuse_port,
             ),
         )  # fmt: skip
@@ -84,9 +93,10 @@ class NativeFront:
 
     def _add_transport_counts(self) -> None:
         counts = self.transport.counts()
-        for code, (now, before) in enumerate(zip(counts, self._counted, strict=True)):
-            if now > before:
-                self.metrics.requests.labels("Embed", CODES[code].name).inc(now - before)
+        for rpc, method_now, method_before in zip(self._rpcs, counts, self._counted, strict=True):
+            for code, (now, before) in enumerate(zip(method_now, method_before, strict=True)):
+                if now > before:
+                    self.metrics.requests.labels(rpc, CODES[code].name).inc(now - before)
         self._counted = counts
 
     def _take(self) -> None:
@@ -111,6 +121,13 @@ class NativeFront:
             self._drop(dropped)
             if len(dropped) < limit:
                 break
+        for call in calls:
+            if call.method != 0:  # any other unary method: its main-port handler answers it
+                handler = self._handlers[call.method]
+                self._unary(
+                    UnaryCall(call.id, self._rpcs[call.method], handler, call.request, _deadline(call))
+                )
+        calls = [call for call in calls if call.method == 0]
         if not calls:
             return
         small = [call for call in calls if len(call.request) <= INLINE_PARSE_BYTES]
@@ -156,7 +173,7 @@ class NativeFront:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    def _parsed(self, calls: list[TakenCall]) -> list[PlainEmbed | BaseException]:
+    def _parsed(self, calls: list[TakenCall]) -> list[PlainEmbed | UnaryCall | BaseException]:
         out = []
         for call in calls:
             try:
@@ -165,7 +182,9 @@ class NativeFront:
                 out.append(exc)
         return out
 
-    def _admit(self, ids: list[int], parsed: list[PlainEmbed | BaseException], started: float) -> None:
+    def _admit(
+        self, ids: list[int], parsed: list[PlainEmbed | UnaryCall | BaseException], started: float
+    ) -> None:
         """Each call checked and given room in its encoder's queue (or refused) before any tokenization;
         the calls then tokenized here up to INLINE_GROUP_CHARS characters in all (in arrival order, each
         call whole), the others on the CPU pool."""
@@ -173,6 +192,9 @@ class NativeFront:
         long: tuple[list[int], list[Admitted]] = ([], [])
         budget = INLINE_GROUP_CHARS
         for call, plain in zip(ids, parsed, strict=True):
+            if isinstance(plain, UnaryCall):
+                self._unary(plain)
+                continue
             try:
                 admitted = plain if isinstance(plain, BaseException) else self.groups.admit(plain)
             except Exception as exc:  # a ServiceError refuses it; anything else is answered as INTERNAL
@@ -202,20 +224,53 @@ class NativeFront:
             log.exception("native Embed: preparing calls failed")
             return [exc] * len(admitted)
 
-    def _plain(self, call: TakenCall) -> PlainEmbed:
+    def _plain(self, call: TakenCall) -> PlainEmbed | UnaryCall:
+        """A plain Embed call, or one with `options` or `token_ids` for the main port's handler."""
         request = parse_request(pb.EmbedRequest, call.request)
-        for name, present in (
-            ("options", request.options.ByteSize() > 0),  # an empty message means every default
-            ("token_ids", bool(request.token_ids)),
-        ):
-            if present:
-                raise errors.InvalidInput(
-                    f"{name}: the native port answers plain Embed calls (inputs, model, normalize, "
-                    "truncate); send this call to the main port"
-                )
-        deadline = None if call.timeout_s is None else time.monotonic() + call.timeout_s
+        deadline = _deadline(call)
+        if request.options.ByteSize() > 0 or request.token_ids:  # an empty `options` means every default
+            return UnaryCall(call.id, self._rpcs[0], self._handlers[0], request, deadline)
         normalize = request.normalize if request.HasField("normalize") else None
         return PlainEmbed(request.model, list(request.inputs), normalize, request.truncate, deadline)
+
+    def _unary(self, unary: UnaryCall) -> None:
+        """On the loop: the call answered by its method's main-port handler, in a task of its own."""
+        if unary.id in self._ended:  # its client left while it was parsed: nothing to run
+            self._unary_done(unary, None)
+            return
+        task = run(unary, self._unary_done)
+        self._live[unary.id] = [task]  # a drop cancels it
+        self._pending.add(task)
+
+    def _unary_done(self, unary: UnaryCall, task: asyncio.Task | None) -> None:
+        """The handler's reply or status handed to the transport (the handler counted the call, unless it
+        never started); the call leaves the lifecycle. Never raises."""
+        call = unary.id
+        self._pending.discard(task)
+        self._live.pop(call, None)
+        try:
+            if task is None or task.cancelled():  # its client left, or the server is stopping
+                ended = self._ended.get(call)
+                if not unary.started:
+                    self.metrics.requests.labels(unary.rpc, (ended or grpc.StatusCode.UNAVAILABLE).name).inc()
+                if ended is None and self.transport is not None:
+                    self.transport.fail(call, grpc.StatusCode.UNAVAILABLE.value[0], "the server is stopping")
+            elif self.transport is not None:
+                exc = task.exception()
+                if exc is None:
+                    self.transport.reply(call, task.result())
+                elif isinstance(exc, Aborted):
+                    self.transport.fail(call, exc.code.value[0], status_message(exc.details))
+                else:
+                    log.error("native %s failed: %r", unary.rpc, exc)
+                    self.transport.fail(
+                        call, grpc.StatusCode.INTERNAL.value[0], f"internal error: {type(exc).__name__}"
+                    )
+        except Exception as exc:
+            log.error("native %s: answering failed: %r", unary.rpc, exc)
+        finally:
+            self._ended.pop(call, None)
+            self.lifecycle.leave()
 
     def _submit(
         self,
@@ -305,3 +360,7 @@ class NativeFront:
         self._add_transport_counts()
         self.transport.free()
         self.transport = None
+
+
+def _deadline(call: TakenCall) -> float | None:
+    return None if call.timeout_s is None else time.monotonic() + call.timeout_s

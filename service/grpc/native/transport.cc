@@ -83,6 +83,7 @@ class Transport : public grpc::CallbackGenericService {
         max_open_(max_open),
         read_timeout_(std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(read_timeout_s))),
         wakeup_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+        ended_(new std::atomic<int64_t>[methods_.size() * kCodes]()),
         reaper_([this] { Reap(); }) {}
   ~Transport() override {
     Close();
@@ -101,12 +102,13 @@ class Transport : public grpc::CallbackGenericService {
     Call* call;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      int method = static_cast<int>(found - methods_.begin());
       if (draining_) {
-        Count(grpc::StatusCode::UNAVAILABLE);
+        Count(method, grpc::StatusCode::UNAVAILABLE);
         return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
       }
       if (static_cast<int>(table_.size()) >= max_open_) {
-        Count(grpc::StatusCode::RESOURCE_EXHAUSTED);
+        Count(method, grpc::StatusCode::RESOURCE_EXHAUSTED);
         return new Refusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                         std::to_string(table_.size()) + " calls are open, max_concurrent_rpcs " +
                                             std::to_string(max_open_) + "; retry later"));
@@ -115,7 +117,7 @@ class Transport : public grpc::CallbackGenericService {
       call = new Call(this, context, id);
       Held held;
       held.call = call;
-      held.method_index = static_cast<int>(found - methods_.begin());
+      held.method_index = method;
       held.created = Steady::now();
       table_.emplace(id, std::move(held));
     }
@@ -163,7 +165,7 @@ class Transport : public grpc::CallbackGenericService {
       std::lock_guard<std::mutex> lock(mutex_);
       auto found = table_.find(id);
       if (found == table_.end()) return nullptr;
-      if (code >= 0 && !found->second.taken) Count(static_cast<grpc::StatusCode>(code));
+      if (code >= 0 && !found->second.taken) Count(found->second.method_index, static_cast<grpc::StatusCode>(code));
       if (code >= 0 && found->second.taken) {  // Python computes it still: tell it to stop
         dropped_.push_back({id, static_cast<int64_t>(code)});
         tell = ShouldTell();
@@ -255,7 +257,7 @@ class Transport : public grpc::CallbackGenericService {
       std::lock_guard<std::mutex> lock(mutex_);
       for (auto& entry : table_) {
         calls.push_back(entry.second.call);
-        if (!entry.second.taken) Count(status.error_code());
+        if (!entry.second.taken) Count(entry.second.method_index, status.error_code());
       }
       table_.clear();
       queue_.clear();
@@ -271,9 +273,10 @@ class Transport : public grpc::CallbackGenericService {
     return admitted_;
   }
 
-  // Calls this side ended before Python took them, by status code (0-16), since the start.
+  // Calls this side ended before Python took them, by method and status code (0-16), since the start:
+  // out[method * kCodes + code].
   void Counts(int64_t* out) {
-    for (int code = 0; code < kCodes; ++code) out[code] = ended_[code].load();
+    for (size_t i = 0; i < methods_.size() * kCodes; ++i) out[i] = ended_[i].load();
   }
 
  private:
@@ -297,7 +300,7 @@ class Transport : public grpc::CallbackGenericService {
       auto now = Steady::now();
       for (auto it = table_.begin(); it != table_.end();) {
         if (!it->second.read && now - it->second.created > read_timeout_) {
-          Count(grpc::StatusCode::DEADLINE_EXCEEDED);
+          Count(it->second.method_index, grpc::StatusCode::DEADLINE_EXCEEDED);
           late.push_back(it->second.call);
           it = table_.erase(it);
         } else {
@@ -330,8 +333,8 @@ class Transport : public grpc::CallbackGenericService {
     told_ = true;
     return true;
   }
-  void Count(grpc::StatusCode code) {
-    if (code >= 0 && code < kCodes) ++ended_[code];
+  void Count(int method, grpc::StatusCode code) {
+    if (code >= 0 && code < kCodes) ++ended_[method * kCodes + code];
   }
   void Tell() {
     uint64_t one = 1;
@@ -357,7 +360,7 @@ class Transport : public grpc::CallbackGenericService {
   bool closed_ = false;
   bool told_ = false;  // the eventfd was written since a take or drop read last left nothing (Rearm)
   int wakeup_;
-  std::atomic<int64_t> ended_[kCodes] = {};  // see Counts
+  std::unique_ptr<std::atomic<int64_t>[]> ended_;  // see Counts
   std::thread reaper_;                        // last: starts once the rest is made
 };
 
@@ -503,8 +506,8 @@ int bsn_dropped(void* handle, int64_t* out, int max_pairs) {
   return static_cast<Handle*>(handle)->transport->Dropped(out, max_pairs);
 }
 
-// Calls the transport ended itself before Python took them (refusals, timeouts, cancellations), by gRPC
-// status code: 17 counters since the start into `out`.
+// Calls the transport ended itself before Python took them (refusals, timeouts, cancellations), by method
+// and gRPC status code: 17 counters per method (in bsn_start's order) since the start into `out`.
 void bsn_counts(void* handle, int64_t* out) { static_cast<Handle*>(handle)->transport->Counts(out); }
 
 // New calls get UNAVAILABLE from now on; the held ones are still answered.

@@ -100,6 +100,7 @@ class NativeTransport:
         with the server's other fronts (SO_REUSEPORT; the supervisor holds it). Raises OSError when the port
         cannot be had, NativeUnavailable when the library cannot be built."""
         self._lib = library()
+        self._methods = len(methods)
         names = b"".join(m.encode() + b"\0" for m in methods)
         cert, key, ca = tls or (b"", b"", b"")
         error = ctypes.create_string_buffer(_ERROR_BYTES)
@@ -153,12 +154,13 @@ class NativeTransport:
         """Calls whose request was read, not yet ended."""
         return self._lib.bsn_held(self._handle)
 
-    def counts(self) -> list[int]:
+    def counts(self) -> list[list[int]]:
         """Calls the transport ended itself before they were taken (refusals, read timeouts, clients that
-        left), by gRPC status code (index = the code's number), since the start."""
-        out = (ctypes.c_int64 * STATUS_CODES)()
+        left), per method (in `methods`' order) by gRPC status code (index = the code's number), since the
+        start."""
+        out = (ctypes.c_int64 * (STATUS_CODES * self._methods))()
         self._lib.bsn_counts(self._handle, out)
-        return list(out)
+        return [list(out[i : i + STATUS_CODES]) for i in range(0, len(out), STATUS_CODES)]
 
     def drain(self) -> None:
         """New calls get UNAVAILABLE; those held are still answered."""

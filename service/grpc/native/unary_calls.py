@@ -1,0 +1,104 @@
+"""The native port's calls that are not plain Embed (every other unary method of the main port, and Embed
+with `options` or `token_ids`): each is answered by the main port's own handler for its method, so the
+checks, status codes, metrics and drain refusal are the main port's. The handlers are recorded as the
+servicers register them (`HandlerTable`) and run with `NativeContext`, the part of gRPC's servicer
+context they use: the deadline and `abort`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+
+
+@dataclass(frozen=True)
+class _Details:  # grpc.HandlerCallDetails as a generic handler reads it
+    method: str
+    invocation_metadata: tuple = ()
+
+
+class HandlerTable:
+    """Stands in for the main gRPC server while the servicers register: records their generic handlers
+    and passes them on, so the native port can run the same handlers."""
+
+    def __init__(self, server: grpc.aio.Server):
+        self.server = server
+        self._generic: list[grpc.GenericRpcHandler] = []
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        handlers = tuple(handlers)
+        self._generic.extend(handlers)
+        self.server.add_generic_rpc_handlers(handlers)
+
+    def unary(self, services: Iterable[ServiceDescriptor]) -> dict[str, grpc.RpcMethodHandler]:
+        """Full method name -> its handler, for every unary-unary method of `services` registered here."""
+        found = {}
+        for service in services:
+            for method in service.methods:
+                if method.client_streaming or method.server_streaming:
+                    continue
+                name = f"/{service.full_name}/{method.name}"
+                for generic in self._generic:
+                    handler = generic.service(_Details(name))
+                    if handler is not None:
+                        found[name] = handler
+                        break
+        return found
+
+
+class Aborted(Exception):
+    """A handler ended its call with a status (`NativeContext.abort`)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(code, details)
+        self.code, self.details = code, details
+
+
+class NativeContext:
+    """What the main port's unary handlers ask of their context, for a call held by the native transport."""
+
+    def __init__(self, deadline: float | None):
+        self._deadline = deadline  # time.monotonic() seconds, None: none
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
+        raise Aborted(code, details)
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    def peer(self) -> str:
+        return "native"
+
+
+@dataclass
+class UnaryCall:
+    """One call for `run`: its method's handler and its request (bytes, or the message already parsed)."""
+
+    id: int
+    rpc: str  # the method's short name, as the metrics label it
+    handler: grpc.RpcMethodHandler
+    request: object
+    deadline: float | None
+    started: bool = False  # the handler began (it counts the call from then on)
+
+
+def run(call: UnaryCall, on_done: Callable[[UnaryCall, asyncio.Task], None]) -> asyncio.Task:
+    """Runs the call's handler in a task; `on_done(call, task)` once it ends. The task's result is the
+    reply's bytes; `Aborted` says the status the handler ended the call with."""
+
+    async def answer() -> bytes:
+        call.started = True
+        reply = await call.handler.unary_unary(call.request, NativeContext(call.deadline))
+        serialize = call.handler.response_serializer
+        return reply if isinstance(reply, bytes) or serialize is None else serialize(reply)
+
+    task = asyncio.ensure_future(answer())
+    task.add_done_callback(lambda done: on_done(call, done))
+    return task

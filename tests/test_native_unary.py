@@ -1,0 +1,202 @@
+"""The native port's calls beyond plain Embed (service/grpc/native/unary_calls.py): every unary method of
+bertserve.v1, KServe v2 and grpc.health.v1 answered by the main port's own handler, with the main port's
+answers, statuses and counts; streams get UNIMPLEMENTED."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bertserve.v1 import inference_pb2 as pb
+from bertserve.v1 import inference_pb2_grpc as pb_grpc
+from tests.helpers import triton_client as triton
+from tests.helpers.server import GatedBatches, ServerThread, metric, scrape, wait_for
+
+MODEL = "tiny-embed"
+TEXTS = ["the cat sat", "a longer sentence about dogs and cats and birds"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repo):
+    with ServerThread(
+        model_repo=tiny_repo, native_port=0, max_queue_delay_ms=5, max_inputs_per_request=8, max_input_chars=500,
+    ) as running:  # fmt: skip
+        yield running
+
+
+def _both(server, method: str, request, timeout: float = 30) -> list:
+    """The answer (or (status, details)) of `method` on the main port, then on the native port."""
+    out = []
+    for port in (server.server.port, server.server.native_port):
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                out.append(getattr(pb_grpc.InferenceStub(channel), method)(request, timeout=timeout))
+            except grpc.RpcError as error:
+                out.append((error.code(), error.details()))
+    return out
+
+
+def _timeless(answer):
+    """The answer without its metadata's timings (they differ from call to call)."""
+    for name in ("meta", "metadata"):
+        if name in answer.DESCRIPTOR.fields_by_name:
+            for field in ("queue_time_ms", "inference_time_ms", "tokenize_time_ms"):
+                getattr(answer, name).ClearField(field)
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("method", "request_"),
+    [
+        ("Info", pb.InfoRequest()),
+        ("Tokenize", pb.TokenizeRequest(model=MODEL, inputs=TEXTS)),
+        (
+            "Embed",
+            pb.EmbedRequest(model=MODEL, inputs=TEXTS, options=pb.EmbedOptions(tokens=True, dense=True)),
+        ),
+        ("Embed", pb.EmbedRequest(model=MODEL, token_ids=[pb.TokenIds(ids=[2, 40, 41, 3])])),
+        (
+            "Embed",
+            pb.EmbedRequest(model=MODEL, inputs=TEXTS, options=pb.EmbedOptions(truncation_direction="left")),
+        ),
+    ],
+)
+def test_answers_equal_the_main_ports(server, method, request_):
+    main, native = _both(server, method, request_)
+    if method == "Embed":
+        for one, other in zip(main.embeddings, native.embeddings, strict=True):
+            for want, got in ((one.values, other.values), (one.tokens.values, other.tokens.values)):
+                want, got = np.array(want), np.array(got)
+                assert want.shape == got.shape and np.abs(want - got).max(initial=0) <= 1e-5
+            assert one.tokens.count == other.tokens.count
+        assert len(main.embeddings) == len(native.embeddings) > 0
+    else:
+        assert _timeless(main) == _timeless(native)
+
+
+@pytest.mark.parametrize(
+    ("method", "request_"),
+    [
+        ("Embed", pb.EmbedRequest(model=MODEL, inputs=["a"], options=pb.EmbedOptions(dimensions=0))),
+        ("Embed", pb.EmbedRequest(model=MODEL, inputs=["a"], token_ids=[pb.TokenIds(ids=[1, 2])])),
+        ("Tokenize", pb.TokenizeRequest(model="no-such-model", inputs=["a"])),
+        ("Classify", pb.ClassifyRequest(model=MODEL, inputs=["a"])),
+        ("Rerank", pb.RerankRequest(model="no-such-model", query="q", documents=["d"])),
+    ],
+)
+def test_refusals_equal_the_main_ports(server, method, request_):
+    main, native = _both(server, method, request_)
+    assert isinstance(main, tuple) and main[0] != grpc.StatusCode.OK
+    assert main == native
+
+
+def test_kserve_with_tritons_client(server):
+    """tritonclient's probes, metadata and an inference, on the native port as on the main port."""
+    main, native = (f"127.0.0.1:{port}" for port in (server.server.port, server.server.native_port))
+    texts = np.array([t.encode() for t in TEXTS], dtype=object)
+    with triton.child() as child:
+        probes = [child.submit(triton.probes, address, [MODEL]).result(60) for address in (main, native)]
+        metadata = [child.submit(triton.metadata, address, MODEL).result(60) for address in (main, native)]
+        answers = [child.submit(triton.infer, address, MODEL, texts).result(60) for address in (main, native)]
+        missing = [
+            child.submit(triton.metadata, address, "no-such-model").result(60) for address in (main, native)
+        ]
+    assert probes[0] == probes[1] == {"live": True, "ready": True, "models": {MODEL: True}}
+    assert metadata[0] == metadata[1]
+    assert missing[0] == missing[1] and missing[0][0] == "NOT_FOUND"
+    got, want = (answer["outputs"]["embedding"] for answer in answers[::-1])
+    assert got.shape == want.shape == (len(TEXTS), want.shape[1]) and np.abs(got - want).max() <= 1e-5
+
+
+def test_health_check(server):
+    with grpc.insecure_channel(f"127.0.0.1:{server.server.native_port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        answer = health.Check(health_pb2.HealthCheckRequest(service="bertserve.v1.Inference"), timeout=10)
+        with pytest.raises(grpc.RpcError) as unknown:
+            health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_streams_are_unimplemented(server):
+    with grpc.insecure_channel(f"127.0.0.1:{server.server.native_port}") as channel:
+        stream = pb_grpc.InferenceStub(channel).EmbedStream(
+            iter([pb.EmbedStreamRequest(inputs=["a"])]), timeout=10
+        )
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+        for call in (stream, watch):
+            with pytest.raises(grpc.RpcError) as failure:
+                next(iter(call))
+            assert failure.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def _counted(server, rpc: str, code: str) -> float:
+    return metric(scrape(server.metrics_url), "bertserve_requests_total", rpc=rpc, code=code)
+
+
+def test_calls_are_counted_once_by_method(server):
+    wait_for(lambda: server.server.lifecycle.in_flight == 0)
+    before = {code: _counted(server, "Tokenize", code) for code in ("OK", "NOT_FOUND")}
+    with grpc.insecure_channel(f"127.0.0.1:{server.server.native_port}") as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        for _ in range(3):
+            stub.Tokenize(pb.TokenizeRequest(model=MODEL, inputs=["a"]), timeout=10)
+        with pytest.raises(grpc.RpcError):
+            stub.Tokenize(pb.TokenizeRequest(model="no-such-model", inputs=["a"]), timeout=10)
+    wait_for(lambda: server.server.lifecycle.in_flight == 0)
+    assert _counted(server, "Tokenize", "OK") == before["OK"] + 3
+    assert _counted(server, "Tokenize", "NOT_FOUND") == before["NOT_FOUND"] + 1
+
+
+def _embed_with_options(port: int, timeout: float | None = None):
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    request = pb.EmbedRequest(model=MODEL, inputs=["held"], options=pb.EmbedOptions(tokens=True))
+    return pb_grpc.InferenceStub(channel).Embed.future(request, timeout=timeout), channel
+
+
+def test_a_call_past_its_deadline_ends_and_the_server_goes_on(server):
+    """A call that its handler computes when its deadline passes: DEADLINE_EXCEEDED, counted so; its
+    inputs are dropped and the next call is answered."""
+    native = server.server.native_port
+    model = server.server.core.registry.by_name[MODEL]
+    wait_for(lambda: server.server.lifecycle.in_flight == 0)
+    expired = _counted(server, "Embed", "DEADLINE_EXCEEDED")
+    with GatedBatches(model) as gate:
+        call, channel = _embed_with_options(native, timeout=1.0)
+        assert gate.computing.wait(30)
+        with pytest.raises(grpc.RpcError) as failure:
+            call.result(30)
+        gate.release()
+        channel.close()
+    assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_for(lambda: server.server.lifecycle.in_flight == 0, timeout=30)
+    assert _counted(server, "Embed", "DEADLINE_EXCEEDED") == expired + 1
+    assert _both(server, "Tokenize", pb.TokenizeRequest(model=MODEL, inputs=["a"]))[1].results
+
+
+def test_drain_answers_held_calls_and_refuses_new_ones_counted_by_method(tiny_repo):
+    with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, grace_period_s=30) as server:
+        native = server.server.native_port
+        model = server.server.core.registry.by_name[MODEL]
+        with GatedBatches(model) as gate, concurrent.futures.ThreadPoolExecutor(2) as pool:
+            held, channel = _embed_with_options(native)
+            assert gate.computing.wait(30)
+            drained = pool.submit(server.call, server.server.drain)
+            wait_for(lambda: not server.server.lifecycle.accepting)
+            with (
+                grpc.insecure_channel(f"127.0.0.1:{native}") as other,
+                pytest.raises(grpc.RpcError) as refused,
+            ):
+                pb_grpc.InferenceStub(other).Tokenize(
+                    pb.TokenizeRequest(model=MODEL, inputs=["a"]), timeout=10
+                )
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            wait_for(lambda: _counted(server, "Tokenize", "UNAVAILABLE") == 1)  # the transport's, by method
+            gate.release()
+            assert held.result(30).embeddings[0].tokens.count > 0
+            channel.close()
+            assert drained.result(60) is True
