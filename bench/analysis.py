@@ -185,7 +185,7 @@ GOALS = [
     # issue 26, against the simulated device (bench/simulated_device.py)
     ("simulated_two_vs_one_worker", ">= 1.3", lambda v: v >= 1.3),
     ("front_cpu_ms_per_call", "<= 0.35 ms", lambda v: v <= 0.35),
-    # the same against the native port (plain Embed calls through gRPC's C++ server): one process, 2 fronts
+    # the same against the native port (Embed calls through gRPC's C++ server): one process, 2 fronts
     ("native_cpu_ms_per_call", "<= 0.35 ms", lambda v: v <= 0.35),
     ("native_two_vs_one_worker", ">= 1.3", lambda v: v >= 1.3),
     ("native_two_cpu_ms_per_call", "<= 0.35 ms", lambda v: v <= 0.35),

@@ -120,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("main", "native"),
         default="main",
         help="where the gRPC bertserve targets' Embed calls go: main, the gRPC port (grpc.aio), or native, "
-        "the native port (plain Embed calls through gRPC's C++ server)",
+        "the native port (Embed calls through gRPC's C++ server)",
     )
     parser.add_argument(
         "--server-setting", type=_setting, action="append", default=[], metavar="NAME=VALUE",

@@ -54,7 +54,7 @@ class BenchConfig:
     # one of them); the simulated-device target always uses per-caller
     connections: str = "one"
     # where the gRPC bertserve targets' Embed calls go: "main" (the gRPC port) or "native" (the native port:
-    # plain Embed calls through gRPC's C++ server, service/grpc/native/; in every front)
+    # Embed calls through gRPC's C++ server, service/grpc/native/; in every front)
     front: str = "main"
 
     @property

@@ -200,7 +200,7 @@ def _simulated_text(simulated: dict | None) -> list[str]:
         "Each caller on a connection of its own; every server started first, then measured in interleaved "
         "rounds. The server's CPU is its whole process tree's. front_cpu_ms_per_call is the run with the most "
         f"processes (workers {simulated['front_cpu_workers']}); workers native (one process) and native-2 (2 "
-        "fronts) take their load on the native port (plain Embed calls through gRPC's C++ server).",
+        "fronts) take their load on the native port (Embed calls through gRPC's C++ server).",
         "",
         *md_table(header, rows),
     ]

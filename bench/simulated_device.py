@@ -29,7 +29,7 @@ from bertserve.bench.processes import (
 from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun
 
 WORKERS = ("1", "2", "auto", "native", "native-2")  # the server's `workers` values, in measuring order
-# "native" and "native-N": workers 1 (or N), the load on the native port (plain Embed calls through gRPC's
+# "native" and "native-N": workers 1 (or N), the load on the native port (Embed calls through gRPC's
 # C++ server, in every front)
 NATIVE, NATIVE_TWO = "native", "native-2"
 ROUNDS = 3  # phases per server, interleaved with the other servers' phases
@@ -183,7 +183,7 @@ def summarize(rows: dict[str, dict], device_ms: float) -> dict:
         "two_vs_one_worker": ratio(two, one),
         "front_cpu_ms_per_call": widest and widest["cpu_ms_per_call"],
         "front_cpu_workers": widest and widest["workers"],
-        # the native port: plain Embed calls through gRPC's C++ server, in one process, then in 2 fronts
+        # the native port: Embed calls through gRPC's C++ server, in one process, then in 2 fronts
         "native_vs_one_worker": ratio(native, one),
         "native_cpu_ms_per_call": cpu(NATIVE),
         "native_two_vs_one_worker": ratio(native_two, one),
