@@ -346,6 +346,32 @@ def test_drain_answers_held_calls_and_refuses_new_ones(tiny_repo):
     assert code == grpc.StatusCode.UNAVAILABLE
 
 
+def test_drain_waits_for_a_call_whose_request_is_still_arriving(tiny_repo):
+    """A call open when the drain starts, its request not yet sent, is answered once it comes (within the
+    grace period), not ended with UNAVAILABLE."""
+    with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, grace_period_s=30) as server:
+        native, go = server.server.native_port, threading.Event()
+
+        def late():
+            go.wait(30)
+            yield pb.EmbedRequest(inputs=["late"]).SerializeToString()
+
+        with (
+            grpc.insecure_channel(f"127.0.0.1:{native}") as channel,
+            concurrent.futures.ThreadPoolExecutor(1) as pool,
+        ):
+            stub = channel.stream_unary(EMBED, response_deserializer=pb.EmbedResponse.FromString)
+            call = stub.future(late(), timeout=60)
+            wait_for(lambda: server.server.native.transport.open_calls == 1)
+            drained = pool.submit(server.call, server.server.drain)
+            wait_for(lambda: not server.server.lifecycle.accepting)
+            time.sleep(0.5)  # the stop's wait has begun: without it, the call would be ended by now
+            assert not call.done()
+            go.set()
+            assert len(call.result(30).embeddings) == 1
+            assert drained.result(60) is True
+
+
 def test_a_taken_port_fails_at_start(tiny_repo, server):
     taken = ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=server.server.native_port)
     with pytest.raises(StartupError, match="setting native_port: cannot listen on"):

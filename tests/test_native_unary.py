@@ -4,11 +4,14 @@ answers, statuses and counts; streams get UNIMPLEMENTED."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import threading
 
 import grpc
 import numpy as np
 import pytest
+from google.protobuf.internal.encoder import _VarintBytes
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bertserve.v1 import inference_pb2 as pb
@@ -200,3 +203,92 @@ def test_drain_answers_held_calls_and_refuses_new_ones_counted_by_method(tiny_re
             assert held.result(30).embeddings[0].tokens.count > 0
             channel.close()
             assert drained.result(60) is True
+
+
+def _sample(server, rpc: str, code: str) -> float:
+    """bertserve_requests_total read in process (the server may have stopped serving /metrics)."""
+    value = server.server.metrics.registry.get_sample_value(
+        "bertserve_requests_total", {"rpc": rpc, "code": code}
+    )
+    return value or 0.0
+
+
+def test_calls_the_transport_held_before_a_drain_are_answered(tiny_repo):
+    """Calls read by the transport while the loop was busy, taken once the drain has begun: answered (the
+    main port's handlers refuse only calls that come after the drain); a health Check refused by the
+    drain is not counted (the main port never counts health checks)."""
+    with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, grace_period_s=30) as server:
+        native = server.server.native_port
+        with grpc.insecure_channel(f"127.0.0.1:{native}") as channel:
+            stub = pb_grpc.InferenceStub(channel)
+            stub.Tokenize(pb.TokenizeRequest(model=MODEL, inputs=["warm"]), timeout=30)
+            busy = threading.Event()
+            server.loop.call_soon_threadsafe(lambda: busy.wait(30))  # the loop takes nothing meanwhile
+            tokenize = stub.Tokenize.future(pb.TokenizeRequest(model=MODEL, inputs=["a"]), timeout=30)
+            options = pb.EmbedRequest(model=MODEL, inputs=["a"], options=pb.EmbedOptions(tokens=True))
+            embed = stub.Embed.future(options, timeout=30)
+            wait_for(lambda: server.server.native.transport.held == 2)
+            drained = asyncio.run_coroutine_threadsafe(
+                server.server.drain(), server.loop
+            )  # runs before the take
+            busy.set()
+            assert len(tokenize.result(30).results) == 1
+            assert embed.result(30).embeddings[0].tokens.count > 0
+            with pytest.raises(grpc.RpcError) as refused:
+                health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert drained.result(60) is True
+    assert _sample(server, "Tokenize", "OK") == 2 and _sample(server, "Tokenize", "UNAVAILABLE") == 0
+    assert _sample(server, "Check", "UNAVAILABLE") == 0
+
+
+def test_a_large_call_parsed_off_the_loop_keeps_its_deadline(server):
+    """An Embed with options over 64 KiB is parsed on the CPU pool; its deadline is the one it had when
+    taken, so a call that runs out while it computes is counted DEADLINE_EXCEEDED, as its client saw."""
+    core = server.server.core
+    model = core.registry.by_name[MODEL]
+    off_loop = core.off_loop
+
+    async def late(work, *args):  # the pool is busy for a while
+        await asyncio.sleep(0.4)
+        return await off_loop(work, *args)
+
+    request = pb.EmbedRequest(
+        model=MODEL, inputs=["held"], options=pb.EmbedOptions(tokens=True)
+    ).SerializeToString()
+    padding = b"x" * (80 * 1024)  # an unknown field (number 1000), kept by the parser
+    request += _VarintBytes((1000 << 3) | 2) + _VarintBytes(len(padding)) + padding
+    wait_for(lambda: server.server.lifecycle.in_flight == 0)
+    expired = _sample(server, "Embed", "DEADLINE_EXCEEDED")
+    core.off_loop = late
+    try:
+        with (
+            GatedBatches(model) as gate,
+            grpc.insecure_channel(f"127.0.0.1:{server.server.native_port}") as channel,
+        ):
+            call = channel.unary_unary("/bertserve.v1.Inference/Embed").future(request, timeout=1.0)
+            assert gate.computing.wait(30)
+            with pytest.raises(grpc.RpcError) as failure:
+                call.result(30)
+            gate.release()
+    finally:
+        core.off_loop = off_loop
+    assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_for(lambda: server.server.lifecycle.in_flight == 0, timeout=30)
+    assert _sample(server, "Embed", "DEADLINE_EXCEEDED") == expired + 1
+
+
+def test_a_handler_cut_at_the_end_of_the_grace_period_is_counted_as_its_client_saw_it(tiny_repo):
+    with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, grace_period_s=0.5) as server:
+        model = server.server.core.registry.by_name[MODEL]
+        with GatedBatches(model) as gate:
+            call, channel = _embed_with_options(server.server.native_port, timeout=60)
+            assert gate.computing.wait(30)
+            assert server.call(server.server.drain) is False
+            with pytest.raises(grpc.RpcError) as failure:
+                call.result(30)
+            gate.release()
+            channel.close()
+        code = failure.value.code()
+        assert code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+        assert _sample(server, "Embed", code.name) == 1

@@ -81,7 +81,8 @@ def check_response_size(response: Message | bytes, limit: int) -> None:
 
 
 def rpc(name: str, request_type: type[Message] | None = None) -> Callable[[Handler], Handler]:
-    """Wraps a servicer method: refuses calls while draining, maps errors, counts and times calls.
+    """Wraps a servicer method: refuses calls while draining (unless `context.admitted`: a transport took
+    the call before the drain), maps errors, counts and times calls.
 
     The servicer must have `metrics` (service.metrics.Metrics), `lifecycle` (Lifecycle) and `settings`
     attributes. A response larger than max_message_bytes is refused here, so the caller learns why and the
@@ -98,7 +99,7 @@ def rpc(name: str, request_type: type[Message] | None = None) -> Callable[[Handl
         async def handler(self, request, context: grpc.aio.ServicerContext):
             started = time.perf_counter()
             lifecycle: Lifecycle = self.lifecycle
-            if not lifecycle.accepting:
+            if not lifecycle.accepting and not getattr(context, "admitted", False):
                 self.metrics.requests.labels(name, grpc.StatusCode.UNAVAILABLE.name).inc()
                 await context.abort(
                     grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry elsewhere"

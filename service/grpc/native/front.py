@@ -40,6 +40,7 @@ DRAIN_POLL_S = 0.01  # while draining: how often the calls still held are counte
 INLINE_PARSE_BYTES = 64 * 1024  # larger requests are parsed on the CPU pool, not the event loop
 COUNT_EVERY_S = 1.0  # how often the transport's own refusals reach the metrics
 CODES = {code.value[0]: code for code in grpc.StatusCode}
+UNCOUNTED = frozenset({"Check"})  # health checks: the main port does not count them either
 # A group's calls are tokenized on the loop up to this many characters in all (a bounded hold of the loop,
 # cheaper than the hop to the CPU pool); the rest of the group goes to the pool in one hop.
 INLINE_GROUP_CHARS = 2048
@@ -95,7 +96,7 @@ class NativeFront:
         counts = self.transport.counts()
         for rpc, method_now, method_before in zip(self._rpcs, counts, self._counted, strict=True):
             for code, (now, before) in enumerate(zip(method_now, method_before, strict=True)):
-                if now > before:
+                if now > before and rpc not in UNCOUNTED:
                     self.metrics.requests.labels(rpc, CODES[code].name).inc(now - before)
         self._counted = counts
 
@@ -116,17 +117,11 @@ class NativeFront:
         for call in calls:
             self.lifecycle.enter()  # left in `_answer`
             self._live[call.id] = None  # before the drops are read: one of these may be among them
-        while True:  # every drop reported so far (cheap; at most one per call held)
-            dropped = self.transport.dropped(limit)
-            self._drop(dropped)
-            if len(dropped) < limit:
-                break
+        self._read_drops()
         for call in calls:
             if call.method != 0:  # any other unary method: its main-port handler answers it
                 handler = self._handlers[call.method]
-                self._unary(
-                    UnaryCall(call.id, self._rpcs[call.method], handler, call.request, _deadline(call))
-                )
+                self._unary(UnaryCall(call.id, self._rpcs[call.method], handler, call.request, call.deadline))
         calls = [call for call in calls if call.method == 0]
         if not calls:
             return
@@ -136,6 +131,15 @@ class NativeFront:
             self._admit([call.id for call in small], self._parsed(small), started)
         if large:  # parsed on the CPU pool (a bounded hold of the loop), then admitted here
             self._off_loop([call.id for call in large], lambda: self._parsed(large), self._admit, started)
+
+    def _read_drops(self) -> None:
+        """Every drop reported so far (cheap; at most one per call held)."""
+        limit = self.settings.max_batch_size
+        while True:
+            dropped = self.transport.dropped(limit)
+            self._drop(dropped)
+            if len(dropped) < limit:
+                break
 
     def _drop(self, dropped: list[tuple[int, int]]) -> None:
         """Calls whose client cancelled them (or whose deadline passed) after they were taken: their queued
@@ -227,11 +231,10 @@ class NativeFront:
     def _plain(self, call: TakenCall) -> PlainEmbed | UnaryCall:
         """A plain Embed call, or one with `options` or `token_ids` for the main port's handler."""
         request = parse_request(pb.EmbedRequest, call.request)
-        deadline = _deadline(call)
         if request.options.ByteSize() > 0 or request.token_ids:  # an empty `options` means every default
-            return UnaryCall(call.id, self._rpcs[0], self._handlers[0], request, deadline)
+            return UnaryCall(call.id, self._rpcs[0], self._handlers[0], request, call.deadline)
         normalize = request.normalize if request.HasField("normalize") else None
-        return PlainEmbed(request.model, list(request.inputs), normalize, request.truncate, deadline)
+        return PlainEmbed(request.model, list(request.inputs), normalize, request.truncate, call.deadline)
 
     def _unary(self, unary: UnaryCall) -> None:
         """On the loop: the call answered by its method's main-port handler, in a task of its own."""
@@ -248,13 +251,16 @@ class NativeFront:
         call = unary.id
         self._pending.discard(task)
         self._live.pop(call, None)
+        internal = grpc.StatusCode.INTERNAL.value[0]
         try:
             if task is None or task.cancelled():  # its client left, or the server is stopping
                 ended = self._ended.get(call)
-                if not unary.started:
-                    self.metrics.requests.labels(unary.rpc, (ended or grpc.StatusCode.UNAVAILABLE).name).inc()
+                # a started handler counted the cancel as CANCELLED: the client sees that; else UNAVAILABLE
+                stopped = grpc.StatusCode.CANCELLED if unary.started else grpc.StatusCode.UNAVAILABLE
+                if not unary.started and unary.rpc not in UNCOUNTED:
+                    self.metrics.requests.labels(unary.rpc, (ended or stopped).name).inc()
                 if ended is None and self.transport is not None:
-                    self.transport.fail(call, grpc.StatusCode.UNAVAILABLE.value[0], "the server is stopping")
+                    self.transport.fail(call, stopped.value[0], "the server is stopping")
             elif self.transport is not None:
                 exc = task.exception()
                 if exc is None:
@@ -263,11 +269,11 @@ class NativeFront:
                     self.transport.fail(call, exc.code.value[0], status_message(exc.details))
                 else:
                     log.error("native %s failed: %r", unary.rpc, exc)
-                    self.transport.fail(
-                        call, grpc.StatusCode.INTERNAL.value[0], f"internal error: {type(exc).__name__}"
-                    )
-        except Exception as exc:
+                    self.transport.fail(call, internal, f"internal error: {type(exc).__name__}")
+        except Exception as exc:  # the call is still ended, so its client never waits for its deadline
             log.error("native %s: answering failed: %r", unary.rpc, exc)
+            with contextlib.suppress(Exception):
+                self.transport.fail(call, internal, f"internal error: {type(exc).__name__}")
         finally:
             self._ended.pop(call, None)
             self.lifecycle.leave()
@@ -348,7 +354,7 @@ class NativeFront:
             return
         self.transport.drain()
         until = time.monotonic() + grace_s
-        while self.transport.held and time.monotonic() < until:
+        while self.transport.open_calls and time.monotonic() < until:  # held, or their request arriving
             await asyncio.sleep(DRAIN_POLL_S)
         self._stopping = True
         self._loop.remove_reader(self.transport.wakeup_fd)
@@ -360,7 +366,3 @@ class NativeFront:
         self._add_transport_counts()
         self.transport.free()
         self.transport = None
-
-
-def _deadline(call: TakenCall) -> float | None:
-    return None if call.timeout_s is None else time.monotonic() + call.timeout_s

@@ -273,6 +273,11 @@ class Transport : public grpc::CallbackGenericService {
     return admitted_;
   }
 
+  int open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int>(table_.size());
+  }
+
   // Calls this side ended before Python took them, by method and status code (0-16), since the start:
   // out[method * kCodes + code].
   void Counts(int64_t* out) {
@@ -500,6 +505,9 @@ int bsn_fail(void* handle, uint64_t id, int code, const char* message) {
 }
 
 int bsn_held(void* handle) { return static_cast<Handle*>(handle)->transport->held(); }
+
+// Calls not yet ended, their request read or still arriving.
+int bsn_open(void* handle) { return static_cast<Handle*>(handle)->transport->open(); }
 
 // Calls taken that ended without an answer: (id, status code) pairs into `out`, at most `max_pairs`.
 int bsn_dropped(void* handle, int64_t* out, int max_pairs) {

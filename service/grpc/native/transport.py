@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ __all__ = ["NativeTransport", "NativeUnavailable", "TakenCall", "library"]
 @dataclass(frozen=True, slots=True)
 class TakenCall:
     id: int
-    timeout_s: float | None  # from when it was taken; None: no deadline
+    deadline: float | None  # time.monotonic() seconds, from the time left when it was taken; None: none
     method: int  # index into the transport's methods
     request: bytes
 
@@ -64,6 +65,7 @@ def library() -> ctypes.CDLL:
             "bsn_reply": (c.c_int, [c.c_void_p, c.c_uint64, c.c_char_p, c.c_int64]),
             "bsn_fail": (c.c_int, [c.c_void_p, c.c_uint64, c.c_int, c.c_char_p]),
             "bsn_held": (c.c_int, [c.c_void_p]),
+            "bsn_open": (c.c_int, [c.c_void_p]),
             "bsn_dropped": (c.c_int, [c.c_void_p, c.POINTER(c.c_int64), c.c_int]),
             "bsn_counts": (None, [c.c_void_p, c.POINTER(c.c_int64)]),
             "bsn_drain": (None, [c.c_void_p]),
@@ -124,12 +126,14 @@ class NativeTransport:
         if taken == 0:
             return []
         data = ctypes.string_at(self._data, self._size.value)
-        calls, offset = [], 0
+        calls, offset, now = [], 0, time.monotonic()
         for _ in range(taken):
             call, timeout_s, method, size = _HEAD.unpack_from(data, offset)
             offset += _HEAD.size
             calls.append(
-                TakenCall(call, None if timeout_s < 0 else timeout_s, method, data[offset : offset + size])
+                TakenCall(
+                    call, None if timeout_s < 0 else now + timeout_s, method, data[offset : offset + size]
+                )
             )
             offset += size
         return calls
@@ -153,6 +157,11 @@ class NativeTransport:
     def held(self) -> int:
         """Calls whose request was read, not yet ended."""
         return self._lib.bsn_held(self._handle)
+
+    @property
+    def open_calls(self) -> int:
+        """Calls not yet ended: held, or their request still arriving."""
+        return self._lib.bsn_open(self._handle)
 
     def counts(self) -> list[list[int]]:
         """Calls the transport ended itself before they were taken (refusals, read timeouts, clients that

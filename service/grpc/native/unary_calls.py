@@ -61,6 +61,9 @@ class Aborted(Exception):
 class NativeContext:
     """What the main port's unary handlers ask of their context, for a call held by the native transport."""
 
+    # the transport admitted the call before any drain (it refuses new calls from then on): `rpc` answers it
+    admitted = True
+
     def __init__(self, deadline: float | None):
         self._deadline = deadline  # time.monotonic() seconds, None: none
 
