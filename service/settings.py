@@ -138,7 +138,7 @@ class Settings(BaseSettings):
     tls_client_ca: Path | None = None  # set: clients must present a certificate signed by it (mutual TLS)
     # HTTP beside gRPC (service/http/: OpenAI-compatible, bertserve JSON and KServe v2 REST routes).
     http_port: int = Field(8080, ge=-1, le=65535)  # 0 = pick a free port, -1 = no HTTP
-    # the unary methods through gRPC's C++ server (service/grpc/native/); streams stay on `port`
+    # every method through gRPC's C++ server (service/grpc/native/): unary calls there, streams relayed
     native_port: int = Field(-1, ge=-1, le=65535)  # 0 = pick a free port, -1 = off
     http_max_connections: int = Field(1024, ge=1, le=1_000_000)  # beyond: 503 and closed
     # bytes of HTTP request bodies being read or answered, all connections together; beyond: 503

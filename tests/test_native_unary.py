@@ -1,6 +1,6 @@
 """The native port's calls beyond plain Embed (service/grpc/native/unary_calls.py): every unary method of
 bertserve.v1, KServe v2 and grpc.health.v1 answered by the main port's own handler, with the main port's
-answers, statuses and counts; streams get UNIMPLEMENTED."""
+answers, statuses and counts (streams: tests/test_native_relay.py)."""
 
 from __future__ import annotations
 
@@ -123,18 +123,6 @@ def test_health_check(server):
             health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
-
-
-def test_streams_are_unimplemented(server):
-    with grpc.insecure_channel(f"127.0.0.1:{server.server.native_port}") as channel:
-        stream = pb_grpc.InferenceStub(channel).EmbedStream(
-            iter([pb.EmbedStreamRequest(inputs=["a"])]), timeout=10
-        )
-        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10)
-        for call in (stream, watch):
-            with pytest.raises(grpc.RpcError) as failure:
-                next(iter(call))
-            assert failure.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def _counted(server, rpc: str, code: str) -> float:

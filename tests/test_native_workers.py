@@ -47,6 +47,14 @@ def test_calls_beyond_plain_embed_reach_the_engine_through_the_fronts(native_fro
     assert [len(r.tokens) for r in tokens.results] == [e.tokens.count for e in got.embeddings]
 
 
+def test_streams_are_relayed_to_the_fronts_grpc_servers(native_fronts):
+    requests = [pb.EmbedStreamRequest(id=i, inputs=[text]) for i, text in enumerate(TEXTS)]
+    with grpc.insecure_channel(f"127.0.0.1:{native_fronts.native_port}") as channel:
+        answers = list(pb_grpc.InferenceStub(channel).EmbedStream(iter(requests), timeout=30))
+    assert sorted(a.id for a in answers) == list(range(len(TEXTS)))
+    assert all(len(a.result.embeddings) == 1 for a in answers)
+
+
 def test_refusals_are_the_main_ports(native_fronts):
     request = pb.EmbedRequest(inputs=TEXTS, model="no-such-model")
     code, details = _code(native_fronts.native_port, request)

@@ -46,7 +46,7 @@ SETTING_HELP = {
     "tls_client_ca": "PEM CA certificate: clients must present a certificate it signed (mutual TLS)",
     "log_level": "log level",
     "http_port": "HTTP port: OpenAI-compatible, bertserve JSON and KServe v2 REST (0: pick a free one; -1: no HTTP)",
-    "native_port": "port of the native gRPC front: the unary methods (bertserve.v1, KServe v2, health Check; not streams) through gRPC's C++ server, batched with every other call (0: pick a free one; -1: off; with workers > 1 every front serves it)",
+    "native_port": "port of the native gRPC front: every method of the main port through gRPC's C++ server (unary calls in C++, streams relayed), batched with every other call (0: pick a free one; -1: off; with workers > 1 every front serves it)",
     "http_max_connections": "most open HTTP connections, TLS handshakes included; beyond, 503 and closed",
     "http_max_body_bytes_in_flight": "bytes of HTTP request bodies held at once, all connections; beyond, 503",
     "http_read_timeout_s": "seconds an HTTP client has to send its request headers, then its body (a gRPC call: its request message)",

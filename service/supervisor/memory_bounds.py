@@ -42,9 +42,14 @@ def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
         # least), then its own budget of requests held, as received and as parsed
         "native_requests": max(settings.max_request_bytes_in_flight + message, NATIVE_QUOTA_MIN)
         + 2 * (settings.max_request_bytes_in_flight + message),
+        # its streams, relayed to this process's gRPC server (relay.h): the client messages held (a budget
+        # of max_request_bytes_in_flight), and one reply per stream the client has not read yet
+        "native_relays": settings.max_request_bytes_in_flight
+        + message
+        + settings.max_concurrent_streams * message,
     }
     if settings.native_port < 0:
-        del terms["native_requests"]
+        del terms["native_requests"], terms["native_relays"]
     if settings.http_port < 0:
         terms = {name: size for name, size in terms.items() if not name.startswith("http_")}
     return terms

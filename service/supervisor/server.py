@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -109,6 +111,7 @@ class InferenceServer:
         # the unary methods through gRPC's C++ server (service/grpc/native/), with a native_port
         self.native: NativeFront | None = None
         self.native_port: int | None = None
+        self._relay_dir: str | None = None  # the native port's relay socket to the gRPC server
         self.serving = False  # warmed up (HTTP readiness = serving and not draining)
         self.models: list[ServedModel] = []
         self.core: InferenceCore | None = None  # the protocol-free inference core every front calls
@@ -187,6 +190,11 @@ class InferenceServer:
             raise StartupError(f"setting port: cannot listen on {address}: {exc}") from None
         if self.port == 0:
             raise StartupError(f"setting port: cannot listen on {address}")
+        relay = ""
+        if s.native_port >= 0:  # the native port relays streams here, through a socket only this user opens
+            self._relay_dir = tempfile.mkdtemp(prefix="bertserve-relay-")
+            relay = f"unix:{self._relay_dir}/grpc.sock"
+            self._server.add_insecure_port(relay)
         await self._server.start()
         await self.core.start()
         if s.metrics_port >= 0:
@@ -208,7 +216,7 @@ class InferenceServer:
                 ) from None
             log.info("serving HTTP on %s://%s:%d/", self.http.scheme, s.host, self.http_port)
         if s.native_port >= 0:
-            await self._start_native(s, table.unary(NATIVE_SERVICES))
+            await self._start_native(s, table.unary(NATIVE_SERVICES), relay)
         if front:
             await self._connect_engine()
         else:
@@ -224,14 +232,18 @@ class InferenceServer:
             "clients can make the server hold at most %s beyond its models", memory_bounds.describe(worst)
         )
 
-    async def _start_native(self, s: Settings, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+    async def _start_native(
+        self, s: Settings, handlers: dict[str, grpc.RpcMethodHandler], relay: str
+    ) -> None:
         self.native = NativeFront(self.core, s, self.lifecycle, handlers)
         tls = None
         if s.tls_cert is not None:
             ca = s.tls_client_ca.read_bytes() if s.tls_client_ca else b""
             tls = (s.tls_cert.read_bytes(), s.tls_key.read_bytes(), ca)
         try:
-            self.native_port = await self.native.start(s.host, s.native_port, tls, self.front is not None)
+            self.native_port = await self.native.start(
+                s.host, s.native_port, tls, self.front is not None, relay
+            )
         except (OSError, NativeUnavailable) as exc:
             raise StartupError(f"setting native_port: {exc}") from None
         log.info("serving %d unary methods (native) on %s:%d", len(handlers), s.host, self.native_port)
@@ -300,6 +312,8 @@ class InferenceServer:
             await self.core.close(finish_queued)
         if self._server is not None:
             await self._server.stop(grace=1.0)
+        if self._relay_dir is not None:
+            shutil.rmtree(self._relay_dir, ignore_errors=True)
         if self.http is not None:
             await self.http.stop()
         self.metrics.stop_http()

@@ -26,8 +26,12 @@ def cache_dir() -> Path:
 
 
 def cached(source: Path, name: str, suffix: str = "") -> Path:
-    """Where `name` built from `source` is cached (keyed by the source's hash)."""
-    return cache_dir() / f"{name}-{hashlib.sha256(source.read_bytes()).hexdigest()[:16]}{suffix}"
+    """Where `name` built from `source` is cached (keyed by the hash of the source and the headers beside it,
+    which it may include)."""
+    digest = hashlib.sha256(source.read_bytes())
+    for header in sorted(source.parent.glob("*.h")):
+        digest.update(header.read_bytes())
+    return cache_dir() / f"{name}-{digest.hexdigest()[:16]}{suffix}"
 
 
 def built(

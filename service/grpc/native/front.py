@@ -1,4 +1,4 @@
-"""The main port's unary methods on a port of their own (setting `native_port`), through the native
+"""The main port's methods on a port of their own (setting `native_port`), through the native
 transport: gRPC's C++ server holds the calls, the event loop takes them in groups when the transport's
 eventfd says some wait.
 
@@ -7,8 +7,8 @@ takes room for its inputs in the encoder's queue before tokenizing a group's tex
 (service/core/embed_groups.py); Python's work per call is its request's parsing and its reply's building,
 the rest is per group. Every other unary call (Embed with `options` or `token_ids`, the other bertserve.v1
 methods, KServe v2, health Check) is answered one by one by the main port's own handler
-(service/grpc/native/unary_calls.py). Streams (EmbedStream, health Watch, reflection) get UNIMPLEMENTED.
-Both share queues, batches and bounds with the main port. A call that ends in C++ after it was taken (its
+(service/grpc/native/unary_calls.py). Streams (EmbedStream, health Watch, reflection) never reach Python
+here: the transport relays them to this front's grpc.aio server (relay.h). All share queues, batches and bounds with the main port. A call that ends in C++ after it was taken (its
 client left, its deadline passed) is reported back with the status it ended with: its queued inputs are
 cancelled and it is counted as its client saw it."""
 
@@ -68,17 +68,23 @@ class NativeFront:
         self._stopping = False  # no call is taken once stop has begun
 
     async def start(
-        self, host: str, port: int, tls: tuple[bytes, bytes, bytes] | None, reuse_port: bool = False
+        self,
+        host: str,
+        port: int,
+        tls: tuple[bytes, bytes, bytes] | None,
+        reuse_port: bool = False,
+        relay: str = "",
     ) -> int:
         """Listens (building the transport on first use) and takes calls as they come; returns the port.
-        `reuse_port`: one front of several sharing the port (service/supervisor/ports.py)."""
+        `reuse_port`: one front of several sharing the port (service/supervisor/ports.py); `relay`: the
+        address of this front's grpc.aio server, which the streams are relayed to."""
         s = self.settings
         self._loop = asyncio.get_running_loop()
         self.transport = await self._loop.run_in_executor(
             None,
             lambda: NativeTransport(
                 f"{host}:{port}", self.methods, s.max_queue_inputs, s.max_request_bytes_in_flight, s.max_message_bytes,
-                s.concurrent_rpcs_limit(), s.http_read_timeout_s, tls, reuse_port,
+                s.concurrent_rpcs_limit(), s.http_read_timeout_s, tls, reuse_port, relay,
             ),
         )  # fmt: skip
         self._loop.add_reader(self.transport.wakeup_fd, self._take)

@@ -1,7 +1,8 @@
 // bertserve's native gRPC transport: gRPC's C++ callback server takes unary calls of the methods named at
 // start and hands them to Python in groups (service/grpc/native/transport.py loads this library with
 // ctypes), which answers each call with its reply's bytes or a status. Python's cost is per group of calls,
-// not per call; the per-call work (HTTP/2, the call's life, its deadline and cancellation) stays here.
+// not per call; the per-call work (HTTP/2, the call's life, its deadline and cancellation) stays here. Calls
+// of other methods are relayed to the front's grpc.aio server (relay.h), or get UNIMPLEMENTED without one.
 //
 // Python learns of new calls, and of taken calls that ended without its answer, from an eventfd (its event
 // loop watches it): written when one comes and nobody was told since a take (or a read of the ended calls)
@@ -33,6 +34,8 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include "relay.h"
 
 namespace {
 
@@ -75,9 +78,12 @@ constexpr int kCodes = 17;  // gRPC status codes
 
 class Transport : public grpc::CallbackGenericService {
  public:
+  // `relay`: the stub of the front's grpc.aio server that other methods are relayed to (null: UNIMPLEMENTED).
   Transport(std::vector<std::string> methods, int max_calls, int64_t max_request_bytes, int max_open,
-            double read_timeout_s)
+            double read_timeout_s, std::unique_ptr<grpc::GenericStub> relay)
       : methods_(std::move(methods)),
+        relay_(std::move(relay)),
+        relay_budget_(max_request_bytes),
         max_calls_(max_calls),
         max_request_bytes_(max_request_bytes),
         max_open_(max_open),
@@ -95,6 +101,7 @@ class Transport : public grpc::CallbackGenericService {
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
     auto found = std::find(methods_.begin(), methods_.end(), context->method());
+    if (found == methods_.end() && relay_ != nullptr) return Relayed(context);
     if (found == methods_.end()) {
       return new Refusal(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                       "method " + context->method() + " is not served on this port"));
@@ -123,6 +130,24 @@ class Transport : public grpc::CallbackGenericService {
     }
     call->Begin();
     return call;
+  }
+
+  // A call of another method, relayed (relay.h); refused while draining or when max_open relays are open.
+  grpc::ServerGenericBidiReactor* Relayed(grpc::GenericCallbackServerContext* context) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (draining_) return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
+      if (relays_ >= max_open_) {
+        return new Refusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                        std::to_string(relays_) + " streams are open, max_concurrent_rpcs " +
+                                            std::to_string(max_open_) + "; retry later"));
+      }
+      ++relays_;
+    }
+    return new relay::Relay(relay_.get(), context, &relay_budget_, [this] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --relays_;
+    });
   }
 
   // The call's request is read: queued for Python, or why it is refused (RESOURCE_EXHAUSTED).
@@ -278,6 +303,15 @@ class Transport : public grpc::CallbackGenericService {
     return static_cast<int>(table_.size());
   }
 
+  // Relayed calls not yet done, and the bytes of client messages they hold.
+  void Relays(int64_t* out) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      out[0] = relays_;
+    }
+    out[1] = relay_budget_.held();
+  }
+
   // Calls this side ended before Python took them, by method and status code (0-16), since the start:
   // out[method * kCodes + code].
   void Counts(int64_t* out) {
@@ -348,6 +382,9 @@ class Transport : public grpc::CallbackGenericService {
   }
 
   std::vector<std::string> methods_;
+  std::unique_ptr<grpc::GenericStub> relay_;
+  relay::Budget relay_budget_;
+  int relays_ = 0;  // relayed calls not yet done
   int max_calls_;
   int64_t max_request_bytes_;
   int max_open_;
@@ -429,10 +466,13 @@ extern "C" {
 // `methods`: NUL-separated full method names ("/package.Service/Method"), `methods_size` bytes in all; a
 // call's method is its index there. PEM strings empty: no TLS; `client_ca` set: clients must present a
 // certificate it signed. `reuse_port`: join the bound sockets of the server's other fronts (its supervisor
-// holds the port); else a taken port fails. Returns NULL with `error` filled when the port cannot be had.
+// holds the port); else a taken port fails. `relay`: the address of the front's own gRPC server that calls of
+// other methods are relayed to ("": they get UNIMPLEMENTED). Returns NULL with `error` filled when the port
+// cannot be had.
 void* bsn_start(const char* address, const char* methods, int methods_size, int max_calls,
                 int64_t max_request_bytes, int max_message_bytes, int max_open, double read_timeout_s,
-                int reuse_port, const char* cert, const char* key, const char* client_ca, char* error, int error_size) {
+                int reuse_port, const char* cert, const char* key, const char* client_ca, const char* relay,
+                char* error, int error_size) {
   std::vector<std::string> names;
   for (int start = 0; start < methods_size;) {
     std::string name(methods + start);
@@ -440,7 +480,16 @@ void* bsn_start(const char* address, const char* methods, int methods_size, int 
     names.push_back(name);
   }
   auto handle = std::make_unique<Handle>();
-  handle->transport = std::make_unique<Transport>(names, max_calls, max_request_bytes, max_open, read_timeout_s);
+  std::unique_ptr<grpc::GenericStub> stub;
+  if (relay[0] != '\0') {
+    grpc::ChannelArguments arguments;
+    arguments.SetMaxReceiveMessageSize(max_message_bytes);
+    arguments.SetMaxSendMessageSize(max_message_bytes);
+    stub = std::make_unique<grpc::GenericStub>(
+        grpc::CreateCustomChannel(relay, grpc::InsecureChannelCredentials(), arguments));
+  }
+  handle->transport =
+      std::make_unique<Transport>(names, max_calls, max_request_bytes, max_open, read_timeout_s, std::move(stub));
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (cert[0] != '\0') {
     grpc::SslServerCredentialsOptions options(client_ca[0] != '\0'
@@ -508,6 +557,9 @@ int bsn_held(void* handle) { return static_cast<Handle*>(handle)->transport->hel
 
 // Calls not yet ended, their request read or still arriving.
 int bsn_open(void* handle) { return static_cast<Handle*>(handle)->transport->open(); }
+
+// Relayed calls not yet done and the bytes of client messages they hold, into out[0] and out[1].
+void bsn_relays(void* handle, int64_t* out) { static_cast<Handle*>(handle)->transport->Relays(out); }
 
 // Calls taken that ended without an answer: (id, status code) pairs into `out`, at most `max_pairs`.
 int bsn_dropped(void* handle, int64_t* out, int max_pairs) {

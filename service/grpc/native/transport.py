@@ -53,7 +53,7 @@ def library() -> ctypes.CDLL:
             "bsn_start": (
                 c.c_void_p,
                 [c.c_char_p, c.c_char_p, c.c_int, c.c_int, c.c_int64, c.c_int, c.c_int, c.c_double, c.c_int]
-                + [c.c_char_p] * 3
+                + [c.c_char_p] * 4
                 + [c.c_char_p, c.c_int],
             ),
             "bsn_port": (c.c_int, [c.c_void_p]),
@@ -66,6 +66,7 @@ def library() -> ctypes.CDLL:
             "bsn_fail": (c.c_int, [c.c_void_p, c.c_uint64, c.c_int, c.c_char_p]),
             "bsn_held": (c.c_int, [c.c_void_p]),
             "bsn_open": (c.c_int, [c.c_void_p]),
+            "bsn_relays": (None, [c.c_void_p, c.POINTER(c.c_int64)]),
             "bsn_dropped": (c.c_int, [c.c_void_p, c.POINTER(c.c_int64), c.c_int]),
             "bsn_counts": (None, [c.c_void_p, c.POINTER(c.c_int64)]),
             "bsn_drain": (None, [c.c_void_p]),
@@ -80,8 +81,8 @@ def library() -> ctypes.CDLL:
 
 
 class NativeTransport:
-    """One listening port. `methods`: the full method names served ("/pkg.Service/Method"; any other gets
-    UNIMPLEMENTED); `max_open`: calls open at once (beyond: RESOURCE_EXHAUSTED); once a call's request is
+    """One listening port. `methods`: the full method names served ("/pkg.Service/Method"; any other is
+    relayed, or gets UNIMPLEMENTED without a relay); `max_open`: calls open at once (beyond: RESOURCE_EXHAUSTED); once a call's request is
     read, at most `max_calls` calls and `max_request_bytes` of their requests are held (beyond:
     RESOURCE_EXHAUSTED; a lone call always fits); a request not read within `read_timeout_s` of its call's
     start: DEADLINE_EXCEEDED. One thread at a time takes calls; any thread answers them."""
@@ -97,10 +98,12 @@ class NativeTransport:
         read_timeout_s: float,
         tls: tuple[bytes, bytes, bytes] | None = None,
         reuse_port: bool = False,
+        relay: str = "",
     ):
         """`tls`: (certificate chain, private key, client CA or b"") in PEM; `reuse_port`: share the port
-        with the server's other fronts (SO_REUSEPORT; the supervisor holds it). Raises OSError when the port
-        cannot be had, NativeUnavailable when the library cannot be built."""
+        with the server's other fronts (SO_REUSEPORT; the supervisor holds it); `relay`: the gRPC address
+        that calls of any other method are relayed to (relay.h; "": they get UNIMPLEMENTED). Raises OSError
+        when the port cannot be had, NativeUnavailable when the library cannot be built."""
         self._lib = library()
         self._methods = len(methods)
         names = b"".join(m.encode() + b"\0" for m in methods)
@@ -109,7 +112,7 @@ class NativeTransport:
         self._handle = self._lib.bsn_start(
             address.encode(), names, len(names), max_calls, max_request_bytes, max_message_bytes, max_open,
             read_timeout_s, int(reuse_port),
-            cert, key, ca, error, _ERROR_BYTES,
+            cert, key, ca, relay.encode(), error, _ERROR_BYTES,
         )  # fmt: skip
         if not self._handle:
             raise OSError(error.value.decode(errors="replace"))
@@ -157,6 +160,13 @@ class NativeTransport:
     def held(self) -> int:
         """Calls whose request was read, not yet ended."""
         return self._lib.bsn_held(self._handle)
+
+    @property
+    def relays(self) -> tuple[int, int]:
+        """Relayed calls not yet done, and the bytes of client messages they hold."""
+        out = (ctypes.c_int64 * 2)()
+        self._lib.bsn_relays(self._handle, out)
+        return out[0], out[1]
 
     @property
     def open_calls(self) -> int:
