@@ -4,6 +4,10 @@ cancel passed on, and the client messages relays hold within a byte budget."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -14,9 +18,11 @@ from google.protobuf.internal.encoder import _VarintBytes
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from bertserve.service.grpc.native.transport import NativeTransport
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc as pb_grpc
-from tests.helpers.server import GatedBatches, ServerThread, wait_for
+from tests.helpers.h2_client import H2Connection, grpc_message_head
+from tests.helpers.server import GatedBatches, ServerProcess, ServerThread, wait_for
 
 MODEL = "tiny-embed"
 TEXTS = ["the cat sat", "a longer sentence about dogs and cats and birds", "x"]
@@ -137,3 +143,97 @@ def test_client_messages_held_by_relays_are_bounded(tiny_repo):
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and waited < 10
     assert "max_request_bytes_in_flight" in refused.value.details()
     assert len(answers) == 1 and answers[0].result.embeddings
+
+
+@pytest.mark.parametrize(
+    "header",
+    [("x-upper", "tab\there"), ("x-control", "a\x01b"), ("X-Upper", "value"), ("x-utf8", "caf\u00e9")],
+)
+def test_metadata_grpc_cannot_send_on_is_refused_and_the_server_stays_up(tiny_repo, header):
+    """gRPC's server side takes these headers; its client side aborts the process on them: the relay refuses
+    the call (INVALID_ARGUMENT) before it starts one upstream."""
+    server = ServerProcess(
+        "--model-repo", str(tiny_repo), "--model", MODEL, "--native-port", "0", "--http-port", "-1"
+    ).start()  # fmt: skip
+    try:
+        connection = H2Connection(server.native_port)
+        stream = connection.open("/grpc.health.v1.Health/Watch", extra=[header])
+        connection.send(stream, grpc_message_head(0), wait_s=5)
+        ended = connection.wait_ended(stream, 30)
+        connection.close()
+        with grpc.insecure_channel(f"127.0.0.1:{server.native_port}") as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=30)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            watch.cancel()
+        assert ended and server.process.poll() is None
+    finally:
+        server.kill()
+
+
+# A stand-in for the front's gRPC server (a Unix socket) and a client of the relay, in a process of their
+# own: each of `streams` streams sends one 8 MiB message, gets a reply, then idles (its side still open).
+PEER = """
+import sys, threading
+from concurrent import futures
+import grpc
+socket, streams = sys.argv[1], int(sys.argv[2])
+idle = threading.Event()
+def watch(requests, context):
+    next(requests)
+    yield b"SERVING"
+    idle.wait(60)
+handler = grpc.method_handlers_generic_handler("x.Y", {"Watch": grpc.stream_stream_rpc_method_handler(watch)})
+server = grpc.server(futures.ThreadPoolExecutor(2 * streams), handlers=[handler],
+                     options=[("grpc.max_receive_message_length", 16 << 20)])
+server.add_insecure_port("unix:" + socket)
+server.start()
+print("listening", flush=True)
+target = sys.stdin.readline().strip()
+channel = grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 16 << 20)])
+def requests():
+    yield bytes(8 << 20)
+    idle.wait(60)
+calls = [channel.stream_stream("/x.Y/Watch")(requests(), timeout=60) for _ in range(streams)]
+for call in calls:
+    next(call)
+print("idle", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _rss_mib() -> float:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def test_a_relay_keeps_no_message_once_sent_on(tmp_path):
+    """Six relayed streams that each sent one 8 MiB message and now idle: the relays hold none of it (each
+    kept its last message until the next came: +48 MiB)."""
+    socket = tmp_path / "inner.sock"
+    peer = subprocess.Popen(
+        [sys.executable, "-c", PEER, str(socket), "6"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert peer.stdout.readline().strip() == "listening"
+    mib = 1 << 20
+    transport = NativeTransport(
+        "127.0.0.1:0", ["/x.Y/Unary"], 100, 64 * mib, 16 * mib, 100, 5.0, relay=f"unix:{socket}"
+    )
+    try:
+        before = _rss_mib()
+        peer.stdin.write(f"127.0.0.1:{transport.port}\n")
+        peer.stdin.flush()
+        assert peer.stdout.readline().strip() == "idle"
+        wait_for(lambda: transport.relays == (6, 0))
+        time.sleep(0.5)  # what gRPC frees after the message was written upstream
+        grown = _rss_mib() - before
+    finally:
+        peer.kill()
+        peer.wait()
+        transport.stop(0.0)
+        transport.free()
+    print(f"RSS +{grown:.0f} MiB")
+    assert grown < 24

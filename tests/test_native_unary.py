@@ -207,24 +207,25 @@ def test_calls_the_transport_held_before_a_drain_are_answered(tiny_repo):
     drain is not counted (the main port never counts health checks)."""
     with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, grace_period_s=30) as server:
         native = server.server.native_port
-        with grpc.insecure_channel(f"127.0.0.1:{native}") as channel:
+        model = server.server.core.registry.by_name[MODEL]
+        with grpc.insecure_channel(f"127.0.0.1:{native}") as channel, GatedBatches(model) as gate:
             stub = pb_grpc.InferenceStub(channel)
             stub.Tokenize(pb.TokenizeRequest(model=MODEL, inputs=["warm"]), timeout=30)
             busy = threading.Event()
             server.loop.call_soon_threadsafe(lambda: busy.wait(30))  # the loop takes nothing meanwhile
             tokenize = stub.Tokenize.future(pb.TokenizeRequest(model=MODEL, inputs=["a"]), timeout=30)
             options = pb.EmbedRequest(model=MODEL, inputs=["a"], options=pb.EmbedOptions(tokens=True))
-            embed = stub.Embed.future(options, timeout=30)
+            embed = stub.Embed.future(options, timeout=30)  # held at the gate: the drain waits for it
             wait_for(lambda: server.server.native.transport.held == 2)
-            drained = asyncio.run_coroutine_threadsafe(
-                server.server.drain(), server.loop
-            )  # runs before the take
+            drained = asyncio.run_coroutine_threadsafe(server.server.drain(), server.loop)  # before the take
             busy.set()
             assert len(tokenize.result(30).results) == 1
-            assert embed.result(30).embeddings[0].tokens.count > 0
+            assert gate.computing.wait(30)
             with pytest.raises(grpc.RpcError) as refused:
                 health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            gate.release()
+            assert embed.result(30).embeddings[0].tokens.count > 0
         assert drained.result(60) is True
     assert _sample(server, "Tokenize", "OK") == 2 and _sample(server, "Tokenize", "UNAVAILABLE") == 0
     assert _sample(server, "Check", "UNAVAILABLE") == 0

@@ -43,7 +43,8 @@ def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
         "native_requests": max(settings.max_request_bytes_in_flight + message, NATIVE_QUOTA_MIN)
         + 2 * (settings.max_request_bytes_in_flight + message),
         # its streams, relayed to this process's gRPC server (relay.h): the client messages held (a budget
-        # of max_request_bytes_in_flight), and one reply per stream the client has not read yet
+        # of max_request_bytes_in_flight, in gRPC's buffers: a share of the quota of their own), and one
+        # reply per stream the client has not read yet
         "native_relays": settings.max_request_bytes_in_flight
         + message
         + settings.max_concurrent_streams * message,

@@ -9,7 +9,7 @@ import struct
 import threading
 import time
 
-DATA, HEADERS, SETTINGS, PING, WINDOW_UPDATE = 0, 1, 4, 6, 8
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, WINDOW_UPDATE = 0, 1, 3, 4, 6, 8
 END_STREAM, END_HEADERS, ACK = 1, 4, 1
 INITIAL_WINDOW = 65535
 FRAME_BYTES = 16384
@@ -49,6 +49,7 @@ class H2Connection:
         self._initial = INITIAL_WINDOW
         self._changed = threading.Condition()
         self.closed = False
+        self.ended: set[int] = set()  # streams the server ended (END_STREAM or RST_STREAM)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -69,6 +70,10 @@ class H2Connection:
             self._changed.notify_all()
 
     def _handle(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
+        if kind == RST_STREAM or (kind in (DATA, HEADERS) and flags & END_STREAM):
+            with self._changed:
+                self.ended.add(stream)
+                self._changed.notify_all()
         if kind == SETTINGS and not flags & ACK:
             for i in range(0, len(payload), 6):
                 ident, value = struct.unpack(">HI", payload[i : i + 6])
@@ -91,11 +96,11 @@ class H2Connection:
         with contextlib.suppress(OSError):  # the server closed the connection: the test reads that
             self.sock.sendall(data)
 
-    def open(self, path: str) -> int:
-        """A new gRPC call's stream (headers only)."""
+    def open(self, path: str, extra: list[tuple[str, str]] = ()) -> int:
+        """A new gRPC call's stream (headers only, `extra` after gRPC's own)."""
         stream, self._next = self._next, self._next + 2
         fields = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "127.0.0.1"),
-                  ("content-type", "application/grpc"), ("te", "trailers")]  # fmt: skip
+                  ("content-type", "application/grpc"), ("te", "trailers"), *extra]  # fmt: skip
         with self._changed:
             self._windows[stream] = self._initial
         self._send(frame(HEADERS, END_HEADERS, stream, headers_block(fields)))
@@ -119,6 +124,13 @@ class H2Connection:
             self._send(frame(DATA, 0, stream, data[sent : sent + room]))
             sent += room
         return sent
+
+    def wait_ended(self, stream: int, timeout_s: float) -> bool:
+        """Whether the server ended `stream` within `timeout_s`."""
+        with self._changed:
+            return self._changed.wait_for(lambda: stream in self.ended or self.closed, timeout_s) and (
+                stream in self.ended
+            )
 
     def close(self) -> None:
         self.sock.close()

@@ -18,6 +18,27 @@
 
 namespace relay {
 
+// Why the client's metadata cannot go upstream ("" when it can): gRPC's client side aborts the process on a
+// key or value its server side accepted (upper case, control or non-ASCII bytes).
+inline std::string InvalidMetadata(const grpc::GenericCallbackServerContext* context) {
+  for (const auto& [key, value] : context->client_metadata()) {
+    std::string name(key.data(), key.size());
+    bool binary = name.size() > 4 && name.compare(name.size() - 4, 4, "-bin") == 0;
+    for (char c : name) {
+      if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.')) {
+        return "metadata key " + name.substr(0, 64) + ": not a valid gRPC key on this port";
+      }
+    }
+    for (size_t i = 0; !binary && i < value.size(); ++i) {
+      auto byte = static_cast<unsigned char>(value.data()[i]);
+      if (byte < 0x20 || byte > 0x7e) {
+        return "metadata " + name.substr(0, 64) + ": only printable ASCII on this port (or a -bin key)";
+      }
+    }
+  }
+  return "";
+}
+
 // The client messages all relays hold, against one budget (a lone message always fits).
 class Budget {
  public:
@@ -87,6 +108,7 @@ class Relay : public grpc::ServerGenericBidiReactor {
       }
     }
     if (write) upstream_.StartWrite(&up_);
+    if (!write) up_.Clear();  // a message not sent on (refused, or upstream over) frees its bytes now
     if (refused) client_context_.TryCancel();
     if (close) EndWrites(half_close);
   }
@@ -94,6 +116,7 @@ class Relay : public grpc::ServerGenericBidiReactor {
   // A reply written to the client: read the next one, or stop the reply pump (the client went away).
   void OnWriteDone(bool ok) override {
     bool read = false, release = false;
+    down_.Clear();  // sent: its bytes go now, not when the next reply comes
     {
       std::lock_guard<std::mutex> lock(mutex_);
       replying_ = false;
@@ -111,7 +134,11 @@ class Relay : public grpc::ServerGenericBidiReactor {
 
   void OnCancel() override { client_context_.TryCancel(); }
 
-  void OnDone() override { Release(); }
+  // Always after Finish, which only UpstreamDone calls: the relay is done with both calls.
+  void OnDone() override {
+    on_done_();
+    delete this;
+  }
 
  private:
   class Upstream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
@@ -128,6 +155,7 @@ class Relay : public grpc::ServerGenericBidiReactor {
   // The client's message went upstream (ok) or could not: read the next, or close this side.
   void UpstreamWritten(bool ok) {
     bool read = false, close = false, half_close = false;
+    up_.Clear();  // written upstream (or not): its bytes go with its share of the budget
     {
       std::lock_guard<std::mutex> lock(mutex_);
       budget_->Give(held_);
@@ -167,7 +195,8 @@ class Relay : public grpc::ServerGenericBidiReactor {
     if (release) upstream_.RemoveHold();
   }
 
-  // Upstream is over (both holds gone, every operation done): the client gets its status.
+  // Upstream is over (both holds gone, every operation done): the client gets its status. Finish is the
+  // last use of `this`: OnDone may delete the relay as soon as it is called.
   void UpstreamDone(const grpc::Status& status) {
     for (const auto& [key, value] : client_context_.GetServerTrailingMetadata()) {
       std::string name(key.data(), key.size());
@@ -185,7 +214,6 @@ class Relay : public grpc::ServerGenericBidiReactor {
     } else {
       Finish(status);
     }
-    Release();
   }
 
   // Under the lock: true once when the client-to-server side is over and no write is pending.
@@ -203,12 +231,6 @@ class Relay : public grpc::ServerGenericBidiReactor {
   void EndWrites(bool half_close) {
     if (half_close) upstream_.StartWritesDone();
     upstream_.RemoveHold();
-  }
-  void Release() {
-    if (remaining_.fetch_sub(1) == 1) {
-      on_done_();
-      delete this;
-    }
   }
 
   grpc::GenericCallbackServerContext* context_;
@@ -228,7 +250,6 @@ class Relay : public grpc::ServerGenericBidiReactor {
   bool refused_ = false;   // a message passed the budget
   bool client_closed_ = false;  // the client ended its side (half-close or cancel)
   int64_t held_ = 0;       // bytes of the message being written upstream, taken from the budget
-  std::atomic<int> remaining_{2};  // this reactor's OnDone and upstream's
 };
 
 }  // namespace relay

@@ -134,6 +134,8 @@ class Transport : public grpc::CallbackGenericService {
 
   // A call of another method, relayed (relay.h); refused while draining or when max_open relays are open.
   grpc::ServerGenericBidiReactor* Relayed(grpc::GenericCallbackServerContext* context) {
+    std::string invalid = relay::InvalidMetadata(context);
+    if (!invalid.empty()) return new Refusal(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, invalid));
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (draining_) return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
@@ -485,6 +487,7 @@ void* bsn_start(const char* address, const char* methods, int methods_size, int 
     grpc::ChannelArguments arguments;
     arguments.SetMaxReceiveMessageSize(max_message_bytes);
     arguments.SetMaxSendMessageSize(max_message_bytes);
+    arguments.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // a stream nobody reads holds its 64 KiB window, no more
     stub = std::make_unique<grpc::GenericStub>(
         grpc::CreateCustomChannel(relay, grpc::InsecureChannelCredentials(), arguments));
   }
@@ -506,9 +509,11 @@ void* bsn_start(const char* address, const char* methods, int methods_size, int 
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, std::min(max_open, kMaxStreamsPerConnection));
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port);
   // gRPC's own buffers (requests being received, replies being sent): under pressure it shrinks the
-  // flow-control windows, so clients that send or read slowly cannot make it hold more
+  // flow-control windows, so clients that send or read slowly cannot make it hold more. Relayed messages
+  // wait in these buffers too: they get a share of their own (their budget), so they cannot starve requests.
   grpc::ResourceQuota quota("bertserve-native");
-  quota.Resize(static_cast<size_t>(std::max<int64_t>(max_request_bytes + max_message_bytes, kMinQuotaBytes)));
+  int64_t relayed = relay[0] != '\0' ? max_request_bytes + max_message_bytes : 0;
+  quota.Resize(static_cast<size_t>(std::max<int64_t>(max_request_bytes + max_message_bytes, kMinQuotaBytes) + relayed));
   builder.SetResourceQuota(quota);
   builder.RegisterCallbackGenericService(handle->transport.get());
   handle->server = builder.BuildAndStart();
