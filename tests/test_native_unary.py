@@ -20,6 +20,8 @@ from tests.helpers import triton_client as triton
 from tests.helpers.server import GatedBatches, ServerThread, metric, scrape, wait_for
 
 MODEL = "tiny-embed"
+EMBED = "/bertserve.v1.Inference/Embed"
+CHECK = "/grpc.health.v1.Health/Check"
 TEXTS = ["the cat sat", "a longer sentence about dogs and cats and birds"]
 
 
@@ -203,8 +205,8 @@ def _sample(server, rpc: str, code: str) -> float:
 
 def test_calls_the_transport_held_before_a_drain_are_answered(tiny_repo):
     """Calls read by the transport while the loop was busy, taken once the drain has begun: answered (the
-    main port's handlers refuse only calls that come after the drain); a health Check refused by the
-    drain is not counted (the main port never counts health checks)."""
+    main port's handlers refuse only calls that come after the drain); a new call is refused, a health
+    Check answered NOT_SERVING, as on the main port."""
     with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, grace_period_s=30) as server:
         native = server.server.native_port
         model = server.server.core.registry.by_name[MODEL]
@@ -221,14 +223,57 @@ def test_calls_the_transport_held_before_a_drain_are_answered(tiny_repo):
             busy.set()
             assert len(tokenize.result(30).results) == 1
             assert gate.computing.wait(30)
+            new = pb_grpc.InferenceStub(channel).Tokenize.future(
+                pb.TokenizeRequest(model=MODEL, inputs=["a"])
+            )
             with pytest.raises(grpc.RpcError) as refused:
-                health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
-            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                new.result(10)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # new calls are refused
+            check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert check.status == health_pb2.HealthCheckResponse.NOT_SERVING  # as on the main port
             gate.release()
             assert embed.result(30).embeddings[0].tokens.count > 0
         assert drained.result(60) is True
-    assert _sample(server, "Tokenize", "OK") == 2 and _sample(server, "Tokenize", "UNAVAILABLE") == 0
-    assert _sample(server, "Check", "UNAVAILABLE") == 0
+    assert _sample(server, "Tokenize", "OK") == 2 and _sample(server, "Tokenize", "UNAVAILABLE") == 1
+
+
+def test_health_checks_are_answered_beside_full_limits_and_bounded_alone(tiny_repo):
+    """With max_concurrent_rpcs calls open (their requests never sent), another call is refused and a
+    health Check answered; health checks themselves are at most 64 open (the 65th is refused). Each set on
+    a connection of its own (one connection carries at most max_concurrent_rpcs streams)."""
+    with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, max_concurrent_rpcs=64) as server:
+        address, never = f"127.0.0.1:{server.server.native_port}", threading.Event()
+        transport = server.server.native.transport
+
+        def silent():
+            never.wait(60)
+            yield from ()
+
+        own = [("grpc.use_local_subchannel_pool", 1)]  # a connection per channel
+        with (
+            grpc.insecure_channel(address, own) as calls,
+            grpc.insecure_channel(address, own) as checks,
+            grpc.insecure_channel(address, own) as channel,
+        ):
+            check = health_pb2_grpc.HealthStub(channel).Check
+            try:
+                stalled = [calls.stream_unary(EMBED).future(silent(), timeout=60) for _ in range(64)]
+                wait_for(lambda: transport.open_calls == 64)
+                with pytest.raises(grpc.RpcError) as full:
+                    pb_grpc.InferenceStub(channel).Tokenize(pb.TokenizeRequest(inputs=["a"]), timeout=10)
+                answer = check(health_pb2.HealthCheckRequest(), timeout=10)
+                probes = [checks.stream_unary(CHECK).future(silent(), timeout=60) for _ in range(64)]
+                wait_for(lambda: transport.open_calls == 64 + 64)
+                with pytest.raises(grpc.RpcError) as too_many:
+                    check(health_pb2.HealthCheckRequest(), timeout=10)
+            finally:
+                never.set()
+            for call in stalled + probes:
+                call.cancel()
+    assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    assert too_many.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "64 health checks are open" in too_many.value.details()
 
 
 def test_a_large_call_parsed_off_the_loop_keeps_its_deadline(server):

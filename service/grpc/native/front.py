@@ -27,6 +27,7 @@ from bertserve.service.core.embed_groups import Admitted, EmbedGroups, PlainEmbe
 from bertserve.service.core.lifecycle import Lifecycle
 from bertserve.service.core.results import EmbedResult
 from bertserve.service.grpc import v1_messages as messages
+from bertserve.service.grpc.admission import NEVER_REFUSED
 from bertserve.service.grpc.native.transport import STATUS_CODES, NativeTransport, TakenCall
 from bertserve.service.grpc.native.unary_calls import Aborted, UnaryCall, run
 from bertserve.service.grpc.rpc_status import check_response_size, parse_request, status_message, status_of
@@ -52,7 +53,10 @@ class NativeFront:
     ):
         """`handlers`: the main port's unary handlers by full method name (unary_calls.HandlerTable)."""
         self.core, self.settings, self.lifecycle = core, settings, lifecycle
-        self.methods = [EMBED, *(name for name in handlers if name != EMBED)]
+        others = [name for name in handlers if name != EMBED]
+        # health checks last: the transport answers them beside full limits and while draining
+        self.methods = [EMBED, *sorted(others, key=lambda name: name in NEVER_REFUSED)]
+        self._probes = sum(name in NEVER_REFUSED for name in others)
         self._handlers = [handlers[name] for name in self.methods]
         self._rpcs = [name.rsplit("/", 1)[-1] for name in self.methods]
         self.metrics = core.metrics
@@ -84,7 +88,7 @@ class NativeFront:
             None,
             lambda: NativeTransport(
                 f"{host}:{port}", self.methods, s.max_queue_inputs, s.max_request_bytes_in_flight, s.max_message_bytes,
-                s.concurrent_rpcs_limit(), s.http_read_timeout_s, tls, reuse_port, relay,
+                s.concurrent_rpcs_limit(), s.http_read_timeout_s, tls, reuse_port, relay, self._probes,
             ),
         )  # fmt: skip
         self._loop.add_reader(self.transport.wakeup_fd, self._take)

@@ -12,6 +12,8 @@
 // `max_message_bytes` (gRPC refuses larger ones), each within `read_timeout_s` of the call's start (else
 // DEADLINE_EXCEEDED); once a request is read, at most `max_calls` calls held (queued, with Python or being
 // answered) and `max_request_bytes` of their requests (a lone call always fits), else RESOURCE_EXHAUSTED.
+// Health checks are not counted against max_open or max_calls, nor refused while draining (the health
+// service answers NOT_SERVING then), as on the main port: at most kMaxProbesOpen of them open.
 // A request is kept here until Python takes it and freed with its call. After bsn_drain, new calls get
 // UNAVAILABLE; bsn_stop ends the rest.
 #include <grpcpp/generic/async_generic_service.h>
@@ -73,15 +75,18 @@ class Refusal : public grpc::ServerGenericBidiReactor {
 };
 
 using Steady = std::chrono::steady_clock;
+constexpr int kMaxProbesOpen = 64;  // health checks open at once (their requests arriving or answered)
 using Wall = std::chrono::system_clock;
 constexpr int kCodes = 17;  // gRPC status codes
 
 class Transport : public grpc::CallbackGenericService {
  public:
   // `relay`: the stub of the front's grpc.aio server that other methods are relayed to (null: UNIMPLEMENTED).
-  Transport(std::vector<std::string> methods, int max_calls, int64_t max_request_bytes, int max_open,
+  // `probes`: how many of `methods`, at their end, are health checks (never refused, see kMaxProbesOpen).
+  Transport(std::vector<std::string> methods, int probes, int max_calls, int64_t max_request_bytes, int max_open,
             double read_timeout_s, std::unique_ptr<grpc::GenericStub> relay)
       : methods_(std::move(methods)),
+        first_probe_(static_cast<int>(methods_.size()) - probes),
         relay_(std::move(relay)),
         relay_budget_(max_request_bytes),
         max_calls_(max_calls),
@@ -110,11 +115,17 @@ class Transport : public grpc::CallbackGenericService {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       int method = static_cast<int>(found - methods_.begin());
-      if (draining_) {
+      bool probe = method >= first_probe_;  // answered while draining (NOT_SERVING) and beside full limits
+      if (probe && probes_open_ >= kMaxProbesOpen) {
+        Count(method, grpc::StatusCode::RESOURCE_EXHAUSTED);
+        return new Refusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                        std::to_string(probes_open_) + " health checks are open; retry later"));
+      }
+      if (draining_ && !probe) {
         Count(method, grpc::StatusCode::UNAVAILABLE);
         return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
       }
-      if (static_cast<int>(table_.size()) >= max_open_) {
+      if (!probe && static_cast<int>(table_.size()) - probes_open_ >= max_open_) {
         Count(method, grpc::StatusCode::RESOURCE_EXHAUSTED);
         return new Refusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                         std::to_string(table_.size()) + " calls are open, max_concurrent_rpcs " +
@@ -125,7 +136,9 @@ class Transport : public grpc::CallbackGenericService {
       Held held;
       held.call = call;
       held.method_index = method;
+      held.probe = probe;
       held.created = Steady::now();
+      probes_open_ += probe;
       table_.emplace(id, std::move(held));
     }
     call->Begin();
@@ -160,7 +173,7 @@ class Transport : public grpc::CallbackGenericService {
       auto found = table_.find(id);
       if (found == table_.end()) return "";  // ended while its request was read
       int64_t size = static_cast<int64_t>(request.size());
-      if (admitted_ >= max_calls_) {
+      if (admitted_ >= max_calls_ && !found->second.probe) {
         return std::to_string(admitted_) + " calls are held, max_queue_inputs " + std::to_string(max_calls_) +
                "; retry later";
       }
@@ -199,6 +212,7 @@ class Transport : public grpc::CallbackGenericService {
       }
       call = found->second.call;
       bytes_ -= found->second.bytes;
+      probes_open_ -= found->second.probe;
       admitted_ -= found->second.read ? 1 : 0;
       table_.erase(found);
     }
@@ -287,6 +301,7 @@ class Transport : public grpc::CallbackGenericService {
         if (!entry.second.taken) Count(entry.second.method_index, status.error_code());
       }
       table_.clear();
+      probes_open_ = 0;
       queue_.clear();
       dropped_.clear();
       bytes_ = 0;
@@ -328,6 +343,7 @@ class Transport : public grpc::CallbackGenericService {
     Wall::time_point deadline = Wall::time_point::max();
     bool read = false;    // its request came (it counts against max_calls and the bytes)
     bool taken = false;   // Python took it (Python counts how it ends)
+    bool probe = false;   // a health check (not counted against max_open or max_calls)
     int64_t bytes = 0;    // of its request
     std::string request;  // until Python takes it
   };
@@ -342,6 +358,7 @@ class Transport : public grpc::CallbackGenericService {
       for (auto it = table_.begin(); it != table_.end();) {
         if (!it->second.read && now - it->second.created > read_timeout_) {
           Count(it->second.method_index, grpc::StatusCode::DEADLINE_EXCEEDED);
+          probes_open_ -= it->second.probe;
           late.push_back(it->second.call);
           it = table_.erase(it);
         } else {
@@ -384,6 +401,8 @@ class Transport : public grpc::CallbackGenericService {
   }
 
   std::vector<std::string> methods_;
+  int first_probe_;     // methods from this index on are health checks
+  int probes_open_ = 0;  // health checks not yet ended
   std::unique_ptr<grpc::GenericStub> relay_;
   relay::Budget relay_budget_;
   int relays_ = 0;  // relayed calls not yet done
@@ -466,12 +485,13 @@ void CopyError(const std::string& message, char* error, int size) {
 extern "C" {
 
 // `methods`: NUL-separated full method names ("/package.Service/Method"), `methods_size` bytes in all; a
-// call's method is its index there. PEM strings empty: no TLS; `client_ca` set: clients must present a
+// call's method is its index there; the last `probes` are health checks, answered while draining and
+// beside full limits (at most kMaxProbesOpen open). PEM strings empty: no TLS; `client_ca` set: clients must present a
 // certificate it signed. `reuse_port`: join the bound sockets of the server's other fronts (its supervisor
 // holds the port); else a taken port fails. `relay`: the address of the front's own gRPC server that calls of
 // other methods are relayed to ("": they get UNIMPLEMENTED). Returns NULL with `error` filled when the port
 // cannot be had.
-void* bsn_start(const char* address, const char* methods, int methods_size, int max_calls,
+void* bsn_start(const char* address, const char* methods, int methods_size, int probes, int max_calls,
                 int64_t max_request_bytes, int max_message_bytes, int max_open, double read_timeout_s,
                 int reuse_port, const char* cert, const char* key, const char* client_ca, const char* relay,
                 char* error, int error_size) {
@@ -492,7 +512,7 @@ void* bsn_start(const char* address, const char* methods, int methods_size, int 
         grpc::CreateCustomChannel(relay, grpc::InsecureChannelCredentials(), arguments));
   }
   handle->transport =
-      std::make_unique<Transport>(names, max_calls, max_request_bytes, max_open, read_timeout_s, std::move(stub));
+      std::make_unique<Transport>(names, probes, max_calls, max_request_bytes, max_open, read_timeout_s, std::move(stub));
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (cert[0] != '\0') {
     grpc::SslServerCredentialsOptions options(client_ca[0] != '\0'

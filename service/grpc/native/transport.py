@@ -52,7 +52,18 @@ def library() -> ctypes.CDLL:
         signatures = {
             "bsn_start": (
                 c.c_void_p,
-                [c.c_char_p, c.c_char_p, c.c_int, c.c_int, c.c_int64, c.c_int, c.c_int, c.c_double, c.c_int]
+                [
+                    c.c_char_p,
+                    c.c_char_p,
+                    c.c_int,
+                    c.c_int,
+                    c.c_int,
+                    c.c_int64,
+                    c.c_int,
+                    c.c_int,
+                    c.c_double,
+                    c.c_int,
+                ]
                 + [c.c_char_p] * 4
                 + [c.c_char_p, c.c_int],
             ),
@@ -99,18 +110,21 @@ class NativeTransport:
         tls: tuple[bytes, bytes, bytes] | None = None,
         reuse_port: bool = False,
         relay: str = "",
+        probes: int = 0,
     ):
         """`tls`: (certificate chain, private key, client CA or b"") in PEM; `reuse_port`: share the port
         with the server's other fronts (SO_REUSEPORT; the supervisor holds it); `relay`: the gRPC address
-        that calls of any other method are relayed to (relay.h; "": they get UNIMPLEMENTED). Raises OSError
-        when the port cannot be had, NativeUnavailable when the library cannot be built."""
+        that calls of any other method are relayed to (relay.h; "": they get UNIMPLEMENTED); `probes`: how
+        many of `methods`, at their end, are health checks (never refused by the limits or the drain, at most
+        64 open). Raises OSError when the port cannot be had, NativeUnavailable when the library cannot be
+        built."""
         self._lib = library()
         self._methods = len(methods)
         names = b"".join(m.encode() + b"\0" for m in methods)
         cert, key, ca = tls or (b"", b"", b"")
         error = ctypes.create_string_buffer(_ERROR_BYTES)
         self._handle = self._lib.bsn_start(
-            address.encode(), names, len(names), max_calls, max_request_bytes, max_message_bytes, max_open,
+            address.encode(), names, len(names), probes, max_calls, max_request_bytes, max_message_bytes, max_open,
             read_timeout_s, int(reuse_port),
             cert, key, ca, relay.encode(), error, _ERROR_BYTES,
         )  # fmt: skip
