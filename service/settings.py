@@ -140,6 +140,8 @@ class Settings(BaseSettings):
     http_port: int = Field(8080, ge=-1, le=65535)  # 0 = pick a free port, -1 = no HTTP
     # every method through gRPC's C++ server (service/grpc/native/): unary calls there, streams relayed
     native_port: int = Field(-1, ge=-1, le=65535)  # 0 = pick a free port, -1 = off
+    # What serves `port`: "python" (grpc.aio) or "native" (what serves native_port, which is then off).
+    grpc_transport: Literal["python", "native"] = "python"
     http_max_connections: int = Field(1024, ge=1, le=1_000_000)  # beyond: 503 and closed
     # bytes of HTTP request bodies being read or answered, all connections together; beyond: 503
     http_max_body_bytes_in_flight: int = Field(64 * 1024 * 1024, ge=1024, le=1 << 40)
@@ -198,6 +200,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"http_max_body_bytes_in_flight {self.http_max_body_bytes_in_flight} must be at least "
                 f"max_message_bytes {self.max_message_bytes}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_native(self) -> Settings:
+        if self.grpc_transport == "native" and self.native_port >= 0:
+            raise ValueError(
+                "native_port: with grpc_transport native the main port is native; leave native_port off"
             )
         return self
 

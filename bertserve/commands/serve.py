@@ -46,6 +46,7 @@ SETTING_HELP = {
     "tls_client_ca": "PEM CA certificate: clients must present a certificate it signed (mutual TLS)",
     "log_level": "log level",
     "http_port": "HTTP port: OpenAI-compatible, bertserve JSON and KServe v2 REST (0: pick a free one; -1: no HTTP)",
+    "grpc_transport": "what serves the gRPC port: python (grpc.aio) or native (gRPC's C++ server: unary calls there, streams relayed to grpc.aio; needs native_port off)",
     "native_port": "port of the native gRPC front: every method of the main port through gRPC's C++ server (unary calls in C++, streams relayed), batched with every other call (0: pick a free one; -1: off; with workers > 1 every front serves it)",
     "http_max_connections": "most open HTTP connections, TLS handshakes included; beyond, 503 and closed",
     "http_max_body_bytes_in_flight": "bytes of HTTP request bodies held at once, all connections; beyond, 503",

@@ -49,7 +49,9 @@ def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
         + message
         + settings.max_concurrent_streams * message,
     }
-    if settings.native_port < 0:
+    if settings.grpc_transport == "native":  # grpc.aio serves only the relayed streams: no unary request
+        del terms["grpc_requests"]
+    elif settings.native_port < 0:
         del terms["native_requests"], terms["native_relays"]
     if settings.http_port < 0:
         terms = {name: size for name, size in terms.items() if not name.startswith("http_")}

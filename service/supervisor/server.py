@@ -179,19 +179,12 @@ class InferenceServer:
             ),
             self._server,
         )
-        address = f"{s.host}:{s.port}"
-        credentials = self._credentials()
-        try:
-            if credentials is None:
-                self.port = self._server.add_insecure_port(address)
-            else:
-                self.port = self._server.add_secure_port(address, credentials)
-        except RuntimeError as exc:
-            raise StartupError(f"setting port: cannot listen on {address}: {exc}") from None
-        if self.port == 0:
-            raise StartupError(f"setting port: cannot listen on {address}")
+        native_main = s.grpc_transport == "native"  # then the native transport serves `port`
+        if not native_main:
+            self._listen(s)
         relay = ""
-        if s.native_port >= 0:  # the native port relays streams here, through a socket only this user opens
+        if s.native_port >= 0 or native_main:  # the native transport relays streams here, through a socket
+            # only this user opens
             self._relay_dir = tempfile.mkdtemp(prefix="bertserve-relay-")
             relay = f"unix:{self._relay_dir}/grpc.sock"
             self._server.add_insecure_port(relay)
@@ -215,8 +208,11 @@ class InferenceServer:
                     f"setting http_port: cannot listen on {s.host}:{s.http_port}: {exc}"
                 ) from None
             log.info("serving HTTP on %s://%s:%d/", self.http.scheme, s.host, self.http_port)
-        if s.native_port >= 0:
-            await self._start_native(s, table.unary(NATIVE_SERVICES), relay)
+        if s.native_port >= 0 or native_main:
+            port = ("port", s.port) if native_main else ("native_port", s.native_port)
+            await self._start_native(s, table.unary(NATIVE_SERVICES), relay, *port)
+            if native_main:
+                self.port, self.native_port = self.native_port, None
         if front:
             await self._connect_engine()
         else:
@@ -232,20 +228,33 @@ class InferenceServer:
             "clients can make the server hold at most %s beyond its models", memory_bounds.describe(worst)
         )
 
+    def _listen(self, s: Settings) -> None:
+        """The gRPC server on `port` (grpc_transport python)."""
+        address = f"{s.host}:{s.port}"
+        credentials = self._credentials()
+        try:
+            if credentials is None:
+                self.port = self._server.add_insecure_port(address)
+            else:
+                self.port = self._server.add_secure_port(address, credentials)
+        except RuntimeError as exc:
+            raise StartupError(f"setting port: cannot listen on {address}: {exc}") from None
+        if self.port == 0:
+            raise StartupError(f"setting port: cannot listen on {address}")
+
     async def _start_native(
-        self, s: Settings, handlers: dict[str, grpc.RpcMethodHandler], relay: str
+        self, s: Settings, handlers: dict[str, grpc.RpcMethodHandler], relay: str, setting: str, port: int
     ) -> None:
+        """The native transport on `port` (the setting named `setting`), relaying streams to `relay`."""
         self.native = NativeFront(self.core, s, self.lifecycle, handlers)
         tls = None
         if s.tls_cert is not None:
             ca = s.tls_client_ca.read_bytes() if s.tls_client_ca else b""
             tls = (s.tls_cert.read_bytes(), s.tls_key.read_bytes(), ca)
         try:
-            self.native_port = await self.native.start(
-                s.host, s.native_port, tls, self.front is not None, relay
-            )
+            self.native_port = await self.native.start(s.host, port, tls, self.front is not None, relay)
         except (OSError, NativeUnavailable) as exc:
-            raise StartupError(f"setting native_port: {exc}") from None
+            raise StartupError(f"setting {setting}: {exc}") from None
         log.info("serving %d unary methods (native) on %s:%d", len(handlers), s.host, self.native_port)
 
     async def _connect_engine(self) -> None:
