@@ -119,8 +119,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--front",
         choices=("main", "native"),
         default="main",
-        help="where the gRPC bertserve targets' Embed calls go: main, the gRPC port (grpc.aio), or native, "
-        "the native port (Embed calls through gRPC's C++ server)",
+        help="where the gRPC bertserve targets' Embed calls go: main, the gRPC port (grpc.aio unless "
+        "--server-setting grpc_transport=native), or native, the native port (gRPC's C++ server)",
     )
     parser.add_argument(
         "--server-setting", type=_setting, action="append", default=[], metavar="NAME=VALUE",

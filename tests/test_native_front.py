@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import re
 import threading
 import time
 
@@ -440,7 +439,7 @@ def test_partial_requests_are_held_within_grpcs_quota(tiny_repo):
         "--max-request-bytes-in-flight", str(4 * mib), "--max-message-bytes", str(4 * mib),
     ).start()  # fmt: skip
     try:
-        port = int(re.search(r"\(native\) on [\d.]+:(\d+)", server.output)[1])
+        port = server.native_port
         before = _rss(server.process.pid)
         connection = H2Connection(port)
         body = grpc_message_head(4 * mib) + b"\x00" * (4 * mib - 1)

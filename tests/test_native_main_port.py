@@ -3,6 +3,8 @@ there (unary calls in C++, streams relayed to grpc.aio), with one process and wi
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import grpc
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from bertserve.service.errors import StartupError
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc as pb_grpc
 from tests.helpers import triton_client as triton
-from tests.helpers.server import ServerProcess, ServerThread, wait_for
+from tests.helpers.server import GatedBatches, ServerProcess, ServerThread, wait_for
 from tests.test_server_tls import pki  # noqa: F401 (the certificates fixture)
 from tests.test_workers import assert_each_front_answers_a_share
 
@@ -86,12 +88,29 @@ def test_tls(tiny_repo, pki):  # noqa: F811
 
 
 def test_drain(tiny_repo):
-    with ServerThread(model_repo=tiny_repo, models=[MODEL], grpc_transport="native") as server:
-        port = server.server.port
-        assert server.call(server.server.drain) is True
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel, pytest.raises(grpc.RpcError) as refused:
-            pb_grpc.InferenceStub(channel).Embed(pb.EmbedRequest(inputs=["late"]), timeout=10)
+    """As on grpc.aio: a call in flight is answered, a new one refused, health answers NOT_SERVING."""
+    with ServerThread(
+        model_repo=tiny_repo, models=[MODEL], grpc_transport="native", grace_period_s=30
+    ) as server:
+        model = server.server.core.registry.by_name[MODEL]
+        with (
+            grpc.insecure_channel(f"127.0.0.1:{server.server.port}") as channel,
+            GatedBatches(model) as gate,
+            concurrent.futures.ThreadPoolExecutor(1) as pool,
+        ):
+            stub = pb_grpc.InferenceStub(channel)
+            held = stub.Embed.future(pb.EmbedRequest(inputs=["held"]), timeout=60)
+            assert gate.computing.wait(30)
+            drained = pool.submit(server.call, server.server.drain)
+            wait_for(lambda: not server.server.lifecycle.accepting)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Embed(pb.EmbedRequest(inputs=["late"]), timeout=10)
+            check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            gate.release()
+            assert len(held.result(30).embeddings) == 1
+            assert drained.result(60) is True
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert check.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def test_two_fronts(tiny_repo):

@@ -4,8 +4,6 @@ cancel passed on, and the client messages relays hold within a byte budget."""
 
 from __future__ import annotations
 
-import ctypes
-import os
 import subprocess
 import sys
 import threading
@@ -18,7 +16,6 @@ from google.protobuf.internal.encoder import _VarintBytes
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from bertserve.service.grpc.native.transport import NativeTransport
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc as pb_grpc
 from tests.helpers.h2_client import H2Connection, grpc_message_head
@@ -201,39 +198,49 @@ sys.stdin.readline()
 """
 
 
-def _rss_mib() -> float:
+# The relay's side, in a process of its own too (its RSS is the measure): the native transport relaying to
+# `socket`; prints its port, then, when told, the MiB its RSS grew once 6 relays are open and hold nothing.
+HOST = """
+import ctypes, os, sys, time
+from bertserve.service.grpc.native.transport import NativeTransport
+def rss():
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+mib = 1 << 20
+transport = NativeTransport("127.0.0.1:0", ["/x.Y/Unary"], 100, 64 * mib, 16 * mib, 100, 5.0, relay="unix:" + sys.argv[1])
+before = rss()
+print(transport.port, flush=True)
+sys.stdin.readline()
+until = time.monotonic() + 30
+while transport.relays != (6, 0) and time.monotonic() < until:
+    time.sleep(0.05)
+time.sleep(0.5)  # what gRPC frees after the messages were written upstream
+print(transport.relays, rss() - before, flush=True)
+os._exit(0)
+"""
 
 
 def test_a_relay_keeps_no_message_once_sent_on(tmp_path):
     """Six relayed streams that each sent one 8 MiB message and now idle: the relays hold none of it (each
     kept its last message until the next came: +48 MiB)."""
     socket = tmp_path / "inner.sock"
-    peer = subprocess.Popen(
-        [sys.executable, "-c", PEER, str(socket), "6"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert peer.stdout.readline().strip() == "listening"
-    mib = 1 << 20
-    transport = NativeTransport(
-        "127.0.0.1:0", ["/x.Y/Unary"], 100, 64 * mib, 16 * mib, 100, 5.0, relay=f"unix:{socket}"
-    )
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    peer = subprocess.Popen([sys.executable, "-c", PEER, str(socket), "6"], **pipes)
+    host = None
     try:
-        before = _rss_mib()
-        peer.stdin.write(f"127.0.0.1:{transport.port}\n")
+        assert peer.stdout.readline().strip() == "listening"
+        host = subprocess.Popen([sys.executable, "-c", HOST, str(socket)], **pipes)
+        port = int(host.stdout.readline())
+        peer.stdin.write(f"127.0.0.1:{port}\n")
         peer.stdin.flush()
         assert peer.stdout.readline().strip() == "idle"
-        wait_for(lambda: transport.relays == (6, 0))
-        time.sleep(0.5)  # what gRPC frees after the message was written upstream
-        grown = _rss_mib() - before
+        host.stdin.write("measure\n")
+        host.stdin.flush()
+        relays, grown = host.stdout.readline().rsplit(" ", 1)
     finally:
-        peer.kill()
-        peer.wait()
-        transport.stop(0.0)
-        transport.free()
-    print(f"RSS +{grown:.0f} MiB")
-    assert grown < 24
+        for process in (peer, host):
+            if process is not None:
+                process.kill()
+                process.wait()
+    assert relays == "(6, 0)" and float(grown) < 24, (relays, grown)

@@ -255,7 +255,11 @@ class InferenceServer:
             self.native_port = await self.native.start(s.host, port, tls, self.front is not None, relay)
         except (OSError, NativeUnavailable) as exc:
             raise StartupError(f"setting {setting}: {exc}") from None
-        log.info("serving %d unary methods (native) on %s:%d", len(handlers), s.host, self.native_port)
+        what = "the main port" if setting == "port" else "the native port"
+        log.info(
+            "serving %s with the native transport on %s:%d (%d unary methods; streams relayed)",
+            what, s.host, self.native_port, len(handlers),
+        )  # fmt: skip
 
     async def _connect_engine(self) -> None:
         """Waits for the engine (warm once it answers) and takes its providers as the models'."""

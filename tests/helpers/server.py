@@ -24,7 +24,9 @@ READY_LINE = re.compile(
     r"serving bertserve\.v1\.Inference on [\d.]+:(\d+), metrics on (?:http://[\d.]+:(\d+)/|\(off\))"
 )
 HTTP_LINE = re.compile(r"serving HTTP on https?://[\d.]+:(\d+)/")  # logged just before READY_LINE
-NATIVE_LINE = re.compile(r"serving \d+ unary methods \(native\) on [\d.]+:(\d+)")  # so is this one
+NATIVE_LINE = re.compile(
+    r"serving the native port with the native transport on [\d.]+:(\d+)"
+)  # so is this one
 
 
 class ServerThread:

@@ -12,8 +12,9 @@
 // `max_message_bytes` (gRPC refuses larger ones), each within `read_timeout_s` of the call's start (else
 // DEADLINE_EXCEEDED); once a request is read, at most `max_calls` calls held (queued, with Python or being
 // answered) and `max_request_bytes` of their requests (a lone call always fits), else RESOURCE_EXHAUSTED.
-// Health checks are not counted against max_open or max_calls, nor refused while draining (the health
-// service answers NOT_SERVING then), as on the main port: at most kMaxProbesOpen of them open.
+// Health checks are not counted against max_open, max_calls or the request bytes, nor refused while
+// draining (the health service answers NOT_SERVING then), as on the main port: at most kMaxProbesOpen of
+// them open, each request at most kMaxProbeBytes.
 // A request is kept here until Python takes it and freed with its call. After bsn_drain, new calls get
 // UNAVAILABLE; bsn_stop ends the rest.
 #include <grpcpp/generic/async_generic_service.h>
@@ -76,6 +77,7 @@ class Refusal : public grpc::ServerGenericBidiReactor {
 
 using Steady = std::chrono::steady_clock;
 constexpr int kMaxProbesOpen = 64;  // health checks open at once (their requests arriving or answered)
+constexpr int64_t kMaxProbeBytes = 4096;  // a health check's request (a service name); beyond: refused
 using Wall = std::chrono::system_clock;
 constexpr int kCodes = 17;  // gRPC status codes
 
@@ -128,7 +130,8 @@ class Transport : public grpc::CallbackGenericService {
       if (!probe && static_cast<int>(table_.size()) - probes_open_ >= max_open_) {
         Count(method, grpc::StatusCode::RESOURCE_EXHAUSTED);
         return new Refusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                        std::to_string(table_.size()) + " calls are open, max_concurrent_rpcs " +
+                                        std::to_string(table_.size() - probes_open_) +
+                                            " calls are open, max_concurrent_rpcs " +
                                             std::to_string(max_open_) + "; retry later"));
       }
       uint64_t id = ++last_id_;
@@ -173,21 +176,24 @@ class Transport : public grpc::CallbackGenericService {
       auto found = table_.find(id);
       if (found == table_.end()) return "";  // ended while its request was read
       int64_t size = static_cast<int64_t>(request.size());
-      if (admitted_ >= max_calls_ && !found->second.probe) {
+      Held& held = found->second;
+      if (held.probe && size > kMaxProbeBytes) {
+        return "a health check of " + std::to_string(size) + " bytes; at most " + std::to_string(kMaxProbeBytes);
+      }
+      if (!held.probe && admitted_ >= max_calls_) {
         return std::to_string(admitted_) + " calls are held, max_queue_inputs " + std::to_string(max_calls_) +
                "; retry later";
       }
-      if (bytes_ > 0 && bytes_ + size > max_request_bytes_) {
+      if (!held.probe && bytes_ > 0 && bytes_ + size > max_request_bytes_) {
         return std::to_string(bytes_) + " bytes of requests are held, max_request_bytes_in_flight " +
                std::to_string(max_request_bytes_) + "; retry later";
       }
-      Held& held = found->second;
       held.read = true;
-      held.bytes = size;
+      held.bytes = held.probe ? 0 : size;  // probes: within kMaxProbesOpen x kMaxProbeBytes, not the budget
       held.deadline = deadline;
       held.request = std::move(request);
-      bytes_ += size;
-      ++admitted_;
+      bytes_ += held.bytes;
+      admitted_ += !held.probe;
       queue_.push_back(id);
       tell = ShouldTell();
     }
@@ -213,7 +219,7 @@ class Transport : public grpc::CallbackGenericService {
       call = found->second.call;
       bytes_ -= found->second.bytes;
       probes_open_ -= found->second.probe;
-      admitted_ -= found->second.read ? 1 : 0;
+      admitted_ -= found->second.read && !found->second.probe;
       table_.erase(found);
     }
     if (tell) Tell();
@@ -315,9 +321,10 @@ class Transport : public grpc::CallbackGenericService {
     return admitted_;
   }
 
+  // Calls not yet ended but health checks (which a client could keep coming during a drain).
   int open() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return static_cast<int>(table_.size());
+    return static_cast<int>(table_.size()) - probes_open_;
   }
 
   // Relayed calls not yet done, and the bytes of client messages they hold.
@@ -580,7 +587,7 @@ int bsn_fail(void* handle, uint64_t id, int code, const char* message) {
 
 int bsn_held(void* handle) { return static_cast<Handle*>(handle)->transport->held(); }
 
-// Calls not yet ended, their request read or still arriving.
+// Calls not yet ended, their request read or still arriving; health checks aside.
 int bsn_open(void* handle) { return static_cast<Handle*>(handle)->transport->open(); }
 
 // Relayed calls not yet done and the bytes of client messages they hold, into out[0] and out[1].

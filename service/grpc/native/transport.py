@@ -184,7 +184,7 @@ class NativeTransport:
 
     @property
     def open_calls(self) -> int:
-        """Calls not yet ended: held, or their request still arriving."""
+        """Calls not yet ended (held, or their request still arriving), health checks aside."""
         return self._lib.bsn_open(self._handle)
 
     def counts(self) -> list[list[int]]:
