@@ -1,6 +1,6 @@
-"""The main port's methods on a port of their own (setting `native_port`), through the native
-transport: gRPC's C++ server holds the calls, the event loop takes them in groups when the transport's
-eventfd says some wait.
+"""The main port's methods through the native transport, on a port of their own (setting `native_port`) or
+on the main port itself (`grpc_transport native`): gRPC's C++ server holds the calls, the event loop takes
+them in groups when the transport's eventfd says some wait.
 
 Plain `Embed` calls (inputs, model, normalize, truncate) take the group path: the core checks each call and
 takes room for its inputs in the encoder's queue before tokenizing a group's texts at once
@@ -8,9 +8,10 @@ takes room for its inputs in the encoder's queue before tokenizing a group's tex
 the rest is per group. Every other unary call (Embed with `options` or `token_ids`, the other bertserve.v1
 methods, KServe v2, health Check) is answered one by one by the main port's own handler
 (service/grpc/native/unary_calls.py). Streams (EmbedStream, health Watch, reflection) never reach Python
-here: the transport relays them to this front's grpc.aio server (relay.h). All share queues, batches and bounds with the main port. A call that ends in C++ after it was taken (its
-client left, its deadline passed) is reported back with the status it ended with: its queued inputs are
-cancelled and it is counted as its client saw it."""
+here: the transport relays them to this front's grpc.aio server (relay.h). All share queues, batches and
+bounds with grpc.aio's calls. A call that ends in C++ after it was taken (its client left, its deadline
+passed) is reported back with the status it ended with: its queued inputs are cancelled and it is counted
+as its client saw it."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from bertserve.service.core.results import EmbedResult
 from bertserve.service.grpc import v1_messages as messages
 from bertserve.service.grpc.admission import NEVER_REFUSED
 from bertserve.service.grpc.native.transport import STATUS_CODES, NativeTransport, TakenCall
-from bertserve.service.grpc.native.unary_calls import Aborted, UnaryCall, run
+from bertserve.service.grpc.native.unary_calls import UnaryCall, answer, run
 from bertserve.service.grpc.rpc_status import check_response_size, parse_request, status_message, status_of
 from bertserve.service.settings import Settings
 from bertserve.v1 import inference_pb2 as pb
@@ -258,34 +259,15 @@ class NativeFront:
     def _unary_done(self, unary: UnaryCall, task: asyncio.Task | None) -> None:
         """The handler's reply or status handed to the transport (the handler counted the call, unless it
         never started); the call leaves the lifecycle. Never raises."""
-        call = unary.id
         self._pending.discard(task)
-        self._live.pop(call, None)
-        internal = grpc.StatusCode.INTERNAL.value[0]
+        self._live.pop(unary.id, None)
         try:
-            if task is None or task.cancelled():  # its client left, or the server is stopping
-                ended = self._ended.get(call)
-                # a started handler counted the cancel as CANCELLED: the client sees that; else UNAVAILABLE
-                stopped = grpc.StatusCode.CANCELLED if unary.started else grpc.StatusCode.UNAVAILABLE
-                if not unary.started and unary.rpc not in UNCOUNTED:
-                    self.metrics.requests.labels(unary.rpc, (ended or stopped).name).inc()
-                if ended is None and self.transport is not None:
-                    self.transport.fail(call, stopped.value[0], "the server is stopping")
-            elif self.transport is not None:
-                exc = task.exception()
-                if exc is None:
-                    self.transport.reply(call, task.result())
-                elif isinstance(exc, Aborted):
-                    self.transport.fail(call, exc.code.value[0], status_message(exc.details))
-                else:
-                    log.error("native %s failed: %r", unary.rpc, exc)
-                    self.transport.fail(call, internal, f"internal error: {type(exc).__name__}")
-        except Exception as exc:  # the call is still ended, so its client never waits for its deadline
-            log.error("native %s: answering failed: %r", unary.rpc, exc)
-            with contextlib.suppress(Exception):
-                self.transport.fail(call, internal, f"internal error: {type(exc).__name__}")
+            if self.transport is not None:
+                ended = answer(self.transport, unary, task, self._ended.get(unary.id))
+                if ended is not None and unary.rpc not in UNCOUNTED:  # its handler never counted it
+                    self.metrics.requests.labels(unary.rpc, ended.name).inc()
         finally:
-            self._ended.pop(call, None)
+            self._ended.pop(unary.id, None)
             self.lifecycle.leave()
 
     def _submit(

@@ -7,12 +7,19 @@ context they use: the deadline and `abort`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
+
+from bertserve.service.grpc.rpc_status import status_message
+
+log = logging.getLogger(__name__)
+INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 
 
 @dataclass(frozen=True)
@@ -105,3 +112,29 @@ def run(call: UnaryCall, on_done: Callable[[UnaryCall, asyncio.Task], None]) -> 
     task = asyncio.ensure_future(answer())
     task.add_done_callback(lambda done: on_done(call, done))
     return task
+
+
+def answer(transport, call: UnaryCall, task: asyncio.Task | None, ended: grpc.StatusCode | None):
+    """Hands the call's reply or status to `transport` (`task`: its handler's, None when it never ran;
+    `ended`: how the transport ended it, if it did). Returns the status to count for a call whose handler
+    never started (it counts the others), else None. Never raises: a failure still ends the call."""
+    try:
+        if task is None or task.cancelled():  # its client left, or the server is stopping
+            # a started handler counted the cancel as CANCELLED: the client sees that; else UNAVAILABLE
+            stopped = grpc.StatusCode.CANCELLED if call.started else grpc.StatusCode.UNAVAILABLE
+            if ended is None:
+                transport.fail(call.id, stopped.value[0], "the server is stopping")
+            return None if call.started else ended or stopped
+        failure = task.exception()
+        if failure is None:
+            transport.reply(call.id, task.result())
+        elif isinstance(failure, Aborted):
+            transport.fail(call.id, failure.code.value[0], status_message(failure.details))
+        else:
+            log.error("native %s failed: %r", call.rpc, failure)
+            transport.fail(call.id, INTERNAL, f"internal error: {type(failure).__name__}")
+    except Exception as exc:  # the call is still ended, so its client never waits for its deadline
+        log.error("native %s: answering failed: %r", call.rpc, exc)
+        with contextlib.suppress(Exception):
+            transport.fail(call.id, INTERNAL, f"internal error: {type(exc).__name__}")
+    return None
