@@ -18,11 +18,18 @@
 
 namespace relay {
 
+// Whether a client's metadata key goes upstream: not gRPC's own or the transport's.
+inline bool Forwarded(const std::string& name) {
+  return !name.empty() && name[0] != ':' && name.rfind("grpc-", 0) != 0 && name != "user-agent" && name != "te" &&
+         name != "content-type";
+}
+
 // Why the client's metadata cannot go upstream ("" when it can): gRPC's client side aborts the process on a
 // key or value its server side accepted (upper case, control or non-ASCII bytes).
 inline std::string InvalidMetadata(const grpc::GenericCallbackServerContext* context) {
   for (const auto& [key, value] : context->client_metadata()) {
     std::string name(key.data(), key.size());
+    if (!Forwarded(name)) continue;
     bool binary = name.size() > 4 && name.compare(name.size() - 4, 4, "-bin") == 0;
     for (char c : name) {
       if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.')) {
@@ -72,11 +79,7 @@ class Relay : public grpc::ServerGenericBidiReactor {
       : context_(context), budget_(budget), on_done_(std::move(on_done)), method_(context->method()), upstream_(this) {
     for (const auto& [key, value] : context->client_metadata()) {
       std::string name(key.data(), key.size());
-      if (name.empty() || name[0] == ':' || name.rfind("grpc-", 0) == 0 || name == "user-agent" || name == "te" ||
-          name == "content-type") {
-        continue;
-      }
-      client_context_.AddMetadata(name, std::string(value.data(), value.size()));
+      if (Forwarded(name)) client_context_.AddMetadata(name, std::string(value.data(), value.size()));
     }
     client_context_.set_deadline(context->deadline());
     stub->PrepareBidiStreamingCall(&client_context_, method_, grpc::StubOptions(), &upstream_);
