@@ -108,7 +108,7 @@ class InferenceServer:
         self.metrics_port: int | None = None
         self.http: HttpFront | None = None  # HTTP beside gRPC (service/http/), through the same core
         self.http_port: int | None = None
-        # the unary methods through gRPC's C++ server (service/grpc/native/), with a native_port
+        # the native transport (service/grpc/native/): on native_port, or on port (grpc_transport native)
         self.native: NativeFront | None = None
         self.native_port: int | None = None
         self._relay_dir: str | None = None  # the native port's relay socket to the gRPC server
@@ -187,7 +187,8 @@ class InferenceServer:
             # only this user opens
             self._relay_dir = tempfile.mkdtemp(prefix="bertserve-relay-")
             relay = f"unix:{self._relay_dir}/grpc.sock"
-            self._server.add_insecure_port(relay)
+            if self._server.add_insecure_port(relay) == 0:
+                raise StartupError(f"cannot listen on {relay} for the native transport's streams")
         await self._server.start()
         await self.core.start()
         if s.metrics_port >= 0:
