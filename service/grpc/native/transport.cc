@@ -493,11 +493,11 @@ extern "C" {
 
 // `methods`: NUL-separated full method names ("/package.Service/Method"), `methods_size` bytes in all; a
 // call's method is its index there; the last `probes` are health checks, answered while draining and
-// beside full limits (at most kMaxProbesOpen open). PEM strings empty: no TLS; `client_ca` set: clients must present a
-// certificate it signed. `reuse_port`: join the bound sockets of the server's other fronts (its supervisor
-// holds the port); else a taken port fails. `relay`: the address of the front's own gRPC server that calls of
-// other methods are relayed to ("": they get UNIMPLEMENTED). Returns NULL with `error` filled when the port
-// cannot be had.
+// beside full limits (at most kMaxProbesOpen open). PEM strings empty: no TLS; `client_ca` set: clients
+// must present a certificate it signed. `reuse_port`: join the bound sockets of the server's other fronts
+// (its supervisor holds the port); else a taken port fails. `relay`: the address of the front's own gRPC
+// server that calls of other methods are relayed to ("": they get UNIMPLEMENTED). Returns NULL with
+// `error` filled when the port cannot be had.
 void* bsn_start(const char* address, const char* methods, int methods_size, int probes, int max_calls,
                 int64_t max_request_bytes, int max_message_bytes, int max_open, double read_timeout_s,
                 int reuse_port, const char* cert, const char* key, const char* client_ca, const char* relay,
@@ -518,8 +518,8 @@ void* bsn_start(const char* address, const char* methods, int methods_size, int 
     stub = std::make_unique<grpc::GenericStub>(
         grpc::CreateCustomChannel(relay, grpc::InsecureChannelCredentials(), arguments));
   }
-  handle->transport =
-      std::make_unique<Transport>(names, probes, max_calls, max_request_bytes, max_open, read_timeout_s, std::move(stub));
+  handle->transport = std::make_unique<Transport>(names, probes, max_calls, max_request_bytes, max_open,
+                                                  read_timeout_s, std::move(stub));
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (cert[0] != '\0') {
     grpc::SslServerCredentialsOptions options(client_ca[0] != '\0'
