@@ -284,23 +284,16 @@ def test_gpu_overlay_asks_for_a_gpu_and_the_cuda_image():
     assert "nvidia.com/gpu" not in _container(base)["resources"]["limits"]
 
 
-def test_gpu_overlay_serves_the_native_port_through_both_services():
-    """The GPU overlay turns the native port on (its fronts feed the GPU at less CPU per call) on the port
-    the container declares, and both Services carry it to that port."""
+def test_gpu_overlay_serves_its_grpc_port_with_the_native_transport():
+    """The GPU overlay serves 50051 with the native transport (its fronts feed the GPU at less CPU per
+    call), with no second port; the base keeps grpc.aio."""
     documents = render_kustomize(KUSTOMIZE_DIRS["gpu"])
     env = _settings_env(documents)
+    assert env["BERTSERVE_GRPC_TRANSPORT"] == "native" and "BERTSERVE_NATIVE_PORT" not in env
     ports = {p["name"]: p["containerPort"] for p in _container(documents)["ports"]}
-    assert ports["grpc-native"] == int(env["BERTSERVE_NATIVE_PORT"]) and ports["grpc"] == 50051
-    services = [d for d in documents if d["kind"] == "Service"]
-    assert len(services) == 2
-    for service in services:
-        native = [p for p in service["spec"]["ports"] if p["name"] == "grpc-native"]
-        assert native == [
-            {"name": "grpc-native", "port": 50052, "targetPort": "grpc-native", "protocol": "TCP",
-             "appProtocol": "kubernetes.io/h2c"}
-        ]  # fmt: skip
+    assert ports["grpc"] == 50051 and "grpc-native" not in ports
     base = render_kustomize(KUSTOMIZE_DIRS["base"])
-    assert "BERTSERVE_NATIVE_PORT" not in _settings_env(base)  # off by default
+    assert "BERTSERVE_GRPC_TRANSPORT" not in _settings_env(base)  # grpc.aio by default
 
 
 def test_gpu_bench_uses_the_gpu_overlays_batch_settings():
