@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bertserve.client import Client
+from bertserve.service import memory
 from bertserve.service.errors import StartupError
 from bertserve.v1 import inference_pb2 as pb
 from tests.helpers.h2_client import H2Connection, grpc_message_head
@@ -561,3 +562,16 @@ def test_a_group_tokenizes_up_to_its_budget_on_the_loop_and_the_rest_on_the_pool
         loop_free.set()
     assert where[0] == ("test-server", 2)  # the loop's thread
     assert where[1][0] != "test-server" and where[1][1] == 1
+
+
+def test_the_heap_goes_back_once_no_native_call_is_in_flight(tiny_repo, monkeypatch):
+    """As after grpc.aio's calls: once the last call ends and none begins for IDLE_RELEASE_S, the heap's
+    free pages are handed back (what large requests freed would otherwise stay in the RSS)."""
+    released = []
+    monkeypatch.setattr(memory, "release_free_memory", lambda: released.append(time.monotonic()))
+    with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, http_port=-1) as server:
+        before = len(released)
+        for _ in range(3):
+            _embed(server.server.native_port, pb.EmbedRequest(inputs=["x" * 400]))
+        _code(server.server.native_port, pb.EmbedRequest(inputs=["a"], options=pb.EmbedOptions(tokens=True)))
+        wait_for(lambda: len(released) > before)

@@ -19,12 +19,11 @@ message the server is reading.
 
 When the last call in flight (unary or streamed requests; health Watch streams aside) finishes and none
 starts for IDLE_RELEASE_S, the heap's free pages are handed back to the kernel
-(`memory.release_free_memory`): glibc keeps what large requests freed, so RSS would stay at its peak.
+(`memory.IdleRelease`): glibc keeps what large requests freed, so RSS would stay at its peak.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -32,14 +31,13 @@ import logging
 import grpc
 
 from bertserve.service.grpc.request_reads import RequestReads, around, as_streamed
-from bertserve.service.memory import release_free_memory
+from bertserve.service.memory import IdleRelease
 from bertserve.service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 # Calls gRPC's core may hold before the server takes them (each is then admitted or refused).
 PENDING_CALLS = 1 << 16
-IDLE_RELEASE_S = 0.5
 NEVER_REFUSED = frozenset({"/grpc.health.v1.Health/Check"})
 
 
@@ -69,9 +67,7 @@ class Admission(grpc.aio.ServerInterceptor):
         self.in_flight = 0  # every admitted call, streams included
         self.streams = 0  # admitted calls whose requests are streamed (client-streaming, bidirectional)
         self.request_bytes = 0  # serialized size of the request messages held by admitted unary calls
-        self._releasing_in_flight = 0
-        self._started = 0  # such calls admitted so far: the idle release runs once per quiet spell
-        self._released_at = 0
+        self._idle = IdleRelease()  # calls in flight but Watch streams: the heap goes back when none is
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
@@ -146,8 +142,7 @@ class Admission(grpc.aio.ServerInterceptor):
         self.in_flight += 1
         self.streams += stream
         if releasing:
-            self._releasing_in_flight += 1
-            self._started += 1
+            self._idle.begin()
 
     async def _hold(self, context, rpc: str, request) -> int:
         """Holds the request's bytes (returned), or refuses the call past max_request_bytes_in_flight."""
@@ -167,14 +162,7 @@ class Admission(grpc.aio.ServerInterceptor):
         self.in_flight -= 1
         self.streams -= stream
         if releasing:
-            self._releasing_in_flight -= 1
-            if self._releasing_in_flight == 0:
-                asyncio.get_running_loop().call_later(IDLE_RELEASE_S, self._release_if_idle, self._started)
-
-    def _release_if_idle(self, started: int) -> None:
-        if self._releasing_in_flight == 0 and self._started == started and self._released_at != started:
-            self._released_at = started
-            asyncio.get_running_loop().run_in_executor(None, release_free_memory)
+            self._idle.end()
 
 
 def _message_size(request) -> int:

@@ -32,6 +32,7 @@ from bertserve.service.grpc.admission import NEVER_REFUSED
 from bertserve.service.grpc.native.transport import STATUS_CODES, NativeTransport, TakenCall
 from bertserve.service.grpc.native.unary_calls import UnaryCall, answer, run
 from bertserve.service.grpc.rpc_status import check_response_size, parse_request, status_message, status_of
+from bertserve.service.memory import IdleRelease
 from bertserve.service.settings import Settings
 from bertserve.v1 import inference_pb2 as pb
 
@@ -71,6 +72,7 @@ class NativeFront:
         self._live: dict[int, list[asyncio.Future] | None] = {}
         self._ended: dict[int, grpc.StatusCode] = {}  # live calls the transport ended: how
         self._stopping = False  # no call is taken once stop has begun
+        self._idle = IdleRelease()  # the heap's free pages go back once no call is in flight
 
     async def start(
         self,
@@ -126,7 +128,8 @@ class NativeFront:
             return
         started = time.perf_counter()
         for call in calls:
-            self.lifecycle.enter()  # left in `_answer`
+            self.lifecycle.enter()  # left in `_answer` (or `_unary_done`)
+            self._idle.begin()
             self._live[call.id] = None  # before the drops are read: one of these may be among them
         self._read_drops()
         for call in calls:
@@ -269,6 +272,7 @@ class NativeFront:
         finally:
             self._ended.pop(unary.id, None)
             self.lifecycle.leave()
+            self._idle.end()
 
     def _submit(
         self,
@@ -321,6 +325,7 @@ class NativeFront:
         finally:
             self._ended.pop(call, None)
             self.lifecycle.leave()
+            self._idle.end()
 
     def _fail(self, call: int, exc: errors.ServiceError, started: float) -> None:
         code = status_of(exc)
