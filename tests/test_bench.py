@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -164,7 +165,10 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     for kind in ("single", "bulk"):
         row, phase = profile[kind], per_call[kind]
         assert row["inputs_per_s"] == phase["inputs_per_s"]
-        assert 0 <= row["loop_cpu_ms_per_input"] <= row["server_cpu_ms_per_input"], kind
+        # each figure is counted in clock ticks, and the kernel rounds a thread's and its process's apart:
+        # in a phase of a tick or two (the bulk phase's 2 calls) the loop may read one tick above the whole
+        tick_ms_per_input = 1e3 / os.sysconf("SC_CLK_TCK") / phase["inputs"]
+        assert 0 <= row["loop_cpu_ms_per_input"] <= row["server_cpu_ms_per_input"] + tick_ms_per_input, kind
         padded_us = 1e6 * phase["server"]["inference_busy_fraction"] * phase["seconds"]
         assert math.isclose(
             row["inference_us_per_padded_token"],
