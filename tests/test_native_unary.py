@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc as pb_grpc
 from tests.helpers import triton_client as triton
-from tests.helpers.server import GatedBatches, ServerThread, metric, scrape, wait_for
+from tests.helpers.server import GatedBatches, ServerThread, wait_for
 
 MODEL = "tiny-embed"
 EMBED = "/bertserve.v1.Inference/Embed"
@@ -127,13 +127,17 @@ def test_health_check(server):
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def _counted(server, rpc: str, code: str) -> float:
-    return metric(scrape(server.metrics_url), "bertserve_requests_total", rpc=rpc, code=code)
+def _sample(server, rpc: str, code: str) -> float:
+    """bertserve_requests_total read in process (the server may have stopped serving /metrics)."""
+    value = server.server.metrics.registry.get_sample_value(
+        "bertserve_requests_total", {"rpc": rpc, "code": code}
+    )
+    return value or 0.0
 
 
 def test_calls_are_counted_once_by_method(server):
     wait_for(lambda: server.server.lifecycle.in_flight == 0)
-    before = {code: _counted(server, "Tokenize", code) for code in ("OK", "NOT_FOUND")}
+    before = {code: _sample(server, "Tokenize", code) for code in ("OK", "NOT_FOUND")}
     with grpc.insecure_channel(f"127.0.0.1:{server.server.native_port}") as channel:
         stub = pb_grpc.InferenceStub(channel)
         for _ in range(3):
@@ -141,8 +145,8 @@ def test_calls_are_counted_once_by_method(server):
         with pytest.raises(grpc.RpcError):
             stub.Tokenize(pb.TokenizeRequest(model="no-such-model", inputs=["a"]), timeout=10)
     wait_for(lambda: server.server.lifecycle.in_flight == 0)
-    assert _counted(server, "Tokenize", "OK") == before["OK"] + 3
-    assert _counted(server, "Tokenize", "NOT_FOUND") == before["NOT_FOUND"] + 1
+    assert _sample(server, "Tokenize", "OK") == before["OK"] + 3
+    assert _sample(server, "Tokenize", "NOT_FOUND") == before["NOT_FOUND"] + 1
 
 
 def _embed_with_options(port: int, timeout: float | None = None):
@@ -157,7 +161,7 @@ def test_a_call_past_its_deadline_ends_and_the_server_goes_on(server):
     native = server.server.native_port
     model = server.server.core.registry.by_name[MODEL]
     wait_for(lambda: server.server.lifecycle.in_flight == 0)
-    expired = _counted(server, "Embed", "DEADLINE_EXCEEDED")
+    expired = _sample(server, "Embed", "DEADLINE_EXCEEDED")
     with GatedBatches(model) as gate:
         call, channel = _embed_with_options(native, timeout=1.0)
         assert gate.computing.wait(30)
@@ -167,7 +171,7 @@ def test_a_call_past_its_deadline_ends_and_the_server_goes_on(server):
         channel.close()
     assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_for(lambda: server.server.lifecycle.in_flight == 0, timeout=30)
-    assert _counted(server, "Embed", "DEADLINE_EXCEEDED") == expired + 1
+    assert _sample(server, "Embed", "DEADLINE_EXCEEDED") == expired + 1
     assert _both(server, "Tokenize", pb.TokenizeRequest(model=MODEL, inputs=["a"]))[1].results
 
 
@@ -188,19 +192,11 @@ def test_drain_answers_held_calls_and_refuses_new_ones_counted_by_method(tiny_re
                     pb.TokenizeRequest(model=MODEL, inputs=["a"]), timeout=10
                 )
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-            wait_for(lambda: _counted(server, "Tokenize", "UNAVAILABLE") == 1)  # the transport's, by method
+            wait_for(lambda: _sample(server, "Tokenize", "UNAVAILABLE") == 1)  # the transport's, by method
             gate.release()
             assert held.result(30).embeddings[0].tokens.count > 0
             channel.close()
             assert drained.result(60) is True
-
-
-def _sample(server, rpc: str, code: str) -> float:
-    """bertserve_requests_total read in process (the server may have stopped serving /metrics)."""
-    value = server.server.metrics.registry.get_sample_value(
-        "bertserve_requests_total", {"rpc": rpc, "code": code}
-    )
-    return value or 0.0
 
 
 def test_calls_the_transport_held_before_a_drain_are_answered(tiny_repo):

@@ -210,10 +210,12 @@ class InferenceServer:
                 ) from None
             log.info("serving HTTP on %s://%s:%d/", self.http.scheme, s.host, self.http_port)
         if s.native_port >= 0 or native_main:
-            port = ("port", s.port) if native_main else ("native_port", s.native_port)
-            await self._start_native(s, table.unary(NATIVE_SERVICES), relay, *port)
+            setting = "port" if native_main else "native_port"
+            bound = await self._start_native(s, table.unary(NATIVE_SERVICES), relay, setting)
             if native_main:
-                self.port, self.native_port = self.native_port, None
+                self.port = bound
+            else:
+                self.native_port = bound
         if front:
             await self._connect_engine()
         else:
@@ -244,23 +246,24 @@ class InferenceServer:
             raise StartupError(f"setting port: cannot listen on {address}")
 
     async def _start_native(
-        self, s: Settings, handlers: dict[str, grpc.RpcMethodHandler], relay: str, setting: str, port: int
-    ) -> None:
-        """The native transport on `port` (the setting named `setting`), relaying streams to `relay`."""
+        self, s: Settings, handlers: dict[str, grpc.RpcMethodHandler], relay: str, setting: str
+    ) -> int:
+        """The native transport on the port of `setting`, relaying streams to `relay`; returns the port."""
         self.native = NativeFront(self.core, s, self.lifecycle, handlers)
         tls = None
         if s.tls_cert is not None:
             ca = s.tls_client_ca.read_bytes() if s.tls_client_ca else b""
             tls = (s.tls_cert.read_bytes(), s.tls_key.read_bytes(), ca)
         try:
-            self.native_port = await self.native.start(s.host, port, tls, self.front is not None, relay)
+            port = await self.native.start(s.host, getattr(s, setting), tls, self.front is not None, relay)
         except (OSError, NativeUnavailable) as exc:
             raise StartupError(f"setting {setting}: {exc}") from None
         what = "the main port" if setting == "port" else "the native port"
         log.info(
             "serving %s with the native transport on %s:%d (%d unary methods; streams relayed)",
-            what, s.host, self.native_port, len(handlers),
+            what, s.host, port, len(handlers),
         )  # fmt: skip
+        return port
 
     async def _connect_engine(self) -> None:
         """Waits for the engine (warm once it answers) and takes its providers as the models'."""

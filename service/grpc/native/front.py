@@ -43,7 +43,6 @@ DRAIN_POLL_S = 0.01  # while draining: how often the calls still held are counte
 INLINE_PARSE_BYTES = 64 * 1024  # larger requests are parsed on the CPU pool, not the event loop
 COUNT_EVERY_S = 1.0  # how often the transport's own refusals reach the metrics
 CODES = {code.value[0]: code for code in grpc.StatusCode}
-UNCOUNTED = frozenset({"Check"})  # health checks: the main port does not count them either
 # A group's calls are tokenized on the loop up to this many characters in all (a bounded hold of the loop,
 # cheaper than the hop to the CPU pool); the rest of the group goes to the pool in one hop.
 INLINE_GROUP_CHARS = 2048
@@ -61,6 +60,8 @@ class NativeFront:
         self._probes = sum(name in NEVER_REFUSED for name in others)
         self._handlers = [handlers[name] for name in self.methods]
         self._rpcs = [name.rsplit("/", 1)[-1] for name in self.methods]
+        # health checks go uncounted, as on the main port
+        self._uncounted = frozenset(self._rpcs[len(self.methods) - self._probes :])
         self.metrics = core.metrics
         self.groups = EmbedGroups(core)
         self.transport: NativeTransport | None = None
@@ -109,7 +110,7 @@ class NativeFront:
         counts = self.transport.counts()
         for rpc, method_now, method_before in zip(self._rpcs, counts, self._counted, strict=True):
             for code, (now, before) in enumerate(zip(method_now, method_before, strict=True)):
-                if now > before and rpc not in UNCOUNTED:
+                if now > before and rpc not in self._uncounted:
                     self.metrics.requests.labels(rpc, CODES[code].name).inc(now - before)
         self._counted = counts
 
@@ -267,7 +268,7 @@ class NativeFront:
         try:
             if self.transport is not None:
                 ended = answer(self.transport, unary, task, self._ended.get(unary.id))
-                if ended is not None and unary.rpc not in UNCOUNTED:  # its handler never counted it
+                if ended is not None and unary.rpc not in self._uncounted:  # its handler never counted it
                     self.metrics.requests.labels(unary.rpc, ended.name).inc()
         finally:
             self._ended.pop(unary.id, None)
