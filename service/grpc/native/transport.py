@@ -52,18 +52,9 @@ def library() -> ctypes.CDLL:
         signatures = {
             "bsn_start": (
                 c.c_void_p,
-                [
-                    c.c_char_p,
-                    c.c_char_p,
-                    c.c_int,
-                    c.c_int,
-                    c.c_int,
-                    c.c_int64,
-                    c.c_int,
-                    c.c_int,
-                    c.c_double,
-                    c.c_int,
-                ]
+                [c.c_char_p, c.c_char_p]
+                + [c.c_int] * 3
+                + [c.c_int64, c.c_int, c.c_int, c.c_double, c.c_int]
                 + [c.c_char_p] * 4
                 + [c.c_char_p, c.c_int],
             ),
@@ -93,10 +84,11 @@ def library() -> ctypes.CDLL:
 
 class NativeTransport:
     """One listening port. `methods`: the full method names served ("/pkg.Service/Method"; any other is
-    relayed, or gets UNIMPLEMENTED without a relay); `max_open`: calls open at once (beyond: RESOURCE_EXHAUSTED); once a call's request is
-    read, at most `max_calls` calls and `max_request_bytes` of their requests are held (beyond:
-    RESOURCE_EXHAUSTED; a lone call always fits); a request not read within `read_timeout_s` of its call's
-    start: DEADLINE_EXCEEDED. One thread at a time takes calls; any thread answers them."""
+    relayed, or gets UNIMPLEMENTED without a relay); `max_open`: calls open at once (beyond:
+    RESOURCE_EXHAUSTED); once a call's request is read, at most `max_calls` calls and `max_request_bytes`
+    of their requests are held (beyond: RESOURCE_EXHAUSTED; a lone call always fits); a request not read
+    within `read_timeout_s` of its call's start: DEADLINE_EXCEEDED. One thread at a time takes calls; any
+    thread answers them."""
 
     def __init__(
         self,
