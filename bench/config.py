@@ -29,6 +29,10 @@ class BenchConfig:
     open_rate: float | None = None  # requests/s; None: a fraction of server-fp32's saturation rate
     open_rate_fraction: float = 0.7
     stream: bool = True  # server-fp32 also runs the EmbedStream phases (bench/streaming.py)
+    # phases long enough for a fast server: a closed one sends at least this many requests per caller, an
+    # open one lasts at least min_open_s (the corpus over again; 0: the corpus once, the CPU rounds' protocol)
+    min_requests_per_caller: int = 0
+    min_open_s: float = 0.0
     phase_time_limit_s: float | None = 90.0  # a phase sends no request after this (slow targets stay bounded)
     server_settings: dict[str, str] = field(
         default_factory=dict

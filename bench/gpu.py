@@ -71,6 +71,10 @@ SERVER_SETTINGS = {
 }
 CEILING_BATCH_SIZES = [1, 8, 32, 64]
 CONCURRENCY = [1, 16, 64, 256]
+# a GPU answers the corpus of a quick run in a tenth of a second, fewer requests than c=256 callers: its
+# phases repeat the corpus, so that each caller sends this many requests and an open phase lasts this long
+MIN_REQUESTS_PER_CALLER = 32
+MIN_OPEN_S = 2.0
 
 NVIDIA_SMI_QUERY = ["--query-gpu=name,clocks.max.sm", "--format=csv,noheader,nounits"]
 

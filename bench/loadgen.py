@@ -123,6 +123,13 @@ def make_requests(
     return requests
 
 
+def repeated(requests: Sequence[Request], count: int) -> list[Request]:
+    """`requests` in order, over again until there are at least `count` of them."""
+    if not requests or len(requests) >= count:
+        return list(requests)
+    return [requests[i % len(requests)] for i in range(count)]
+
+
 class _Progress:
     """A one-line counter on a terminal (updated on completions, never on a timer); silent otherwise."""
 

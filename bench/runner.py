@@ -233,6 +233,8 @@ async def run(config: BenchConfig) -> dict:
             ceiling_check=checks.ceiling_check(config, model, tokenizer, mixed, ceilings["fp32"]["mixed"]),
             single_check=checks.single_check(config, model, tokenizer, mixed),
             checked_target=analysis.SERVER,
+            min_requests_per_caller=config.min_requests_per_caller,
+            min_open_s=config.min_open_s,
         )
         targets: dict[str, dict] = {}
         open_rate = config.open_rate
@@ -316,6 +318,8 @@ async def run(config: BenchConfig) -> dict:
             "fixed_texts": config.fixed_texts,
             "fixed_length": config.fixed_length,
             "inputs_per_request": config.inputs_per_request,
+            "min_requests_per_caller": config.min_requests_per_caller,
+            "min_open_s": config.min_open_s,
             "ceiling_batch_sizes": config.ceiling_batch_sizes,
             "provider": config.provider,
             "server_settings": config.server_settings,

@@ -17,7 +17,15 @@ from typing import Protocol
 import grpc
 
 from bertserve.bench import http_client, streaming, transport_floor
-from bertserve.bench.loadgen import Call, PhaseResult, Request, between_checks, closed_loop, open_loop
+from bertserve.bench.loadgen import (
+    Call,
+    PhaseResult,
+    Request,
+    between_checks,
+    closed_loop,
+    open_loop,
+    repeated,
+)
 from bertserve.bench.native_loadgen import NativeMethod, NativePhase
 from bertserve.bench.processes import ServerProcess
 from bertserve.bench.server_metrics import phase_delta, scrape
@@ -57,6 +65,10 @@ class Workload:
     ceiling_check: Callable[[], Awaitable[float]] | None = None
     single_check: Callable[[], Awaitable[float]] | None = None
     checked_target: str | None = None
+    # a closed phase sends at least this many requests per caller, an open one lasts at least
+    # min_open_s at its rate (the corpus over again): phases long enough for a fast server (0: the corpus once)
+    min_requests_per_caller: int = 0
+    min_open_s: float = 0.0
 
 
 def embed_request(texts: list[str], model: str) -> inference_pb2.EmbedRequest:
@@ -167,6 +179,10 @@ class TargetRun:
         Embed calls or of `via`'s (Python call, native method), preceded by `warmup` at `concurrency`."""
         call, method = via or (self.call, native_embed(self.model))
         assert call is not None, "inside connected()"
+        if self.workload is not None and via is None:
+            w = self.workload
+            least = int(rate * w.min_open_s) if rate else concurrency * w.min_requests_per_caller
+            requests = repeated(requests, least)
         if self.native is not None:
             connections = self.connections if rate else min(concurrency, self.connections)
             return NativePhase(

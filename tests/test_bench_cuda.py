@@ -119,3 +119,47 @@ def test_every_bertserve_target_is_told_its_provider(tiny_repo, tmp_path, provid
     servers = _servers(config, model, tmp_path)
     bertserve = [s for name, s in servers.items() if name != analysis.NAIVE]
     assert bertserve and all(s.env["BERTSERVE_PROVIDER"] == provider for s in bertserve)
+
+
+def test_on_cuda_phases_repeat_the_corpus_until_every_caller_sends_enough(tmp_path, monkeypatch):
+    """A GPU answers a quick run's corpus in a tenth of a second, in fewer requests than c=256 callers: the
+    first H200 check's phases lasted 50-100 ms and read a quarter of the steady rate."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from bertserve.bench import runner
+    from bertserve.bench.loadgen import Request
+    from bertserve.bench.targets import TargetRun, Workload
+
+    configs = []
+
+    async def capture(config):
+        configs.append(config)
+
+    monkeypatch.setattr(runner, "run", capture)
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    for provider in ("cuda", "cpu"):
+        args = parser.parse_args(["bench", "--quick", "--model-repo", str(tmp_path), "--out", str(tmp_path)])
+        args.provider = provider
+        assert args.run(args) == 0
+    assert (configs[0].min_requests_per_caller, configs[0].min_open_s) == (
+        gpu.MIN_REQUESTS_PER_CALLER,
+        gpu.MIN_OPEN_S,
+    )
+    assert (configs[1].min_requests_per_caller, configs[1].min_open_s) == (0, 0.0)  # the corpus once
+
+    corpus = [Request([f"t{i}"], 1, 1.0) for i in range(3)]
+    workload = Workload([4], corpus, corpus, 0.7, min_requests_per_caller=5, min_open_s=0.5)
+    server = SimpleNamespace(protocol="grpc", name="s")
+    target = TargetRun(server, "m", workload, log=lambda _: None)
+    sent = []
+
+    async def call(texts):
+        sent.extend(texts)
+
+    target.call = call
+    closed = asyncio.run(target._load(corpus, "closed", None, concurrency=4).measure())
+    assert closed.requests_planned == 20 and len(sent) == 20 and set(sent) == {"t0", "t1", "t2"}
+    opened = asyncio.run(target._load(corpus, "open", None, rate=40.0).measure())
+    assert opened.requests_planned == 20  # 0.5 s at 40 requests/s
