@@ -92,6 +92,10 @@ class Settings(BaseSettings):
     # callers; median of 6 interleaved passes: 1.3 was slowest) with padding 1.02-1.03 instead of
     # 1.05-1.08. Raise it on GPUs, where bigger batches matter more than padding.
     max_padding_ratio: float = Field(1.05, ge=1.0, le=1000)
+    # "buckets": each batch padded up to one of a few shapes (service/engine/shapes.py), all run once
+    # before the server reports serving, since a GPU's first run of a new shape is slow
+    # (docs/performance/gpu-h200); "exact": as the batch comes. auto: buckets on CUDA, else exact.
+    batch_shapes: Literal["auto", "exact", "buckets"] = "auto"
     # How long the oldest queued input may wait for company while the model is idle. 0 (as in TEI): the
     # model never waits; inputs that arrive while it computes still share the next batch. Measured here,
     # 2 ms of waiting cost about 5 ms at p50 for a lone call and gave no throughput.

@@ -12,7 +12,9 @@ that model's rows.
 
 from __future__ import annotations
 
+import logging
 import queue
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -20,7 +22,8 @@ import numpy as np
 
 from bertserve.service.engine.batch_metrics import ModelObserver
 from bertserve.service.engine.batcher import Batcher, BatchLimits, WorkItem
-from bertserve.service.engine.runtime import GraphSession
+from bertserve.service.engine.runtime import CUDA, GraphSession
+from bertserve.service.engine.shapes import ShapeBuckets, buckets
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tasks.fill_mask import mask_positions
 
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
     from bertserve.service.metrics import Metrics
     from bertserve.service.settings import Settings
 
+log = logging.getLogger("bertserve.engine")
 WARM_UP_TEXT = "The server warms up before it reports serving."
 
 
@@ -48,6 +52,7 @@ class EncoderGroup:
         self.models: list[ServedModel] = []  # in the server's order
         self.executor = ThreadPoolExecutor(max_workers=len(sessions), thread_name_prefix=f"bertserve-{name}")
         self.batcher: Batcher | None = None  # set by the core
+        self.buckets: ShapeBuckets | None = None  # batches padded up to these shapes (set with the batcher)
 
     @property
     def instances(self) -> int:
@@ -60,9 +65,11 @@ class EncoderGroup:
     def compute(self, batch: list[WorkItem]) -> list[object]:
         """Blocking; runs on the group's worker thread. One encoder run for every row of the batch."""
         size, longest = len(batch), max(item.length for item in batch)
-        input_ids = np.full((size, longest), self.pad_id, dtype=np.int64)  # (B, T)
-        attention_mask = np.zeros((size, longest), dtype=np.int64)  # (B, T)
-        token_type_ids = np.zeros((size, longest), dtype=np.int64)  # (B, T)
+        shape = self.buckets.shape(size, longest) if self.buckets else (size, longest)
+        input_ids = np.full(shape, self.pad_id, dtype=np.int64)  # (B, T)
+        attention_mask = np.zeros(shape, dtype=np.int64)  # (B, T)
+        attention_mask[size:, 0] = 1  # a bucket's spare rows attend to one pad token (no empty softmax)
+        token_type_ids = np.zeros(shape, dtype=np.int64)  # (B, T)
         rows: dict[tuple[ServedModel, Task], list[int]] = {}
         for row, item in enumerate(batch):
             input_ids[row, : item.length] = item.ids
@@ -87,7 +94,8 @@ class EncoderGroup:
         return results
 
     def warm_up(self) -> None:
-        """Blocking: one batch through every model's heads on each instance, and each attention graph once."""
+        """Blocking: one batch through every model's heads on each instance, and each attention graph once;
+        with shape buckets, then every bucket on each instance."""
         items = []
         for model in self.models:
             encoded = model.tokenizer.encode([WARM_UP_TEXT], truncate=True)[0]
@@ -104,6 +112,24 @@ class EncoderGroup:
                 model.attention.run(encoded.ids, encoded.type_ids, [0], [0])
         for _ in self.sessions if items else ():
             self.compute(items)  # the free instances are a FIFO queue: each run takes the next instance
+        if not (self.buckets and items):
+            return
+        started, shapes = time.perf_counter(), self.buckets.all()
+        for size, length in shapes:
+            first = items[0]  # its text over again, then [SEP] (a fill-mask row's mask stays at 1)
+            ids = np.resize(first.ids[:-1], length)
+            ids[-1] = first.ids[-1]
+            zeros = np.zeros(length, np.int64)
+            row = WorkItem(ids, zeros, first.options, None, None, first.mask_positions, model=first.model)
+            for _ in self.sessions:
+                self.compute([row] * size)
+        log.info(
+            "encoder %s: %d batch shapes warmed up on %d instance(s) in %.1fs",
+            self.name,
+            len(shapes),
+            self.instances,
+            time.perf_counter() - started,
+        )
 
 
 def batch_limits(settings: Settings) -> BatchLimits:
@@ -130,3 +156,10 @@ def attach_batchers(
         group.batcher = Batcher(
             group.name, group.compute, limits, group.executor, observer, group.instances, prefetch
         )
+        on = settings.batch_shapes == "buckets" or (
+            settings.batch_shapes == "auto" and group.provider == CUDA
+        )
+        if on and group.models:
+            group.buckets = buckets(
+                limits.max_batch_size, limits.max_batch_tokens, group.models[0].manifest.max_length
+            )
