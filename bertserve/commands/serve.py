@@ -27,6 +27,8 @@ SETTING_HELP = {
     "max_batch_size": "most inputs in one batch",
     "max_batch_tokens": "most tokens in one batch, counted as padded length x inputs",
     "max_padding_ratio": "a batch stops growing before its padded tokens exceed this multiple of its real tokens",
+    "batch_shapes": "buckets: each batch padded up to one of a few shapes, all run once before serving (a GPU "
+    "runs a new shape slowly the first time); exact: as it comes; auto: buckets on CUDA",
     "max_queue_delay_ms": "how long an idle model waits for more inputs before it computes",
     "max_queue_inputs": "inputs that may wait or be tokenized per encoder, for unary calls and for streams each; beyond, a unary call gets RESOURCE_EXHAUSTED at once and a stream waits",
     "max_queue_attention": "Attention calls that may wait per encoder; beyond, RESOURCE_EXHAUSTED",
