@@ -23,7 +23,7 @@ else
 $(error TORCH must be cpu or cuda, not $(TORCH))
 endif
 
-.PHONY: setup system-packages proto serve export-default test lint bench gpu-check soak clean
+.PHONY: setup system-packages proto serve export-default test lint bench gpu-check gpu-bundle soak clean
 
 setup: $(STAMP)
 
@@ -84,6 +84,13 @@ bench: setup export-default
 # docs/performance/gpu-<device>/.
 gpu-check:
 	scripts/gpu-check.sh
+
+# For a GPU machine that reaches no package index (scripts/gpu-bundle.sh): the wheels the GPU check installs,
+# for GPU_PYTHON's version (default this machine's python3), and the default model, in build/gpu-bundle;
+# copy that folder there and run `scripts/gpu-check.sh --bundle build/gpu-bundle`.
+GPU_PYTHON ?=
+gpu-bundle: setup export-default
+	scripts/gpu-bundle.sh build/gpu-bundle $(if $(GPU_PYTHON),--python-version $(GPU_PYTHON))
 
 # The default reranker (`bertserve train-reranker --large`, train/heads/rerank_*.py; docs/reranker.md): a
 # cross-encoder on MiniLM trained on WordNet nouns (query: a sense's example or lemmas; documents: definitions

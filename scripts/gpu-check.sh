@@ -9,7 +9,8 @@
 # Phases, each under its own time budget (seconds; the defaults add up to under 8 minutes):
 #   gpu      nvidia-smi answers and lists a GPU, before anything is installed
 #   setup    `make setup` into .venv-gpu (torch's CPU build is enough: it only exports), then
-#            onnxruntime-gpu in place of onnxruntime; the native load generator, if it can be built
+#            onnxruntime-gpu in place of onnxruntime; the native load generator, if it can be built.
+#            With --bundle DIR (no package index): DIR/wheels into build/gpu-check/site instead
 #   sanity   ONNX Runtime is a GPU build and a session really gets CUDAExecutionProvider
 #   export   the default model (all-minilm-l6-v2 with its fp16 graph), unless the repository has it
 #   bench    one run per workers setting (server-fp32, its HTTP twin, server-fp16)
@@ -28,6 +29,7 @@ OVER_BUDGET=4
 usage() {
     cat <<'EOF'
 usage: scripts/gpu-check.sh [--workers LIST] [--out DIR] [--repo DIR] [--python PY] [--no-install]
+                            [--bundle DIR]
 
   --workers LIST  workers settings to bench, comma-separated, each an integer >= 1, auto, or native-N
                   (N an integer or auto; native is native-1): workers N, the gRPC Embed calls to the
@@ -38,6 +40,10 @@ usage: scripts/gpu-check.sh [--workers LIST] [--out DIR] [--repo DIR] [--python 
   --python PY     run in this interpreter's environment (bertserve installed in it with the export and
                   dev extras) instead of making .venv-gpu
   --no-install    install and build nothing; stop with one line where something is missing
+  --bundle DIR    a machine without a package index: install from DIR/wheels (`make gpu-bundle` made it
+                  elsewhere) into build/gpu-check/site, for PY's Python (default python3, whose own
+                  packages stay visible: NVIDIA's CUDA libraries), and take the model from
+                  DIR/model_repository unless --repo says otherwise
 
 Budgets per phase, in seconds (environment; the defaults add up to under 8 minutes for two runs):
   GPU_CHECK_GPU_S 15, GPU_CHECK_SETUP_S 140, GPU_CHECK_SANITY_S 20, GPU_CHECK_EXPORT_S 90,
@@ -66,14 +72,19 @@ phase_gpu() {
 }
 
 phase_setup() {
-    if [ "${GPU_CHECK_OWN_VENV}" = 1 ] && [ "${GPU_CHECK_INSTALL}" = 1 ]; then
+    if [ -n "${BUNDLE}" ]; then  # every wheel of the bundle, no index: pip resolved them for this Python
+        compgen -G "${BUNDLE}/wheels/*.whl" >/dev/null || fail 1 "no wheels in ${BUNDLE}/wheels (make gpu-bundle)"
+        rm -rf "${SCRATCH}/site"
+        "${PYTHON_BIN}" -m pip install -q --no-index --no-deps --no-compile --target "${SCRATCH}/site" \
+            "${BUNDLE}"/wheels/*.whl || fail 1 "pip install from ${BUNDLE}/wheels failed"
+    elif [ "${GPU_CHECK_OWN_VENV}" = 1 ] && [ "${GPU_CHECK_INSTALL}" = 1 ]; then
         make -C "${ROOT}" setup VENV=.venv-gpu || fail 1 "make setup VENV=.venv-gpu failed"
     fi
     [ -x "${PYTHON_BIN}" ] || fail 1 "no interpreter ${PYTHON_BIN} (without --no-install, the setup phase makes .venv-gpu)"
     "${PYTHON_BIN}" -c 'import bertserve.bench.gpu_check' 2>/dev/null \
         || fail 1 "${PYTHON_BIN} cannot import bertserve.bench: pip install -e '.[export,dev]' into its environment"
     if ! "${PYTHON_BIN}" -c 'import onnxruntime as o, sys; sys.exit(o.get_device() != "GPU")' 2>/dev/null \
-        && [ "${GPU_CHECK_INSTALL}" = 1 ]; then
+        && [ "${GPU_CHECK_INSTALL}" = 1 ] && [ -z "${BUNDLE}" ]; then
         # both ship the module onnxruntime, so both go and the GPU build comes back alone (a `make setup`
         # after a change of pyproject.toml brings onnxruntime back); the extras bring CUDA's and cuDNN's wheels
         "${PYTHON_BIN}" -m pip uninstall -q -y onnxruntime onnxruntime-gpu || fail 1 "pip uninstall onnxruntime failed"
@@ -168,19 +179,22 @@ fi
 # ---- the command line ----
 WORKERS="${GPU_CHECK_WORKERS:-auto,native-auto}"
 OUT=""
+REPO_GIVEN="${REPO:+1}"
 REPO="${REPO:-model_repository}"
 PYTHON_BIN=""
 INSTALL=1
+BUNDLE=""
 while [ $# -gt 0 ]; do
     case "$1" in
         -h | --help) usage; exit 0 ;;
-        --workers | --out | --repo | --python)
+        --workers | --out | --repo | --python | --bundle)
             [ $# -ge 2 ] || fail 2 "$1 needs a value (see --help)"
             case "$1" in
                 --workers) WORKERS="$2" ;;
                 --out) OUT="$2" ;;
-                --repo) REPO="$2" ;;
+                --repo) REPO="$2"; REPO_GIVEN=1 ;;
                 --python) PYTHON_BIN="$2" ;;
+                --bundle) BUNDLE="$(cd "$2" 2>/dev/null && pwd)" || fail 2 "--bundle $2: no such folder" ;;
             esac
             shift 2 ;;
         --no-install) INSTALL=0; shift ;;
@@ -198,13 +212,18 @@ cd "${ROOT}" || exit 1
 run_phase gpu "${GPU_CHECK_GPU_S}"
 
 GPU_CHECK_OWN_VENV=0
-if [ -z "${PYTHON_BIN}" ]; then
+SCRATCH="${ROOT}/build/gpu-check"
+mkdir -p "${SCRATCH}"
+if [ -n "${BUNDLE}" ]; then
+    PYTHON_BIN="${PYTHON_BIN:-$(command -v python3)}"
+    [ -n "${REPO_GIVEN}" ] || REPO="${BUNDLE}/model_repository"
+    # the bundle's packages first; the checkout's bertserve/ (not the package) never on the path
+    export PYTHONPATH="${SCRATCH}/site" PYTHONSAFEPATH=1
+elif [ -z "${PYTHON_BIN}" ]; then
     PYTHON_BIN="${ROOT}/.venv-gpu/bin/python"
     GPU_CHECK_OWN_VENV=1
 fi
-SCRATCH="${ROOT}/build/gpu-check"
-mkdir -p "${SCRATCH}"
-export PYTHON_BIN REPO SCRATCH GPU_CHECK_OWN_VENV GPU_CHECK_INSTALL="${INSTALL}"
+export PYTHON_BIN REPO SCRATCH BUNDLE GPU_CHECK_OWN_VENV GPU_CHECK_INSTALL="${INSTALL}"
 total=$((GPU_CHECK_SETUP_S + GPU_CHECK_SANITY_S + GPU_CHECK_EXPORT_S + ${#WORKERS_LIST[@]} * GPU_CHECK_BENCH_S + GPU_CHECK_REPORT_S))
 echo "gpu-check: workers ${WORKERS}; at most ${total} s from here"
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -93,10 +94,67 @@ def test_a_cpu_build_of_onnxruntime_is_refused_at_the_sanity_step(tmp_path):
     assert not out.exists()
 
 
+def _stub_wheel(folder: Path) -> None:
+    """A wheel of a stand-in `onnxruntime` (a CPU build by its own account, version 0.0.1)."""
+    info = "onnxruntime-0.0.1.dist-info"
+    with zipfile.ZipFile(folder / "onnxruntime-0.0.1-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(
+            "onnxruntime/__init__.py", '__version__ = "0.0.1"\n\ndef get_device():\n    return "CPU"\n'
+        )
+        wheel.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: onnxruntime\nVersion: 0.0.1\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{info}/RECORD", "")
+
+
+def test_a_bundle_is_installed_from_its_wheels_alone_ahead_of_the_interpreters_packages(tmp_path):
+    """--bundle (a machine without a package index): the bundle's wheels go into a folder of their own that
+    comes first on the path, so its onnxruntime is the one the sanity step meets."""
+    path = _path_without_nvidia_smi(tmp_path, 'echo "NVIDIA H100 80GB HBM3, 1980"')
+    bundle = tmp_path / "bundle"
+    (bundle / "wheels").mkdir(parents=True)
+    _stub_wheel(bundle / "wheels")
+    result = _run("--bundle", str(bundle), "--python", sys.executable, path=f"{path}:{os.environ['PATH']}")
+    assert result.returncode == gpu_check.NO_GPU, result.stdout + result.stderr
+    assert "gpu-check: [setup] done" in result.stdout
+    line = [line for line in result.stderr.splitlines() if line.startswith("gpu-check:")]
+    assert line == ["gpu-check: no usable GPU: onnxruntime 0.0.1 is a CPU build (get_device() says CPU): "
+                    "install onnxruntime-gpu in its place"]  # fmt: skip
+
+
+def test_a_bundle_without_wheels_stops_at_setup_with_one_line(tmp_path):
+    path = _path_without_nvidia_smi(tmp_path, 'echo "NVIDIA H100 80GB HBM3, 1980"')
+    (tmp_path / "bundle").mkdir()
+    result = _run("--bundle", str(tmp_path / "bundle"), path=f"{path}:{os.environ['PATH']}")
+    assert result.returncode == 1
+    assert _one_line(result) == f"gpu-check: no wheels in {tmp_path / 'bundle'}/wheels (make gpu-bundle)"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "name the bundle's DIR (see --help)"),
+        (["out", "--python-version", "twelve"], "--python-version twelve: give X.Y, e.g. 3.12"),
+        (["out", "--pip", "/nowhere/pip"], "no /nowhere/pip: run make setup first (or pass --pip)"),
+        (
+            ["out", "--repo", "/nowhere"],
+            "no all-minilm-l6-v2 in /nowhere: run make export-default first (or pass --repo)",
+        ),
+    ],
+)
+def test_gpu_bundle_refuses_a_wrong_command_line_with_one_line(args, message, tmp_path):
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "gpu-bundle.sh"), *args],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1 and _one_line(result) == f"gpu-bundle: {message}"
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--bogus"], "unknown argument --bogus (see --help)"),
+        (["--bundle", "/nowhere"], "--bundle /nowhere: no such folder"),
         (["--workers"], "--workers needs a value (see --help)"),
         (
             ["--workers", "0"],
@@ -121,7 +179,15 @@ def test_a_wrong_command_line_exits_2_with_one_line(args, message, tmp_path):
 def test_help_names_every_option():
     result = _run("--help")
     assert result.returncode == 0
-    for option in ("--workers", "--out", "--repo", "--python", "--no-install", "GPU_CHECK_BENCH_S"):
+    for option in (
+        "--workers",
+        "--out",
+        "--repo",
+        "--python",
+        "--no-install",
+        "--bundle",
+        "GPU_CHECK_BENCH_S",
+    ):
         assert option in result.stdout
 
 
