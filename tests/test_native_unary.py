@@ -175,6 +175,32 @@ def test_a_call_past_its_deadline_ends_and_the_server_goes_on(server):
     assert _both(server, "Tokenize", pb.TokenizeRequest(model=MODEL, inputs=["a"]))[1].results
 
 
+def test_a_call_the_transport_ends_for_its_deadline_counts_so_whatever_the_handlers_clock_says(server):
+    """The handler's deadline is the transport's as read when the call was taken, later under load: a call
+    the transport ended for its deadline counts DEADLINE_EXCEEDED even while the handler's clock has time
+    left (it was once counted CANCELLED, the test above then failing)."""
+    front = server.server.native
+    model = server.server.core.registry.by_name[MODEL]
+    wait_for(lambda: server.server.lifecycle.in_flight == 0)
+    expired = _sample(server, "Embed", "DEADLINE_EXCEEDED")
+    cancelled = _sample(server, "Embed", "CANCELLED")
+    with GatedBatches(model) as gate:
+        call, channel = _embed_with_options(server.server.native_port, timeout=60)
+        assert gate.computing.wait(30)
+        (held,) = list(front._live)
+
+        async def deadline_passed_in_the_transport() -> None:
+            front._drop([(held, grpc.StatusCode.DEADLINE_EXCEEDED.value[0])])
+
+        server.call(deadline_passed_in_the_transport)
+        wait_for(lambda: _sample(server, "Embed", "DEADLINE_EXCEEDED") == expired + 1, timeout=30)
+        call.cancel()  # the transport would have ended it; here its client does
+        gate.release()
+        channel.close()
+    wait_for(lambda: server.server.lifecycle.in_flight == 0, timeout=30)
+    assert _sample(server, "Embed", "CANCELLED") == cancelled  # counted once, as its deadline
+
+
 def test_drain_answers_held_calls_and_refuses_new_ones_counted_by_method(tiny_repo):
     with ServerThread(model_repo=tiny_repo, models=[MODEL], native_port=0, grace_period_s=30) as server:
         native = server.server.native_port

@@ -256,7 +256,7 @@ class NativeFront:
         if unary.id in self._ended:  # its client left while it was parsed: nothing to run
             self._unary_done(unary, None)
             return
-        task = run(unary, self._unary_done)
+        task = run(unary, self._unary_done, self._ended.get)
         self._live[unary.id] = [task]  # a drop cancels it
         self._pending.add(task)
 

@@ -71,11 +71,14 @@ class NativeContext:
     # the transport admitted the call before any drain (it refuses new calls from then on): `rpc` answers it
     admitted = True
 
-    def __init__(self, deadline: float | None):
+    def __init__(self, deadline: float | None, expired: Callable[[], bool] = lambda: False):
         self._deadline = deadline  # time.monotonic() seconds, None: none
+        self._expired = expired  # the transport ended the call for its deadline (its clock ran first)
 
     def time_remaining(self) -> float | None:
-        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+        if self._deadline is None:
+            return None
+        return 0.0 if self._expired() else max(0.0, self._deadline - time.monotonic())
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
         raise Aborted(code, details)
@@ -99,13 +102,19 @@ class UnaryCall:
     started: bool = False  # the handler began (it counts the call from then on)
 
 
-def run(call: UnaryCall, on_done: Callable[[UnaryCall, asyncio.Task], None]) -> asyncio.Task:
+def run(
+    call: UnaryCall,
+    on_done: Callable[[UnaryCall, asyncio.Task], None],
+    ended: Callable[[int], grpc.StatusCode | None] = lambda _: None,
+) -> asyncio.Task:
     """Runs the call's handler in a task; `on_done(call, task)` once it ends. The task's result is the
-    reply's bytes; `Aborted` says the status the handler ended the call with."""
+    reply's bytes; `Aborted` says the status the handler ended the call with. `ended(id)`: how the transport
+    ended a call it dropped (a deadline it saw pass is the handler's DEADLINE_EXCEEDED, never CANCELLED)."""
+    expired = lambda: ended(call.id) is grpc.StatusCode.DEADLINE_EXCEEDED  # noqa: E731
 
     async def answer() -> bytes:
         call.started = True
-        reply = await call.handler.unary_unary(call.request, NativeContext(call.deadline))
+        reply = await call.handler.unary_unary(call.request, NativeContext(call.deadline, expired))
         serialize = call.handler.response_serializer
         return reply if isinstance(reply, bytes) or serialize is None else serialize(reply)
 
