@@ -181,7 +181,7 @@ class TargetRun:
         assert call is not None, "inside connected()"
         if self.workload is not None and via is None:
             w = self.workload
-            least = int(rate * w.min_open_s) if rate else concurrency * w.min_requests_per_caller
+            least = concurrency * w.min_requests_per_caller if rate is None else int(rate * w.min_open_s)
             requests = repeated(requests, least)
         if self.native is not None:
             connections = self.connections if rate else min(concurrency, self.connections)

@@ -53,8 +53,11 @@ rm -rf "${OUT}/wheels" "${OUT}/model_repository"
 mkdir -p "${OUT}/wheels" "${OUT}/model_repository"
 # the project's own wheels (pure Python), then what they and the GPU bench need, as binaries for the target
 "${PIP}" wheel -q --no-deps --no-build-isolation -w "${OUT}/wheels" "${ROOT}" "${ROOT}/bench"
-needs="$(cd "${ROOT}" && "${ROOT}/.venv/bin/python" - <<'EOF'
-import tomllib
+needs="$(cd "${ROOT}" && "$(dirname "${PIP}")/python" - <<'EOF'
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    from setuptools._vendor import tomli as tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 runtime = [d for d in project["dependencies"] if not d.startswith("onnxruntime")]
 print("\n".join(runtime + ["onnxruntime-gpu>=1.20", "onnx>=1.16", "psutil>=5.9", "matplotlib>=3.8"]))

@@ -73,6 +73,8 @@ phase_gpu() {
 
 phase_setup() {
     if [ -n "${BUNDLE}" ]; then  # every wheel of the bundle, no index: pip resolved them for this Python
+        "${PYTHON_BIN}" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+            || fail 1 "--bundle needs Python 3.11 or newer (PYTHONSAFEPATH keeps the checkout off the path)"
         compgen -G "${BUNDLE}/wheels/*.whl" >/dev/null || fail 1 "no wheels in ${BUNDLE}/wheels (make gpu-bundle)"
         rm -rf "${SCRATCH}/site"
         "${PYTHON_BIN}" -m pip install -q --no-index --no-deps --no-compile --target "${SCRATCH}/site" \
@@ -179,7 +181,7 @@ fi
 # ---- the command line ----
 WORKERS="${GPU_CHECK_WORKERS:-auto,native-auto}"
 OUT=""
-REPO_GIVEN="${REPO:+1}"
+REPO_GIVEN=""  # --repo: with --bundle, the bundle's model otherwise (the environment's REPO aside)
 REPO="${REPO:-model_repository}"
 PYTHON_BIN=""
 INSTALL=1
@@ -194,7 +196,7 @@ while [ $# -gt 0 ]; do
                 --out) OUT="$2" ;;
                 --repo) REPO="$2"; REPO_GIVEN=1 ;;
                 --python) PYTHON_BIN="$2" ;;
-                --bundle) BUNDLE="$(cd "$2" 2>/dev/null && pwd)" || fail 2 "--bundle $2: no such folder" ;;
+                --bundle) BUNDLE="$(CDPATH='' cd -- "$2" 2>/dev/null && pwd)" || fail 2 "--bundle $2: no such folder" ;;
             esac
             shift 2 ;;
         --no-install) INSTALL=0; shift ;;

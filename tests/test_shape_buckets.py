@@ -11,7 +11,7 @@ import pytest
 from bertserve.client import Client
 from bertserve.service.engine.runtime import GraphSession
 from bertserve.service.engine.shapes import buckets, ladder
-from tests.helpers.server import ServerThread
+from tests.helpers.server import ServerThread, metric, scrape
 from tests.test_server_batching import sentences
 
 
@@ -64,16 +64,21 @@ def test_a_bucketed_server_pads_each_batch_to_a_bucket_and_answers_the_same(serv
 
     texts = sentences(5)
     session.run = recording
+    before = scrape(bucketed.metrics_url)
     try:
         with Client(bucketed.address, timeout=60) as client:
             padded = client.embed(texts, model="tiny-embed", dense=True, tokens=True)
     finally:
         session.run = run
+    counted = metric(scrape(bucketed.metrics_url), "bertserve_batch_tokens_sum", model="tiny-embed")
     with Client(exact.address, timeout=60) as client:
         plain = client.embed(texts, model="tiny-embed", dense=True, tokens=True)
     longest = max(plain.metadata.input_tokens)
     assert shapes and all(shape in group.buckets.all() for shape in shapes)
     assert shapes[0] == group.buckets.shape(len(texts), longest) != (len(texts), longest)
+    # the batch's padded tokens as computed (the metric and the deadline estimate's cost per token)
+    before_sum = metric(before, "bertserve_batch_tokens_sum", model="tiny-embed")
+    assert counted - before_sum == shapes[0][0] * shapes[0][1]
     assert np.abs(padded.vectors - plain.vectors).max() <= 1e-5
     for ours, theirs in zip(padded.tokens, plain.tokens, strict=True):
         assert ours.shape == theirs.shape and np.abs(ours - theirs).max() <= 1e-4
@@ -103,3 +108,14 @@ def test_buckets_are_warmed_up_before_serving_and_only_where_asked(tiny_repo, ca
         shapes, runs = bucketed.server.core.encoders[0].buckets.all(), encoder_runs(bucketed)
     assert set(shapes) <= set(runs) and len(runs) == len(shapes) + 1
     assert f"{len(shapes)} batch shapes warmed up on 1 instance(s)" in caplog.text
+
+
+def test_at_the_gpu_overlays_limits_every_batch_meets_a_warmed_shape_padded_at_most_2_25x():
+    shapes = buckets(64, 16384, 256)  # deploy/kubernetes/overlays/gpu
+    warmed = set(shapes.all())
+    for rows in range(1, 65):
+        for length in range(8, 257):
+            if rows * length <= 16384:
+                padded_rows, padded_length = shapes.shape(rows, length)
+                assert (padded_rows, padded_length) in warmed
+                assert padded_rows * padded_length <= 2.25 * rows * length

@@ -133,6 +133,8 @@ class Batcher:
         self._wakeup = asyncio.Event()
         self._closing = False
         self._batches = 0
+        # (rows, length) a batch is computed at, for counting its padded tokens (EncoderGroup's shape buckets)
+        self.padded_shape: Callable[[int, int], tuple[int, int]] = lambda rows, length: (rows, length)
         self._last_was_exclusive = False
         self.cost = CostEstimate()
         self._owner: asyncio.Task | None = None
@@ -500,7 +502,8 @@ class Batcher:
             batch = [batch[i] for i in live]
             if not batch:
                 return
-        padded = max(item.length for item in batch) * len(batch)
+        rows, length = self.padded_shape(len(batch), max(item.length for item in batch))
+        padded = rows * length
         self.cost.add(inference_s, padded)
         queue_s = [max(0.0, started - item.enqueued_at) for item in batch]
         for item, value, waited in zip(batch, values, queue_s, strict=True):

@@ -115,6 +115,8 @@ class EncoderGroup:
         if not (self.buckets and items):
             return
         started, shapes = time.perf_counter(), self.buckets.all()
+        tokens = sum(rows * length for rows, length in shapes)
+        log.info("encoder %s: warming up %d batch shapes (%d padded tokens)", self.name, len(shapes), tokens)
         for size, length in shapes:
             first = items[0]  # its text over again, then [SEP] (a fill-mask row's mask stays at 1)
             ids = np.resize(first.ids[:-1], length)
@@ -160,6 +162,6 @@ def attach_batchers(
             settings.batch_shapes == "auto" and group.provider == CUDA
         )
         if on and group.models:
-            group.buckets = buckets(
-                limits.max_batch_size, limits.max_batch_tokens, group.models[0].manifest.max_length
-            )
+            longest = max(model.manifest.max_length for model in group.models)
+            group.buckets = buckets(limits.max_batch_size, limits.max_batch_tokens, longest)
+            group.batcher.padded_shape = group.buckets.shape

@@ -6,6 +6,7 @@ the server reports serving, so callers meet only shapes the device has seen."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 def ladder(top: int, first: int) -> tuple[int, ...]:
@@ -24,20 +25,23 @@ class ShapeBuckets:
     lengths: tuple[int, ...]  # padded lengths, the largest the model's longest input
     max_tokens: int  # max_batch_tokens: no bucket holds more padded tokens
 
+    @cached_property
+    def _by_area(self) -> list[tuple[int, int]]:
+        """Every bucket, fewest padded tokens first: the ladders' pairs within max_tokens, and for each
+        step of either ladder the most of the other that fits with it (batches of long inputs)."""
+        pairs = {(r, n) for r in self.rows for n in self.lengths if r * n <= self.max_tokens}
+        pairs |= {(min(self.max_tokens // n, self.rows[-1]), n) for n in self.lengths if n <= self.max_tokens}
+        pairs |= {(r, min(self.max_tokens // r, self.lengths[-1])) for r in self.rows if r <= self.max_tokens}
+        return sorted(pairs, key=lambda pair: (pair[0] * pair[1], pair))
+
     def shape(self, rows: int, length: int) -> tuple[int, int]:
-        """The bucket of a batch of `rows` inputs, the longest `length` tokens: the smallest bucket of
-        each that fits, and the batch's own size or length where a bucket would pass max_tokens."""
-        padded_rows = next((r for r in self.rows if r >= rows), rows)
-        padded_length = next((n for n in self.lengths if n >= length), length)
-        if padded_rows * padded_length <= self.max_tokens:
-            return padded_rows, padded_length
-        if rows * padded_length <= self.max_tokens:
-            return rows, padded_length
-        return rows, length
+        """The bucket of a batch of `rows` inputs, the longest `length` tokens: the one with the fewest padded
+        tokens that holds it; the batch's own shape where none does (rare: a batch close to max_tokens)."""
+        return next(((r, n) for r, n in self._by_area if r >= rows and n >= length), (rows, length))
 
     def all(self) -> list[tuple[int, int]]:
-        """Every bucket within max_tokens, what the warm-up runs."""
-        return [(r, n) for n in self.lengths for r in self.rows if r * n <= self.max_tokens]
+        """Every bucket, what the warm-up runs."""
+        return list(self._by_area)
 
 
 def buckets(max_batch_size: int, max_batch_tokens: int, max_length: int) -> ShapeBuckets:
