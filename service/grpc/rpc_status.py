@@ -110,6 +110,9 @@ def rpc(name: str, request_type: type[Message] | None = None) -> Callable[[Handl
                 if request_type is not None and isinstance(request, bytes):
                     request = parse_request(request_type, request)
                 response = serialized(await method(self, request, context))
+                remaining = context.time_remaining()
+                if remaining is not None and remaining <= 0:  # its client has given up: no OK it never gets
+                    raise errors.DeadlineTooShort("the deadline passed before the answer was ready")
                 check_response_size(response, self.settings.max_message_bytes)
                 return response
             except errors.ServiceError as exc:
