@@ -29,7 +29,7 @@ OVER_BUDGET=4
 usage() {
     cat <<'EOF'
 usage: scripts/gpu-check.sh [--workers LIST] [--out DIR] [--repo DIR] [--python PY] [--no-install]
-                            [--bundle DIR]
+                            [--bundle DIR] [--setting NAME=VALUE ...]
 
   --workers LIST  workers settings to bench, comma-separated, each an integer >= 1, auto, or native-N
                   (N an integer or auto; native is native-1): workers N, the gRPC Embed calls to the
@@ -44,6 +44,8 @@ usage: scripts/gpu-check.sh [--workers LIST] [--out DIR] [--repo DIR] [--python 
                   elsewhere) into build/gpu-check/site, for PY's Python (default python3, whose own
                   packages stay visible: NVIDIA's CUDA libraries), and take the model from
                   DIR/model_repository unless --repo says otherwise
+  --setting NAME=VALUE  a server setting for every run, over the GPU overlay's (repeatable; e.g.
+                  max_batch_size=256 with max_batch_tokens=65536)
 
 Budgets per phase, in seconds (environment; the defaults add up to under 8 minutes for two runs):
   GPU_CHECK_GPU_S 15, GPU_CHECK_SETUP_S 140, GPU_CHECK_SANITY_S 20, GPU_CHECK_EXPORT_S 90,
@@ -129,6 +131,8 @@ phase_export() {
 phase_bench() {  # phase_bench WORKERS
     local workers="$1" run="${SCRATCH}/workers-$1"
     local args=(--provider cuda --quick --connections per-caller --model-repo "${REPO}" --model "${MODEL}" --targets "${TARGETS}" --out "${run}")
+    local setting
+    for setting in ${GPU_CHECK_SETTINGS}; do args+=(--server-setting "${setting}"); done
     if [[ "${workers}" == native* ]]; then
         if ! "${PYTHON_BIN}" -c 'from bertserve.service.grpc.native.transport import library; library()' >/dev/null 2>&1; then
             echo "gpu-check: no native port here (this bertserve lacks it, or g++ and libgrpc++-dev): workers ${workers} not measured"
@@ -186,16 +190,20 @@ REPO="${REPO:-model_repository}"
 PYTHON_BIN=""
 INSTALL=1
 BUNDLE=""
+SETTINGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -h | --help) usage; exit 0 ;;
-        --workers | --out | --repo | --python | --bundle)
+        --workers | --out | --repo | --python | --bundle | --setting)
             [ $# -ge 2 ] || fail 2 "$1 needs a value (see --help)"
             case "$1" in
                 --workers) WORKERS="$2" ;;
                 --out) OUT="$2" ;;
                 --repo) REPO="$2"; REPO_GIVEN=1 ;;
                 --python) PYTHON_BIN="$2" ;;
+                --setting)
+                    [[ "$2" =~ ^[a-z_]+=[^[:space:]]+$ ]] || fail 2 "--setting $2: give NAME=VALUE (a setting's name, no spaces)"
+                    SETTINGS+=("$2") ;;
                 --bundle) BUNDLE="$(CDPATH='' cd -- "$2" 2>/dev/null && pwd)" || fail 2 "--bundle $2: no such folder" ;;
             esac
             shift 2 ;;
@@ -225,7 +233,7 @@ elif [ -z "${PYTHON_BIN}" ]; then
     PYTHON_BIN="${ROOT}/.venv-gpu/bin/python"
     GPU_CHECK_OWN_VENV=1
 fi
-export PYTHON_BIN REPO SCRATCH BUNDLE GPU_CHECK_OWN_VENV GPU_CHECK_INSTALL="${INSTALL}"
+export PYTHON_BIN REPO SCRATCH BUNDLE GPU_CHECK_OWN_VENV GPU_CHECK_INSTALL="${INSTALL}" GPU_CHECK_SETTINGS="${SETTINGS[*]}"
 total=$((GPU_CHECK_SETUP_S + GPU_CHECK_SANITY_S + GPU_CHECK_EXPORT_S + ${#WORKERS_LIST[@]} * GPU_CHECK_BENCH_S + GPU_CHECK_REPORT_S))
 echo "gpu-check: workers ${WORKERS}; at most ${total} s from here"
 

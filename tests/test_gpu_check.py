@@ -155,6 +155,11 @@ def test_gpu_bundle_refuses_a_wrong_command_line_with_one_line(args, message, tm
     [
         (["--bogus"], "unknown argument --bogus (see --help)"),
         (["--bundle", "/nowhere"], "--bundle /nowhere: no such folder"),
+        (
+            ["--setting", "max_batch_size"],
+            "--setting max_batch_size: give NAME=VALUE (a setting's name, no spaces)",
+        ),
+        (["--setting", "a b=1"], "--setting a b=1: give NAME=VALUE (a setting's name, no spaces)"),
         (["--workers"], "--workers needs a value (see --help)"),
         (
             ["--workers", "0"],
@@ -236,3 +241,25 @@ def test_summary_puts_the_goals_of_each_run_side_by_side(tmp_path):
         f"| {single} | >= 0.5 | {figures[single]:.3f} (not met) | {figures[single]:.3f} (not met) |" in table
     )
     assert json.loads((tmp_path / "gpu-check.json").read_text())["gpu"] == bench["machine"]["gpu"]["gpu"]
+
+
+def test_each_setting_reaches_every_bench_run(tmp_path):
+    """--setting NAME=VALUE: the bench phase passes it on as --server-setting (a stand-in interpreter
+    records what it is asked to run)."""
+    calls = tmp_path / "calls"
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    stand_in.chmod(0o755)
+    env = {
+        "PYTHON_BIN": str(stand_in),
+        "REPO": str(tmp_path / "repo"),
+        "SCRATCH": str(tmp_path / "scratch"),
+        "OUT": str(tmp_path / "out"),
+        "GPU_CHECK_SETTINGS": "max_batch_size=256 max_batch_tokens=65536",
+    }
+    result = _run("__phase", "bench", "2", **env)
+    assert result.returncode == 1  # the stand-in wrote no bench.json to copy
+    (bench,) = [line.split() for line in calls.read_text().splitlines() if " bench --provider" in line]
+    pairs = list(zip(bench, bench[1:], strict=False))
+    for setting in ("max_batch_size=256", "max_batch_tokens=65536", "workers=2"):
+        assert ("--server-setting", setting) in pairs
