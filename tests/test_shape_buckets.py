@@ -12,7 +12,7 @@ from bertserve.client import Client
 from bertserve.service.engine.runtime import GraphSession
 from bertserve.service.engine.shapes import buckets, ladder
 from tests.helpers.server import ServerThread, metric, scrape
-from tests.test_server_batching import sentences
+from tests.helpers.texts import random_texts
 
 
 @pytest.mark.parametrize("top,first", [(64, 1), (256, 8), (4096, 1), (5, 8), (1, 1), (100, 8)])
@@ -62,7 +62,7 @@ def test_a_bucketed_server_pads_each_batch_to_a_bucket_and_answers_the_same(serv
         shapes.append(feeds["input_ids"].shape)
         return run(feeds, outputs)
 
-    texts = sentences(5)
+    texts = random_texts(5, seed=7, min_words=2, max_words=30)
     session.run = recording
     before = scrape(bucketed.metrics_url)
     try:

@@ -117,8 +117,8 @@ class EncoderGroup:
         started, shapes = time.perf_counter(), self.buckets.all()
         tokens = sum(rows * length for rows, length in shapes)
         log.info("encoder %s: warming up %d batch shapes (%d padded tokens)", self.name, len(shapes), tokens)
+        first = items[0]  # its text over again, then [SEP] (a fill-mask row's mask stays at 1)
         for size, length in shapes:
-            first = items[0]  # its text over again, then [SEP] (a fill-mask row's mask stays at 1)
             ids = np.resize(first.ids[:-1], length)
             ids[-1] = first.ids[-1]
             zeros = np.zeros(length, np.int64)
