@@ -60,9 +60,9 @@ def test_dimensions_prompts_and_encodings(http, ref):
     values = np.array([e["values"] for e in body["embeddings"]], dtype=np.float32)
     close(values, ref.dense(TEXTS, "document", 16))
     for precision in QUANTIZED:  # exactly sentence-transformers' quantize_embeddings of the same vectors
-        got = np.array([e[precision] for e in body["embeddings"]])
-        expected = ref.quantized(values, precision)
-        assert got.shape == expected.shape and np.array_equal(got, expected.astype(got.dtype)), precision
+        expected = ref.quantized(values, precision)  # each JSON value reads back as it in its own dtype
+        got = np.array([e[precision] for e in body["embeddings"]], dtype=expected.dtype)
+        assert got.shape == expected.shape and np.array_equal(got, expected), precision
     default = embed(http, inputs=TEXTS)  # no prompt named: the model's default prompt ("query")
     close([e["values"] for e in default["embeddings"]], ref.dense(TEXTS))
     assert default["dimension"] == 48

@@ -49,14 +49,14 @@ NAMES = {"inputs": "texts", "dimensions": "output_dimension", "encodings": "embe
 
 
 def _reply(result: EmbedResult, types: tuple[str, ...], texts: list[str]) -> Response:
-    embeddings: dict[str, list] = {}
+    embeddings: dict[str, object] = {}  # arrays or base64 strings
     for name in types:
         if name == "float":
-            embeddings["float"] = result.vectors.tolist()
+            embeddings["float"] = result.vectors
         elif name == "base64":
             embeddings["base64"] = embed_fields.float32_base64(result.vectors)
         else:
-            embeddings[name] = result.encodings[name].tolist()
+            embeddings[name] = result.encodings[name]
     body = {
         "id": str(uuid.uuid4()),
         "embeddings": embeddings,

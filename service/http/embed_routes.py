@@ -45,11 +45,11 @@ def reply_values(result: EmbedResult, call: EmbedCall) -> int:
 def _entries(result: EmbedResult, call: EmbedCall, count: int) -> list[dict]:
     entries: list[dict] = [{} for _ in range(count)]
     if result.vectors is not None and "float" in call.encodings:
-        for entry, row in zip(entries, result.vectors.tolist(), strict=True):
+        for entry, row in zip(entries, result.vectors, strict=True):
             entry["values"] = row
     for name, array in result.encodings.items():
         if name != "float":
-            for entry, row in zip(entries, array.tolist(), strict=True):
+            for entry, row in zip(entries, array, strict=True):
                 entry[name] = row
     for entry, rows in zip(entries, result.tokens or (), strict=False):
         entry["tokens"] = rows.tolist()

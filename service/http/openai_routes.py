@@ -53,7 +53,7 @@ async def embeddings(front: HttpFront, call: Call) -> Response:
 
 
 def _reply(result: EmbedResult, encoding: str) -> Response:
-    vectors = result.vectors.tolist() if encoding == "float" else embed_fields.float32_base64(result.vectors)
+    vectors = result.vectors if encoding == "float" else embed_fields.float32_base64(result.vectors)
     data = [{"object": "embedding", "index": i, "embedding": vector} for i, vector in enumerate(vectors)]
     tokens = result.meta.total_tokens
     return json_response(

@@ -77,7 +77,7 @@ async def _embed(front: HttpFront, call: Call, extra: tuple[str, ...], options: 
 
 
 def _dense_reply(result: EmbedResult) -> Response:
-    return json_response(200, result.vectors.tolist())
+    return json_response(200, result.vectors)
 
 
 async def embed(front: HttpFront, call: Call) -> Response:

@@ -28,12 +28,13 @@ from collections.abc import Callable
 
 import httptools
 
-from bertserve.service.http.messages import (  # noqa: F401  (Handler, json_response: the routes import them from here)
+from bertserve.service.http.messages import (  # noqa: F401  (Handler, json_bytes, json_response: the routes import them from here)
     Handler,
     HttpLimits,
     Reject,
     Request,
     Response,
+    json_bytes,
     json_response,
     serialize,
 )

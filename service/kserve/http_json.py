@@ -212,7 +212,7 @@ def output_tensor(name: str, datatype: str, values, binary: bool) -> tuple[dict,
         array = np.ascontiguousarray(values, dtype=NUMERIC[datatype][0])
         shape = list(array.shape)
         raw = array.tobytes() if binary else b""
-        data = None if binary else array.ravel().tolist()
+        data = None if binary else array.ravel()
     else:
         shape = [len(values), len(values[0]) if values else 0]
         flat = [item for row in values for item in row]

@@ -21,7 +21,6 @@ normalize, truncate (bool), top_k (int), raw_scores (bool), truncation_strategy 
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,7 +36,7 @@ from bertserve.service.http.json_body import JSON_FLOAT_BYTES, off_loop_above
 from bertserve.service.http.routing import Call, Route
 from bertserve.service.http.schema import Fields, json_object, kind_of
 from bertserve.service.http.status import kserve_error
-from bertserve.service.http.transport import Response, json_response
+from bertserve.service.http.transport import Response, json_bytes, json_response
 from bertserve.service.kserve import embed_tensors
 from bertserve.service.kserve.http_json import (
     HEADER_LENGTH,
@@ -224,7 +223,7 @@ def _answer(
     answer = {"model_name": model.name, "model_version": str(model.version), "outputs": outputs}
     if request_id:
         answer["id"] = request_id
-    header = json.dumps(answer, separators=(",", ":")).encode()
+    header = json_bytes(answer)
     if not any(chunks):
         return Response(200, header)
     return Response(
