@@ -10,6 +10,7 @@ import json
 from types import SimpleNamespace
 
 from bertserve.bench.loadgen import Call, CallFailed
+from bertserve.bench.native_loadgen import NativeMethod
 
 
 class HttpCallError(CallFailed):
@@ -64,13 +65,35 @@ class HttpPool:
             writer.close()
 
 
+EMBED_PATH = "/bertserve/v1/embed"
+
+
+def _body(texts: list[str], model: str) -> bytes:
+    return json.dumps({"inputs": texts, "model": model, "truncate": True}).encode()
+
+
+def _reply(payload: bytes) -> SimpleNamespace:
+    return SimpleNamespace(metadata=SimpleNamespace(**json.loads(payload)["metadata"]))
+
+
+def _failure(status: int, payload: bytes) -> str:
+    """The gRPC status name the server put in an error body (HTTP status when it has none)."""
+    try:
+        return json.loads(payload)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {status}"
+
+
 def embed_call(pool: HttpPool, model: str, timeout_s: float) -> Call:
     async def call(texts: list[str]) -> SimpleNamespace:
-        body = json.dumps({"inputs": texts, "model": model, "truncate": True}).encode()
-        status, payload = await pool.post("/bertserve/v1/embed", body, timeout_s)
-        reply = json.loads(payload)
+        status, payload = await pool.post(EMBED_PATH, _body(texts, model), timeout_s)
         if status != 200:
-            raise HttpCallError(status, reply["error"]["code"])
-        return SimpleNamespace(metadata=SimpleNamespace(**reply["metadata"]))
+            raise HttpCallError(status, _failure(status, payload))
+        return _reply(payload)
 
     return call
+
+
+def native_embed(model: str) -> NativeMethod:
+    """The same call as the native HTTP load generator sends it (bench/native/http_loadgen.cc)."""
+    return NativeMethod(EMBED_PATH, lambda request: _body(request.texts, model), _reply, _failure)

@@ -1,4 +1,5 @@
-"""The native load generator (bench/native/loadgen.cc): built once per source, one child process per phase.
+"""The native load generators (bench/native/loadgen.cc for gRPC, http_loadgen.cc for HTTP/1.1): built once
+per source, one child process per phase.
 
 The Python client (grpc.aio, bench/loadgen.py) spends about 0.35-0.55 ms of CPU per call; on a machine
 whose cores the server under test shares, that is taken from the server. The C++ client (gRPC's generic
@@ -35,6 +36,7 @@ from bertserve.bench.loadgen import PhaseResult, Request, poisson_offsets, recor
 from bertserve.service.grpc.native.build import NativeUnavailable, built, cached
 
 SOURCE = Path(__file__).parent / "native" / "loadgen.cc"
+HTTP_SOURCE = Path(__file__).parent / "native" / "http_loadgen.cc"  # the same protocol with this module
 _REQUEST_HEAD = struct.Struct("<dI")  # scheduled offset (s; < 0: closed loop), payload length
 _REPLY_HEAD = struct.Struct("<IidI")  # request index, status code, latency (s), reply length
 _STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
@@ -46,7 +48,7 @@ USAGE_EXIT = 2  # loadgen.cc's exit code for a wrong command line
 
 def cached_binary(source: Path = SOURCE) -> Path:
     """Where the load generator built from `source` is cached (keyed by the source's hash)."""
-    return cached(source, "bertserve-loadgen")
+    return cached(source, "bertserve-http-loadgen" if source == HTTP_SOURCE else "bertserve-loadgen")
 
 
 def find_binary(source: Path = SOURCE) -> Path:
@@ -74,20 +76,29 @@ def choose(choice: str) -> tuple[Path | None, dict]:
         return None, {"kind": "python", "asked": choice}
     try:
         binary = find_binary()
+        find_binary(HTTP_SOURCE)  # built now, so an HTTP target finds it (`http_binary`)
     except NativeUnavailable as why:
         fallback = f"the native load generator is unavailable ({why}): the Python client sent every phase"
         return None, {"kind": "python", "asked": choice, "native_unavailable": fallback}
-    return binary, {"kind": "native", "asked": choice, "source": "bench/native/loadgen.cc"}
+    sources = "bench/native/loadgen.cc, http_loadgen.cc"
+    return binary, {"kind": "native", "asked": choice, "source": sources}
+
+
+def http_binary() -> Path:
+    """The HTTP load generator, which `choose` built beside the gRPC one."""
+    return find_binary(HTTP_SOURCE)
 
 
 @dataclass(frozen=True)
 class NativeMethod:
-    """One unary gRPC method as the native client calls it: its path, how a bench `Request` becomes the
-    request's bytes, and how reply bytes become the reply message (its metadata is recorded)."""
+    """One unary gRPC method or HTTP route as the native client calls it: its path, how a bench `Request`
+    becomes the request's bytes, how reply bytes become the reply message (its metadata is recorded) and,
+    for HTTP, the name of a failure from its status and body (gRPC: the status code's name)."""
 
     path: str  # e.g. /bertserve.v1.Inference/Embed
     payload: Callable[[Request], bytes]
     parse: Callable[[bytes], object]
+    failure: Callable[[int, bytes], str] | None = None
 
 
 class NativePhase:
@@ -192,7 +203,9 @@ class NativePhase:
         for index, code, latency, reply in _read_replies(replies.read_bytes()):
             request = self.requests[index - len(self.warmup)]
             if code:
-                result.errors[_STATUS_NAMES.get(code, str(code))] += 1
+                known = _STATUS_NAMES.get(code)  # the HTTP client's timeouts and failed connections too
+                failure = self.method.failure
+                result.errors[known or (failure(code, reply) if failure else str(code))] += 1
             else:
                 record_reply(result, request, latency, self.method.parse(reply))
         self._cleanup()

@@ -47,7 +47,8 @@ def _load_generator(result: dict) -> str:
     if chosen.get("front") == "native":
         spread += "; Embed calls to the native port (gRPC's C++ server)"
     if chosen["kind"] == "native":
-        return f"Load generator: the native client (bench/native/loadgen.cc) for the gRPC targets{spread}."
+        clients = "bench/native/loadgen.cc for gRPC, http_loadgen.cc for HTTP"
+        return f"Load generator: the native clients ({clients}){spread}."
     why = f" ({chosen['native_unavailable']})" if "native_unavailable" in chosen else ""
     return f"Load generator: the Python client (grpc.aio) in the bench's process{why}{spread}."
 
@@ -200,7 +201,8 @@ def _simulated_text(simulated: dict | None) -> list[str]:
         "Each caller on a connection of its own; every server started first, then measured in interleaved "
         "rounds. The server's CPU is its whole process tree's. front_cpu_ms_per_call is the run with the most "
         f"processes (workers {simulated['front_cpu_workers']}); workers native (one process) and native-2 (2 "
-        "fronts) take their load on the native port (Embed calls through gRPC's C++ server).",
+        "fronts) take their load on the native port (Embed calls through gRPC's C++ server); workers http (one "
+        "process) POSTs each call to /bertserve/v1/embed.",
         "",
         *md_table(header, rows),
     ]

@@ -293,6 +293,7 @@ async def run(config: BenchConfig) -> dict:
         "native_cpu_ms_per_call": simulated and simulated["native_cpu_ms_per_call"],
         "native_two_vs_one_worker": simulated and simulated["native_two_vs_one_worker"],
         "native_two_cpu_ms_per_call": simulated and simulated["native_two_cpu_ms_per_call"],
+        "simulated_http_vs_native": simulated and simulated["http_vs_native"],
     }
     result = {
         "bench_version": 1,

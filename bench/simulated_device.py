@@ -28,10 +28,10 @@ from bertserve.bench.processes import (
 )
 from bertserve.bench.targets import PER_CALL_CONCURRENCY, TargetRun
 
-WORKERS = ("1", "2", "auto", "native", "native-2")  # the server's `workers` values, in measuring order
+WORKERS = ("1", "2", "auto", "native", "native-2", "http")  # `workers` values, in measuring order
 # "native" and "native-N": workers 1 (or N), the load on the native port (Embed calls through gRPC's
-# C++ server, in every front)
-NATIVE, NATIVE_TWO = "native", "native-2"
+# C++ server, in every front); "http": workers 1, the load POSTed to /bertserve/v1/embed
+NATIVE, NATIVE_TWO, HTTP = "native", "native-2", "http"
 ROUNDS = 3  # phases per server, interleaved with the other servers' phases
 STARTUP_TIMEOUT_S = 180.0
 
@@ -89,11 +89,12 @@ async def _start(
     """The server with `workers`, started: (it, its row so far), or (None, {"skipped": why}) when it refused
     the value."""
     name = f"simulated-device-w{workers}"
-    chosen = {"workers": workers}
+    chosen = {"workers": "1" if workers == HTTP else workers}
     if workers.startswith(NATIVE):
         native_port = free_port()
         chosen = {"workers": workers.partition("-")[2] or "1", "native_port": str(native_port)}
-    server = bertserve_process(name, repo, spec, threads, logs, settings | chosen)
+    protocol = "http" if workers == HTTP else "grpc"
+    server = bertserve_process(name, repo, spec, threads, logs, settings | chosen, protocol)
     if workers.startswith(NATIVE):
         server.embed_port = native_port
     server.env.update(child_pythonpath())
@@ -163,12 +164,12 @@ def summarize(rows: dict[str, dict], device_ms: float) -> dict:
     with the most processes (where the split between processes costs most; the first such run in order)."""
     measured = [row for row in rows.values() if "skipped" not in row]
     widest = max(
-        (row for row in measured if not row["workers"].startswith(NATIVE)),
+        (row for row in measured if row["workers"] in ("1", "2", "auto")),
         key=lambda row: row["processes"],
         default=None,
     )
     one, two, native = _rate(rows.get("1")), _rate(rows.get("2")), _rate(rows.get(NATIVE))
-    native_two = _rate(rows.get(NATIVE_TWO))
+    native_two, http = _rate(rows.get(NATIVE_TWO)), _rate(rows.get(HTTP))
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return a / b if a is not None and b else None
@@ -189,4 +190,8 @@ def summarize(rows: dict[str, dict], device_ms: float) -> dict:
         "native_two_vs_one_worker": ratio(native_two, one),
         "native_two_vs_native": ratio(native_two, native),
         "native_two_cpu_ms_per_call": cpu(NATIVE_TWO),
+        # HTTP/1.1 (/bertserve/v1/embed) in one process, against gRPC in one process: grpc.aio, native port
+        "http_vs_one_worker": ratio(http, one),
+        "http_vs_native": ratio(http, native),
+        "http_cpu_ms_per_call": cpu(HTTP),
     }

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import grpc
 
-from bertserve.bench import http_client, streaming, transport_floor
+from bertserve.bench import http_client, native_loadgen, streaming, transport_floor
 from bertserve.bench.loadgen import (
     Call,
     PhaseResult,
@@ -144,9 +144,9 @@ def _elapsed(start: float | None, end: float | None) -> float | None:
 
 class TargetRun:
     """One server's phases. `run` is the whole sweep of a Workload; without one (workload None), a caller
-    starts the server itself and runs `closed_phases` inside `connected`. With `native` (the native load
-    generator's binary, bench/native_loadgen.py) a gRPC target's phases are sent by it; otherwise, and
-    for HTTP targets, by the in-process Python client."""
+    starts the server itself and runs `closed_phases` inside `connected`. With `native` (the native gRPC load
+    generator's binary, bench/native_loadgen.py) a gRPC target's phases are sent by it, an HTTP target's
+    by its HTTP twin; otherwise by the in-process Python clients."""
 
     def __init__(
         self,
@@ -160,7 +160,8 @@ class TargetRun:
         """`per_caller`: gRPC callers each get a connection of their own (up to `connected`'s count), as
         independent clients would; else one connection carries every call."""
         self.server, self.model, self.workload, self.log = server, model, workload, log
-        self.native = native if server.protocol == "grpc" else None
+        http = server.protocol == "http"
+        self.native = native_loadgen.http_binary() if http and native is not None else native
         self.per_caller = per_caller
         self.connections = 1
         self.call: Call | None = None
@@ -177,7 +178,8 @@ class TargetRun:
     ) -> Phase:
         """A closed-loop phase at `concurrency` (rate None) or an open-loop one at `rate` requests/s, of
         Embed calls or of `via`'s (Python call, native method), preceded by `warmup` at `concurrency`."""
-        call, method = via or (self.call, native_embed(self.model))
+        http = self.server.protocol == "http"
+        call, method = via or (self.call, (http_client.native_embed if http else native_embed)(self.model))
         assert call is not None, "inside connected()"
         if self.workload is not None and via is None:
             w = self.workload
@@ -185,9 +187,11 @@ class TargetRun:
             requests = repeated(requests, least)
         if self.native is not None:
             connections = self.connections if rate else min(concurrency, self.connections)
+            address = self.server.address if via else self.server.embed_address
+            address = f"127.0.0.1:{self.server.http_port}" if http else address
             return NativePhase(
-                self.native, self.server.address if via else self.server.embed_address, method, requests, concurrency, warmup or [], rate,
-                time_limit_s, REQUEST_TIMEOUT_S, connections=connections,
+                self.native, address, method, requests, concurrency, warmup or [], rate, time_limit_s,
+                REQUEST_TIMEOUT_S, connections=connections,
             )  # fmt: skip
         warm = (lambda: closed_loop(call, warmup, concurrency, label=f"{label} warm-up")) if warmup else None
         if rate is None:
@@ -234,6 +238,7 @@ class TargetRun:
     async def _client(self, connections: int) -> AsyncIterator[Call]:
         """The target's Embed call: over gRPC, or over HTTP (/bertserve/v1/embed) for protocol "http"."""
         if self.server.protocol == "http":
+            self.connections = connections  # each carries one request at a time
             pool = http_client.HttpPool("127.0.0.1", self.server.http_port, connections)
             try:
                 yield http_client.embed_call(pool, self.model, REQUEST_TIMEOUT_S)

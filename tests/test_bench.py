@@ -263,7 +263,7 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     # the simulated device (bench/simulated_device.py): single-input callers per workers value
     simulated = result["simulated_device"]
     assert (
-        list(simulated["workers"]) == ["1", "2", "auto", "native", "native-2"]
+        list(simulated["workers"]) == ["1", "2", "auto", "native", "native-2", "http"]
         and simulated["concurrency"] == 32
     )
     for workers, row in simulated["workers"].items():
@@ -284,7 +284,7 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
         seconds = sum(phase["seconds"] for phase in rounds)
         assert math.isclose(row["inputs_per_s"], row["calls"] / seconds), workers  # pooled over the rounds
     widest = max(
-        (r for w, r in simulated["workers"].items() if "skipped" not in r and not w.startswith("native")),
+        (r for w, r in simulated["workers"].items() if "skipped" not in r and w in ("1", "2", "auto")),
         key=lambda r: r["processes"],
     )
     native = simulated["workers"]["native"]  # one process, its load on the native port
@@ -305,6 +305,13 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
         == simulated["native_two_vs_one_worker"]
         == (two["inputs_per_s"] / simulated["workers"]["1"]["inputs_per_s"])
     )
+    http = simulated["workers"]["http"]  # one process, its load POSTed by the native HTTP load generator
+    assert http["processes"] == 1 and simulated["http_cpu_ms_per_call"] == http["cpu_ms_per_call"]
+    assert (
+        goals["simulated_http_vs_native"]
+        == simulated["http_vs_native"]
+        == (http["inputs_per_s"] / native["inputs_per_s"])
+    )
 
     table = (out / "bench.md").read_text()
     assert all(name in table for name in TARGETS) and "| metric | goal | measured | met |" in table
@@ -312,7 +319,7 @@ def test_quick_bench_runs_every_target_on_a_tiny_model(tiny_repo, make_tiny_chec
     assert "estimate at the transport's floor" in table and "a call that does no work" in table
     assert "The p50 one is the handler's floor below" in table
     assert "The handler's floor (bench/handler_floor.py)" in table
-    assert "Load generator: the native client" in table
+    assert "Load generator: the native clients" in table
     assert "| requests | inputs per s | server cpu ms per input | loop cpu ms per input |" in table
     for plot in ("throughput.png", "latency.png"):
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
