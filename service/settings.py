@@ -21,6 +21,7 @@ STREAM_BATCH_TOKENS = 128  # max_stream_batch_tokens' default
 CONCURRENT_STREAMS = 8  # max_concurrent_streams' default
 WORKERS_MAX = 64
 AUTO_WORKERS_MAX = 8  # fronts `workers auto` starts at most
+AUTO_TOKENIZE_THREADS = 8  # threads `tokenize_threads` 0 gives one call at most
 CGROUP = Path("/sys/fs/cgroup")  # this process's cgroup (v2) inside a container
 
 
@@ -127,6 +128,10 @@ class Settings(BaseSettings):
     # a unary call waits behind at most one such batch. Without unary calls, streams use max_batch_tokens.
     max_stream_batch_tokens: int = Field(STREAM_BATCH_TOKENS, ge=2, le=4_194_304)
     max_input_chars: int = Field(20_000, ge=1, le=10_000_000)
+    # Threads of a front that tokenize one large call's (or group's) texts at once, in slices of at least
+    # 1,024 characters (service/core/token_slices.py). 0 = auto: the usable CPUs, at most
+    # AUTO_TOKENIZE_THREADS; 1 = one thread a call.
+    tokenize_threads: int = Field(0, ge=0, le=64)
     # Embed calls cut every input longer than max_length (at the side the call names), as if each set
     # truncate, instead of refusing it (TEI's --auto-truncate).
     auto_truncate: bool = False
@@ -231,6 +236,10 @@ class Settings(BaseSettings):
         if not text.isdigit() or not 1 <= int(text) <= WORKERS_MAX:
             raise ValueError(f"must be auto or a number of processes from 1 to {WORKERS_MAX}")
         return int(text)
+
+    def tokenize_thread_count(self) -> int:
+        """`tokenize_threads` with 0 resolved from the CPUs this process may use."""
+        return self.tokenize_threads or min(usable_cpus(), AUTO_TOKENIZE_THREADS)
 
     def worker_count(self) -> int:
         """`workers` with auto resolved from the CPUs this process may use."""

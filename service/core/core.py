@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TypeVar
 
 import numpy as np
@@ -109,6 +109,13 @@ class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
         self.settings = settings
         self.metrics = metrics
         self._cpu = cpu_executor  # tokenization, decoding and large responses, off the event loop
+        # more threads for one large call's tokenization (service/core/token_slices.py)
+        self.tokenize_threads = settings.tokenize_thread_count()
+        self._slices = (
+            ThreadPoolExecutor(self.tokenize_threads - 1, thread_name_prefix="bertserve-tokenize")
+            if self.tokenize_threads > 1
+            else None
+        )
         self.loop_lag = LoopLagMonitor(metrics)
         self.refresh_infos()
         if engine is None:
@@ -143,6 +150,8 @@ class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
         """Stops the encoders' worker threads (after `close`); a computing batch finishes in the background."""
         for group in self.encoders:
             group.executor.shutdown(wait=False, cancel_futures=True)
+        if self._slices is not None:
+            self._slices.shutdown(wait=False, cancel_futures=True)
 
     async def off_loop(self, fn: Callable[..., T], *args) -> T:
         """Runs `fn(*args)` on the CPU pool (e.g. building and serializing a large response)."""

@@ -79,7 +79,9 @@ class EmbedGroups:
             flat = [text for i in group for text in calls[i].texts]
             self.core.metrics.tokenized_of(served.name).inc(len(flat))
             started = time.perf_counter()
-            encoded = served.tokenizer.encode(flat, True, detailed=False)  # cut; refused per call below
+            encoded = self.core.encode_texts(
+                served, flat, True, detailed=False
+            )  # cut; refused per call below
             tokenize_s = time.perf_counter() - started
             at = 0
             for i in group:

@@ -15,6 +15,7 @@ import numpy as np
 from bertserve.service.core.embed_inputs import encode_token_ids
 from bertserve.service.core.results import TokenizeResult
 from bertserve.service.core.results import call_meta as _meta
+from bertserve.service.core.token_slices import encode_sliced
 from bertserve.service.core.validation import check_texts
 from bertserve.service.engine.pair_truncation import INPUT_PAIRS, PairNames
 from bertserve.service.engine.served_model import ServedModel
@@ -29,7 +30,7 @@ INLINE_TOKENIZE_CHARS = 256
 
 class TokenizingCalls:
     """Tokenize, and the tokenizing steps of every call, mixed into `InferenceCore` (this module imports
-    nothing of it): they use its `registry`, `settings`, `metrics` and `off_loop`."""
+    nothing of it): they use its `registry`, `settings`, `metrics`, `off_loop` and its slices' pool."""
 
     async def tokenize(self, model: str, texts: Sequence[str], *, truncate: bool = False) -> TokenizeResult:
         """The model's tokenization of each text (`model` "" = the first model); runs no graph."""
@@ -53,8 +54,15 @@ class TokenizingCalls:
         token strings or offsets); `left`: a cut input keeps its last tokens. Counted in
         bertserve_tokenized_inputs_total, refused or not."""
         self.metrics.tokenized_of(model.name).inc(len(checked))
-        encode = functools.partial(model.tokenizer.encode, checked, truncate, detailed, left)
+        encode = functools.partial(self.encode_texts, model, checked, truncate, detailed, left)
         return await self._timed(encode, sum(len(text) for text in checked))
+
+    def encode_texts(
+        self, model: ServedModel, texts: list[str], truncate: bool, detailed: bool = True, left: bool = False
+    ) -> list[EncodedInput]:
+        """Blocking: `model.tokenizer.encode`, a large call's texts in slices on several threads."""
+        pool, threads = self._slices, self.tokenize_threads
+        return encode_sliced(model.tokenizer, texts, truncate, detailed, left, pool, threads)
 
     async def _tokenize_pairs(
         self,
