@@ -4,7 +4,9 @@
 - `device-dir`: the folder name for this GPU's results (docs/performance/gpu-h100 for an H100);
 - `library-path`: the lib folders of NVIDIA's pip packages (cuBLAS, cuDNN, ...) for LD_LIBRARY_PATH, since
   onnxruntime-gpu does not find them by itself in a virtual environment;
-- `summary OUT`: the issue's GPU goals side by side for each run under OUT/workers-*/bench.json.
+- `summary OUT`: the issue's GPU goals side by side for each run under OUT/workers-*/bench.json;
+- `native DIR`: the native gRPC transport and the bench's load generators, built here (or found in the cache)
+  and copied into DIR under their cache names, for a GPU machine without a compiler (`make gpu-bundle`).
 
 A failed `sanity` prints one line and exits NO_GPU, as the script does for a machine without nvidia-smi.
 """
@@ -14,12 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bertserve.bench import analysis, gpu
+from bertserve.bench import analysis, gpu, native_loadgen
 from bertserve.bench.processes import BenchError
+from bertserve.service.grpc.native import transport
+from bertserve.service.grpc.native.build import NativeUnavailable
 
 NO_GPU = 3  # the exit code for "no usable GPU" (scripts/gpu-check.sh uses the same)
 RUN_PREFIX = "workers-"
@@ -182,6 +187,17 @@ def summarize(out: Path) -> dict:
     return summary
 
 
+def native_code(into: Path) -> list[Path]:
+    """`native DIR`: the copies made (the transport's library, the gRPC and HTTP load generators)."""
+    try:
+        transport.library()
+        built = [transport.library_file(), native_loadgen.find_binary(), native_loadgen.http_binary()]
+    except NativeUnavailable as why:
+        raise BenchError(f"no native code: {why}") from None
+    into.mkdir(parents=True, exist_ok=True)
+    return [Path(shutil.copy2(path, into / path.name)) for path in built]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bertserve.bench.gpu_check", description=__doc__)
     steps = parser.add_subparsers(dest="step", required=True)
@@ -191,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     steps.add_parser("library-path")
     summary = steps.add_parser("summary")
     summary.add_argument("out", type=Path)
+    steps.add_parser("native").add_argument("into", type=Path)
     args = parser.parse_args(argv)
     try:
         if args.step == "sanity":
@@ -199,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             print(device_dir(args.name or gpu.describe_gpu()["gpu"]))
         elif args.step == "library-path":
             print(library_path())
+        elif args.step == "native":
+            print("\n".join(str(path) for path in native_code(args.into)))
         else:
             summarize(args.out)
             print(args.out / "gpu-check.md")

@@ -2,7 +2,10 @@
 # `make gpu-bundle`: what `make gpu-check` installs, gathered on a machine that reaches PyPI, for a GPU machine
 # that reaches nothing (`scripts/gpu-check.sh --bundle DIR` there). Writes DIR/wheels (onnxruntime-gpu,
 # bertserve and bertserve-bench, and everything they and the GPU bench import, for the target's Python on
-# x86-64 Linux) and DIR/model_repository (the exported default model, as `make export-default` left it).
+# x86-64 Linux), DIR/model_repository (the exported default model, as `make export-default` left it) and
+# DIR/native: the native gRPC transport and the bench's load generators built here, with the shared libraries
+# they load beyond glibc's and the C++ runtime (gRPC's, abseil's, OpenSSL's: a GPU image may have no compiler
+# nor libgrpc++); they match this checkout's sources, so the GPU machine runs the same commit.
 # CUDA's and cuDNN's libraries are not in it: the target has them (NVIDIA's pip packages, as torch's CUDA build
 # brings them, or a CUDA install), and torch is not needed (the GPU bench runs no PyTorch baseline).
 set -euo pipefail
@@ -70,4 +73,13 @@ for glibc in 2_17 2_27 2_28 2_34; do platforms+=(--platform "manylinux_${glibc}_
     "${platforms[@]}" --platform manylinux2014_x86_64 -d "${OUT}/wheels" "${requirements[@]}" \
     || fail "pip download for Python ${VERSION} failed (above)"
 cp -r "${REPO}/${MODEL}" "${OUT}/model_repository/"
+rm -rf "${OUT}/native"
+if (cd "${ROOT}" && "$(dirname "${PIP}")/python" -m bertserve.bench.gpu_check native "${OUT}/native" >/dev/null); then
+    mkdir -p "${OUT}/native/lib"
+    for built in "${OUT}"/native/bertserve-*; do ldd "${built}"; done | awk '/=> \//{print $3}' | sort -u \
+        | grep -Ev '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so' \
+        | while read -r library; do cp -L "${library}" "${OUT}/native/lib/"; done
+else
+    echo "gpu-bundle: no native code in the bundle (above): the GPU machine builds it, or the bench goes without"
+fi
 echo "gpu-bundle: ${OUT} ($(du -sh "${OUT}" | cut -f1)): on the GPU machine, scripts/gpu-check.sh --bundle ${OUT}"

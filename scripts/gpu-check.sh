@@ -42,8 +42,8 @@ usage: scripts/gpu-check.sh [--workers LIST] [--out DIR] [--repo DIR] [--python 
   --no-install    install and build nothing; stop with one line where something is missing
   --bundle DIR    a machine without a package index: install from DIR/wheels (`make gpu-bundle` made it
                   elsewhere) into build/gpu-check/site, for PY's Python (default python3, whose own
-                  packages stay visible: NVIDIA's CUDA libraries), and take the model from
-                  DIR/model_repository unless --repo says otherwise
+                  packages stay visible: NVIDIA's CUDA libraries), take the model from
+                  DIR/model_repository unless --repo says otherwise, and the native code from DIR/native
   --setting NAME=VALUE  a server setting for every run, over the GPU overlay's (repeatable; e.g.
                   max_batch_size=256 with max_batch_tokens=65536)
 
@@ -229,6 +229,9 @@ if [ -n "${BUNDLE}" ]; then
     [ -n "${REPO_GIVEN}" ] || REPO="${BUNDLE}/model_repository"
     # the bundle's packages first; the checkout's bertserve/ (not the package) never on the path
     export PYTHONPATH="${SCRATCH}/site" PYTHONSAFEPATH=1
+    if [ -d "${BUNDLE}/native" ]; then  # the native code built with the bundle, and its libraries
+        export BERTSERVE_CACHE_DIR="${BUNDLE}/native" LD_LIBRARY_PATH="${BUNDLE}/native/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+    fi
 elif [ -z "${PYTHON_BIN}" ]; then
     PYTHON_BIN="${ROOT}/.venv-gpu/bin/python"
     GPU_CHECK_OWN_VENV=1

@@ -94,12 +94,19 @@ def test_a_cpu_build_of_onnxruntime_is_refused_at_the_sanity_step(tmp_path):
     assert not out.exists()
 
 
-def _stub_wheel(folder: Path) -> None:
-    """A wheel of a stand-in `onnxruntime` (a CPU build by its own account, version 0.0.1)."""
+def _stub_wheel(folder: Path, record: Path | None = None) -> None:
+    """A wheel of a stand-in `onnxruntime` (a CPU build by its own account, version 0.0.1); `record`: its
+    get_device() writes the environment it runs in there, as JSON."""
     info = "onnxruntime-0.0.1.dist-info"
+    records = (
+        f"    import json, os\n    open({str(record)!r}, 'w').write(json.dumps(dict(os.environ)))\n"
+        if record
+        else ""
+    )
     with zipfile.ZipFile(folder / "onnxruntime-0.0.1-py3-none-any.whl", "w") as wheel:
         wheel.writestr(
-            "onnxruntime/__init__.py", '__version__ = "0.0.1"\n\ndef get_device():\n    return "CPU"\n'
+            "onnxruntime/__init__.py",
+            f'__version__ = "0.0.1"\n\ndef get_device():\n{records}    return "CPU"\n',
         )
         wheel.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: onnxruntime\nVersion: 0.0.1\n")
         wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
@@ -119,6 +126,51 @@ def test_a_bundle_is_installed_from_its_wheels_alone_ahead_of_the_interpreters_p
     line = [line for line in result.stderr.splitlines() if line.startswith("gpu-check:")]
     assert line == ["gpu-check: no usable GPU: onnxruntime 0.0.1 is a CPU build (get_device() says CPU): "
                     "install onnxruntime-gpu in its place"]  # fmt: skip
+
+
+def test_a_bundles_native_code_and_libraries_are_what_every_step_finds(tmp_path):
+    path = _path_without_nvidia_smi(tmp_path, 'echo "NVIDIA H100 80GB HBM3, 1980"')
+    bundle, record = tmp_path / "bundle", tmp_path / "environment.json"
+    (bundle / "wheels").mkdir(parents=True)
+    (bundle / "native" / "lib").mkdir(parents=True)
+    _stub_wheel(bundle / "wheels", record)
+    result = _run("--bundle", str(bundle), "--python", sys.executable, path=f"{path}:{os.environ['PATH']}")
+    assert result.returncode == gpu_check.NO_GPU, result.stdout + result.stderr
+    seen = json.loads(record.read_text())  # at the sanity step, as the bench's runs see it after
+    assert seen["BERTSERVE_CACHE_DIR"] == str(bundle / "native")
+    assert str(bundle / "native" / "lib") in seen["LD_LIBRARY_PATH"].split(":")
+
+
+def test_gpu_bundle_carries_the_native_code_and_the_libraries_it_loads(tmp_path):
+    """With a stand-in pip (no download here), the bundle's native/ holds the transport and both load
+    generators under the names the checkout's sources give them, and gRPC's libraries, not glibc's."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "pip").write_text("#!/bin/sh\nexit 0\n")
+    (tools / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    repo = tmp_path / "repo"
+    (repo / "all-minilm-l6-v2" / "1").mkdir(parents=True)
+    (repo / "all-minilm-l6-v2" / "1" / "manifest.json").write_text("{}")
+    bundle = tmp_path / "bundle"
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "gpu-bundle.sh"), str(bundle), "--pip", str(tools / "pip"), "--repo", str(repo)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    from bertserve.bench import native_loadgen
+    from bertserve.service.grpc.native import transport
+
+    expected = [
+        transport.library_file(),
+        native_loadgen.cached_binary(),
+        native_loadgen.cached_binary(native_loadgen.HTTP_SOURCE),
+    ]
+    assert sorted(p.name for p in (bundle / "native").glob("bertserve-*")) == sorted(p.name for p in expected)
+    libraries = {p.name for p in (bundle / "native" / "lib").iterdir()}
+    assert any(name.startswith("libgrpc++.so") for name in libraries), libraries
+    assert not any(name.startswith(("libc.so", "libstdc++", "libm.so")) for name in libraries), libraries
 
 
 def test_a_bundle_without_wheels_stops_at_setup_with_one_line(tmp_path):

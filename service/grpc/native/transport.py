@@ -43,11 +43,16 @@ def _loads(path: Path) -> bool:
 _LIBRARY: ctypes.CDLL | None = None
 
 
+def library_file() -> Path:
+    """Where the transport's library is cached (`library` builds it there)."""
+    return cached(SOURCE, "bertserve-native", ".so")
+
+
 def library() -> ctypes.CDLL:
     """The transport's library, built on first use (a few seconds; NativeUnavailable says what is missing)."""
     global _LIBRARY
     if _LIBRARY is None:
-        lib = ctypes.CDLL(str(built(SOURCE, cached(SOURCE, "bertserve-native", ".so"), _loads, shared=True)))
+        lib = ctypes.CDLL(str(built(SOURCE, library_file(), _loads, shared=True)))
         c = ctypes
         signatures = {
             "bsn_start": (
