@@ -151,6 +151,43 @@ def test_a_batch_is_cut_ahead_so_the_instance_never_waits_for_the_event_loop():
     assert model.batches == [[0], [1], [2]]
 
 
+def test_without_prefetch_only_a_full_batch_is_cut_ahead():
+    """The engine's batcher (prefetch 0, ahead_when_full): while a batch computes, the queue grows into the
+    next batch; once it holds a full one (max_batch_size inputs, or max_batch_tokens tokens) that batch is
+    handed to the executor at once, so the instance never waits for the (busy) event loop for it."""
+
+    def handed_while_computing(ahead_when_full: bool, specs: list[tuple[int, int, bool]], **kw) -> int:
+        model = Recorder()
+        handed: list[int] = []
+
+        class CountingPool(ThreadPoolExecutor):
+            def submit(self, fn, *args, **kwargs):
+                handed.append(len(handed))
+                return super().submit(fn, *args, **kwargs)
+
+        async def main():
+            with CountingPool(1) as pool:
+                batcher = Batcher("m", model, limits(**kw), pool, prefetch=0, ahead_when_full=ahead_when_full)
+                batcher.start()
+                futures = await submit_each(batcher, specs[:1])
+                await asyncio.sleep(0.05)  # the first batch is held by the model
+                futures += await submit_each(batcher, specs[1:])
+                await asyncio.sleep(0.05)
+                in_executor = len(handed)
+                model.release.set()
+                await asyncio.gather(*futures)
+                await batcher.close()
+            return in_executor
+
+        return asyncio.run(main())
+
+    three = [(5, tag, False) for tag in range(3)]
+    assert handed_while_computing(True, three[:2], max_batch_size=2) == 1  # one queued: it may still grow
+    assert handed_while_computing(True, three, max_batch_size=2) == 2  # two queued: full, cut ahead
+    assert handed_while_computing(True, three, max_batch_tokens=10) == 2  # 10 tokens queued: full
+    assert handed_while_computing(False, three, max_batch_size=2) == 1  # plain prefetch 0: never ahead
+
+
 def test_calls_that_arrive_while_every_instance_is_taken_do_not_wake_the_owner(monkeypatch):
     """With a batch computing and one cut ahead, the owner can start nothing: calls queue without a turn of
     the owner each, and the batch that finishes wakes it to cut the next from all of them."""

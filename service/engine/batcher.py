@@ -21,7 +21,10 @@ With `concurrency` N (the encoder's model instances), up to N batches compute at
 worker thread; the queued inputs are shared out between free instances, and while interactive calls are
 active bulk batches leave one instance free for them. One batch more than N (`PREFETCH_BATCHES`) is cut
 ahead and waits in the executor, so an instance never idles while the loop answers calls; a bulk batch is
-never cut ahead while interactive calls are active (it would stand between them and the instance).
+never cut ahead while interactive calls are active (it would stand between them and the instance). With
+`prefetch` 0 and `ahead_when_full` (the engine process: its batches grow while the device computes), a batch
+is still cut ahead once the queue holds a full one (`max_batch_size` inputs or `max_batch_tokens` tokens): it
+could not grow, and the instance then starts it without waiting for the loop.
 
 Exclusive jobs (Attention runs: one input through another graph) are admitted by the same owner
 (`submit_exclusive`, their own limit `max_queue_exclusive`) and run on the same worker thread; the owner
@@ -111,12 +114,15 @@ class Batcher:
         observer: BatchObserver | None = None,
         concurrency: int = 1,
         prefetch: int | None = None,
+        ahead_when_full: bool = False,
     ):
         """`concurrency`: batches computed at once (the encoder's instances; `executor` has that many
-        threads); `prefetch`: batches cut ahead beyond those (None: PREFETCH_BATCHES)."""
+        threads); `prefetch`: batches cut ahead beyond those (None: PREFETCH_BATCHES); `ahead_when_full`:
+        with `prefetch` 0, one batch all the same when the queue holds a full one."""
         self.name = name
         self.concurrency = concurrency
         self._prefetch = PREFETCH_BATCHES if prefetch is None else prefetch
+        self._ahead_when_full = ahead_when_full
         self._running: dict[asyncio.Task, bool] = {}  # batches computing -> bulk or not
         self._compute = compute
         self.limits = limits
@@ -247,7 +253,7 @@ class Batcher:
         self._lanes[bulk].tokens += tokens
         self._lanes[bulk].inputs += len(items)
         self._observer.queue_depth(self.depth)
-        if len(self._running) < self.concurrency + self._prefetch:
+        if len(self._running) < self.concurrency + self._ahead(self._lanes[bulk]):
             self._wakeup.set()
         # else the owner can start nothing until a batch finishes, and that wakes it: a turn per call
         # under load would cost the event loop about 30 us and change nothing
@@ -384,13 +390,20 @@ class Batcher:
         one instance left free for them (with several instances: a unary call then never waits for a
         stream's batch) and no bulk batch cut ahead."""
         running = len(self._running)
-        if running >= self.concurrency + self._prefetch:
+        if running >= self.concurrency + self._ahead(lane):
             return False
         if running >= self.concurrency and lane.bulk and self._interactive_active():
             return False
         if not lane.bulk or self.concurrency == 1 or not self._interactive_active():
             return True
         return sum(self._running.values()) < self.concurrency - 1
+
+    def _ahead(self, lane: Lane) -> int:
+        """Batches that may wait for an instance: `prefetch`, or one when the lane holds a full batch."""
+        if self._prefetch or not self._ahead_when_full:
+            return self._prefetch
+        limits = self.limits
+        return int(lane.inputs >= limits.max_batch_size or lane.tokens >= limits.max_batch_tokens)
 
     def _interactive_active(self) -> bool:
         return time.monotonic() - self._interactive_seen < INTERACTIVE_RECENT_S

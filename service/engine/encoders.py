@@ -148,16 +148,21 @@ def batch_limits(settings: Settings) -> BatchLimits:
 
 
 def attach_batchers(
-    registry: ModelRegistry, settings: Settings, metrics: Metrics, prefetch: int | None = None
+    registry: ModelRegistry,
+    settings: Settings,
+    metrics: Metrics,
+    prefetch: int | None = None,
+    ahead_when_full: bool = False,
 ) -> None:
     """One queue owner per encoder, shared by its models and tasks, cutting `prefetch` batches ahead (None:
-    the batcher's default)."""
+    the batcher's default), or with 0 and `ahead_when_full` one full batch (service/engine/batcher.py)."""
     limits = batch_limits(settings)
     for group in registry.encoders:
         observer = ModelObserver(metrics, group.name, group.graph_key)
         group.batcher = Batcher(
-            group.name, group.compute, limits, group.executor, observer, group.instances, prefetch
-        )
+            group.name, group.compute, limits, group.executor, observer, group.instances, prefetch,
+            ahead_when_full,
+        )  # fmt: skip
         on = settings.batch_shapes == "buckets" or (
             settings.batch_shapes == "auto" and group.provider == CUDA
         )

@@ -49,9 +49,10 @@ class Engine:
         started = time.perf_counter()
         self.registry = await loop.run_in_executor(self._cpu, model_registry.load, self.settings)
         self._groups = {group.name: group for group in self.registry.encoders}  # looked up per call
-        # no batch cut ahead: this loop does nothing but batch, so it cuts the next batch as soon as an
-        # instance is free, with every input that came while the last one computed
-        attach_batchers(self.registry, self.settings, self.metrics, prefetch=0)
+        # no batch cut ahead but a full one: the next batch is cut as soon as an instance is free, with every
+        # input that came while the last one computed; one that cannot grow waits for the instance instead,
+        # so the device never waits for this loop, busy with the fronts' frames under load
+        attach_batchers(self.registry, self.settings, self.metrics, prefetch=0, ahead_when_full=True)
         for group in self.registry.encoders:
             group.batcher.start()
             await loop.run_in_executor(group.executor, group.warm_up)
