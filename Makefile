@@ -78,16 +78,18 @@ bench: setup export-default
 	-@scripts/system-packages.sh
 	$(BIN)/bertserve bench --model-repo $(REPO) --out bench-results
 
-# On a machine with an NVIDIA GPU (scripts/gpu-check.sh, under 8 minutes): stops with one line where no GPU is
+# On a machine with an NVIDIA GPU (scripts/gpu-check.sh, a few minutes): stops with one line where no GPU is
 # usable; else makes .venv-gpu (make setup, then onnxruntime-gpu), exports the default model and runs the GPU
-# bench with workers auto, on the main port then the native port (GPU_CHECK_WORKERS=1,auto,native-2 for others) into
+# bench with workers auto on the native port, with the overlay's batch limits and with larger ones
+# (GPU_CHECK_WORKERS=1,auto,native-2:max_batch_size=128 for others), then the CPU cores' run, into
 # docs/performance/gpu-<device>/.
 gpu-check:
 	scripts/gpu-check.sh
 
 # For a GPU machine that reaches no package index (scripts/gpu-bundle.sh): the wheels the GPU check installs,
-# for GPU_PYTHON's version (default this machine's python3), and the default model, in build/gpu-bundle;
-# copy that folder there and run `scripts/gpu-check.sh --bundle build/gpu-bundle`.
+# for GPU_PYTHON's version (default this machine's python3), the default model and the native code built here
+# with its libraries, in build/gpu-bundle; copy that folder there, with a checkout of the same commit, and run
+# `scripts/gpu-check.sh --bundle build/gpu-bundle`.
 GPU_PYTHON ?=
 gpu-bundle: setup export-default
 	scripts/gpu-bundle.sh build/gpu-bundle $(if $(GPU_PYTHON),--python-version $(GPU_PYTHON))

@@ -4,7 +4,8 @@
 - `device-dir`: the folder name for this GPU's results (docs/performance/gpu-h100 for an H100);
 - `library-path`: the lib folders of NVIDIA's pip packages (cuBLAS, cuDNN, ...) for LD_LIBRARY_PATH, since
   onnxruntime-gpu does not find them by itself in a virtual environment;
-- `summary OUT`: the issue's GPU goals side by side for each run under OUT/workers-*/bench.json;
+- `summary OUT`: the issue's GPU goals side by side for each run under OUT/workers-*/bench.json, and the
+  many-core goal from OUT/cpu/bench.json when there;
 - `native DIR`: the native gRPC transport and the bench's load generators, built here (or found in the cache)
   and copied into DIR under their cache names, for a GPU machine without a compiler (`make gpu-bundle`).
 
@@ -28,7 +29,12 @@ from bertserve.service.grpc.native.build import NativeUnavailable
 
 NO_GPU = 3  # the exit code for "no usable GPU" (scripts/gpu-check.sh uses the same)
 RUN_PREFIX = "workers-"
+CPU_RUN = "cpu"  # the many-core run's folder (scripts/gpu-check.sh, phase cpu)
 SINGLE_CONCURRENCY = 256  # the issue's single-input figure: callers at c=256
+
+
+def _many_cores_goal(v: float) -> bool:
+    return v >= 0.9  # issue 26: on a GPU machine's CPU cores, single-input callers >= 0.9x bulk
 
 
 def device_dir(name: str) -> str:
@@ -120,7 +126,7 @@ FIGURES: list[tuple[str, str, Callable[[float], bool] | None, Callable[[dict], f
         lambda b: b.get("ratios", {}).get("fp16_vs_server_fp32"),
     ),
     (
-        "HTTP /v1/embeddings / gRPC, single input (saturation)",
+        "HTTP /bertserve/v1/embed / gRPC, single input (saturation)",
         ">= 0.8",
         lambda v: v >= 0.8,
         lambda b: b.get("ratios", {}).get("http_vs_grpc"),
@@ -181,10 +187,28 @@ def summarize(out: Path) -> dict:
     for name, goal, test, _ in FIGURES:
         cells = " | ".join(_cell(figures[w][name], test) for w in runs)
         lines.append(f"| {name} | {goal or '–'} | {cells} |")
+    cpu = _cpu_figure(out / CPU_RUN / "bench.json")
+    if cpu is not None:
+        lines += ["", f"On the CPU provider ([cpu]({CPU_RUN}/bench.md), {cpu['cores']} logical cores, "
+                  f"{cpu['settings']}): single-input callers / 32-input requests {_cell(cpu['single_vs_bulk'], _many_cores_goal)}, "
+                  "goal >= 0.9."]  # fmt: skip
     (out / "gpu-check.md").write_text("\n".join(lines) + "\n")
-    summary = {"gpu": gpu_name, "onnxruntime": onnxruntime, "figures": figures}
+    summary = {"gpu": gpu_name, "onnxruntime": onnxruntime, "figures": figures, "cpu": cpu}
     (out / "gpu-check.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _cpu_figure(path: Path) -> dict | None:
+    """The many-core run's single-input / 32-input ratio (its per-call profile), None without the run."""
+    if not path.is_file():
+        return None
+    bench = json.loads(path.read_text())
+    chosen = bench.get("settings", {}).get("server_settings", {})
+    return {
+        "cores": bench.get("machine", {}).get("logical_cores"),
+        "settings": ", ".join(f"{k} {v}" for k, v in chosen.items()) or "defaults",
+        "single_vs_bulk": bench.get("ratios", {}).get("single_vs_bulk"),
+    }
 
 
 def native_code(into: Path) -> list[Path]:

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # `make gpu-check`: on a machine with an NVIDIA GPU, from a fresh clone, install what the GPU bench needs,
 # export the default model and run `bertserve bench --provider cuda --quick` once per workers setting
-# (native-N: workers N, the gRPC Embed calls to the native port of every front, service/grpc/native/),
-# writing docs/performance/gpu-<device>/: gpu-check.md and gpu-check.json (the GPU goals of issue 26, one
-# column per run) and workers-<N>/ (each run's bench.json, bench.md and plots; its logs stay in
-# build/gpu-check/).
+# (native-N: workers N, the gRPC Embed calls to the native port of every front, service/grpc/native/;
+# a run may add settings of its own: native-auto:max_batch_size=256), then once on the CPU cores
+# (single-input against 32-input calls), writing docs/performance/gpu-<device>/: gpu-check.md and
+# gpu-check.json (the goals of issue 26, one column per run) and workers-<run>/, cpu/ (each run's bench.json,
+# bench.md and plots; its logs stay in build/gpu-check/).
 #
-# Phases, each under its own time budget (seconds; the defaults add up to under 8 minutes):
+# Phases, each under its own time budget (seconds), a ceiling against a hang: on the H200 with --bundle, two
+# GPU runs took about 65 s each, setup and sanity under 30 s together:
 #   gpu      nvidia-smi answers and lists a GPU, before anything is installed
 #   setup    `make setup` into .venv-gpu (torch's CPU build is enough: it only exports), then
 #            onnxruntime-gpu in place of onnxruntime; the native load generator, if it can be built.
@@ -14,6 +16,8 @@
 #   sanity   ONNX Runtime is a GPU build and a session really gets CUDAExecutionProvider
 #   export   the default model (all-minilm-l6-v2 with its fp16 graph), unless the repository has it
 #   bench    one run per workers setting (server-fp32, its HTTP twin, server-fp16)
+#   cpu      server-fp32 on the CPU provider, every core (workers auto, native transport, one-thread
+#            instances on half the cores): single-input callers against 32-input requests
 #   report   the goals side by side (python -m bertserve.bench.gpu_check summary)
 set -uo pipefail
 
@@ -24,16 +28,18 @@ TARGETS=server-fp32,server-fp32-http,server-fp16
 NO_GPU=3      # the same code as python -m bertserve.bench.gpu_check sanity
 OVER_BUDGET=4
 : "${GPU_CHECK_GPU_S:=15}" "${GPU_CHECK_SETUP_S:=140}" "${GPU_CHECK_SANITY_S:=20}"
-: "${GPU_CHECK_EXPORT_S:=90}" "${GPU_CHECK_BENCH_S:=95}" "${GPU_CHECK_REPORT_S:=15}"
+: "${GPU_CHECK_EXPORT_S:=90}" "${GPU_CHECK_BENCH_S:=95}" "${GPU_CHECK_CPU_S:=120}" "${GPU_CHECK_REPORT_S:=15}"
 
 usage() {
     cat <<'EOF'
 usage: scripts/gpu-check.sh [--workers LIST] [--out DIR] [--repo DIR] [--python PY] [--no-install]
                             [--bundle DIR] [--setting NAME=VALUE ...]
 
-  --workers LIST  workers settings to bench, comma-separated, each an integer >= 1, auto, or native-N
-                  (N an integer or auto; native is native-1): workers N, the gRPC Embed calls to the
-                  native port of every front (default auto,native-auto; environment GPU_CHECK_WORKERS)
+  --workers LIST  runs to bench, comma-separated, each a workers setting (an integer >= 1, auto, or
+                  native-N: workers N, the gRPC Embed calls to the native port of every front; N an
+                  integer or auto, native is native-1) and :NAME=VALUE settings of that run alone
+                  (default native-auto,native-auto:max_batch_size=256:max_batch_tokens=65536;
+                  environment GPU_CHECK_WORKERS)
   --out DIR       where the results go (default docs/performance/gpu-<device>, after the GPU's model)
   --repo DIR      model repository; the default model is exported into it unless it is there
                   (default model_repository; environment REPO)
@@ -47,9 +53,9 @@ usage: scripts/gpu-check.sh [--workers LIST] [--out DIR] [--repo DIR] [--python 
   --setting NAME=VALUE  a server setting for every run, over the GPU overlay's (repeatable; e.g.
                   max_batch_size=256 with max_batch_tokens=65536)
 
-Budgets per phase, in seconds (environment; the defaults add up to under 8 minutes for two runs):
+Budgets per phase, in seconds (environment; ceilings: a phase past its budget stops the check):
   GPU_CHECK_GPU_S 15, GPU_CHECK_SETUP_S 140, GPU_CHECK_SANITY_S 20, GPU_CHECK_EXPORT_S 90,
-  GPU_CHECK_BENCH_S 95 (each run), GPU_CHECK_REPORT_S 15
+  GPU_CHECK_BENCH_S 95 (each run), GPU_CHECK_CPU_S 120 (0: no CPU run), GPU_CHECK_REPORT_S 15
 
 Exit status: 0 done, 1 a phase failed, 2 a wrong command line, 3 no usable GPU, 4 a phase went past
 its budget.
@@ -128,11 +134,13 @@ phase_export() {
     "${PYTHON_BIN}" -m bertserve.cli export --default --out "${REPO}" || fail 1 "bertserve export --default failed"
 }
 
-phase_bench() {  # phase_bench WORKERS
-    local workers="$1" run="${SCRATCH}/workers-$1"
+phase_bench() {  # phase_bench RUN: WORKERS[:NAME=VALUE...]
+    local spec="$1" workers="${1%%:*}" name="${1//[:=]/-}" run
+    run="${SCRATCH}/workers-${name}"
     local args=(--provider cuda --quick --connections per-caller --model-repo "${REPO}" --model "${MODEL}" --targets "${TARGETS}" --out "${run}")
-    local setting
-    for setting in ${GPU_CHECK_SETTINGS}; do args+=(--server-setting "${setting}"); done
+    local setting own=()
+    [[ "${spec}" == *:* ]] && IFS=: read -r -a own <<<"${spec#*:}"
+    for setting in ${GPU_CHECK_SETTINGS} "${own[@]}"; do args+=(--server-setting "${setting}"); done
     if [[ "${workers}" == native* ]]; then
         if ! "${PYTHON_BIN}" -c 'from bertserve.service.grpc.native.transport import library; library()' >/dev/null 2>&1; then
             echo "gpu-check: no native port here (this bertserve lacks it, or g++ and libgrpc++-dev): workers ${workers} not measured"
@@ -150,10 +158,25 @@ phase_bench() {  # phase_bench WORKERS
         return 0
     fi
     rm -rf "${run}"
-    "${PYTHON_BIN}" -m bertserve.cli bench "${args[@]}" || fail 1 "bertserve bench (workers ${workers}) failed: see ${run}/logs"
-    mkdir -p "${OUT}/workers-${workers}"
-    cp "${run}/bench.json" "${run}/bench.md" "${run}"/*.png "${OUT}/workers-${workers}/" \
-        || fail 1 "cannot copy the results of workers ${workers} from ${run}"
+    "${PYTHON_BIN}" -m bertserve.cli bench "${args[@]}" || fail 1 "bertserve bench (${spec}) failed: see ${run}/logs"
+    save_run "${run}" "workers-${name}"
+}
+
+save_run() {  # save_run RUN_DIR NAME: its results into OUT/NAME
+    mkdir -p "${OUT}/$2"
+    cp "$1/bench.json" "$1/bench.md" "$1"/*.png "${OUT}/$2/" || fail 1 "cannot copy the results of $2 from $1"
+}
+
+phase_cpu() {  # issue 26's many-core goal: single-input callers against 32-input requests, CPU provider
+    local run="${SCRATCH}/cpu" cpus
+    cpus="$("${PYTHON_BIN}" -c 'from bertserve.service.settings import usable_cpus; print(usable_cpus())')" \
+        || fail 1 "cannot count the CPUs"
+    local args=(--provider cpu --quick --connections per-caller --model-repo "${REPO}" --model "${MODEL}"
+        --targets server-fp32 --threads 1 --out "${run}" --server-setting workers=auto
+        --server-setting grpc_transport=native --server-setting "instances=$(((cpus + 1) / 2))")
+    rm -rf "${run}"
+    "${PYTHON_BIN}" -m bertserve.cli bench "${args[@]}" || fail 1 "bertserve bench (cpu) failed: see ${run}/logs"
+    save_run "${run}" cpu
 }
 
 phase_report() {
@@ -183,7 +206,7 @@ if [ "${1:-}" = __phase ]; then
 fi
 
 # ---- the command line ----
-WORKERS="${GPU_CHECK_WORKERS:-auto,native-auto}"
+WORKERS="${GPU_CHECK_WORKERS:-native-auto,native-auto:max_batch_size=256:max_batch_tokens=65536}"
 OUT=""
 REPO_GIVEN=""  # --repo: with --bundle, the bundle's model otherwise (the environment's REPO aside)
 REPO="${REPO:-model_repository}"
@@ -214,8 +237,10 @@ done
 IFS=, read -r -a WORKERS_LIST <<<"${WORKERS}"
 [ "${#WORKERS_LIST[@]}" -gt 0 ] || fail 2 "--workers: give at least one setting"
 for workers in "${WORKERS_LIST[@]}"; do
-    [[ "${workers}" =~ ^(auto|[1-9][0-9]*|native(-auto|-[1-9][0-9]*)?)$ ]] \
-        || fail 2 "--workers: ${workers} is neither an integer >= 1, auto, nor native-N (N an integer or auto)"
+    [[ "${workers%%:*}" =~ ^(auto|[1-9][0-9]*|native(-auto|-[1-9][0-9]*)?)$ ]] \
+        || fail 2 "--workers: ${workers%%:*} is neither an integer >= 1, auto, nor native-N (N an integer or auto)"
+    [[ "${workers}" =~ ^[^:]*(:[a-z_]+=[^:[:space:]]+)*$ ]] \
+        || fail 2 "--workers: ${workers}: give a run's own settings as :NAME=VALUE"
 done
 
 cd "${ROOT}" || exit 1
@@ -237,7 +262,7 @@ elif [ -z "${PYTHON_BIN}" ]; then
     GPU_CHECK_OWN_VENV=1
 fi
 export PYTHON_BIN REPO SCRATCH BUNDLE GPU_CHECK_OWN_VENV GPU_CHECK_INSTALL="${INSTALL}" GPU_CHECK_SETTINGS="${SETTINGS[*]}"
-total=$((GPU_CHECK_SETUP_S + GPU_CHECK_SANITY_S + GPU_CHECK_EXPORT_S + ${#WORKERS_LIST[@]} * GPU_CHECK_BENCH_S + GPU_CHECK_REPORT_S))
+total=$((GPU_CHECK_SETUP_S + GPU_CHECK_SANITY_S + GPU_CHECK_EXPORT_S + ${#WORKERS_LIST[@]} * GPU_CHECK_BENCH_S + GPU_CHECK_CPU_S + GPU_CHECK_REPORT_S))
 echo "gpu-check: workers ${WORKERS}; at most ${total} s from here"
 
 run_phase setup "${GPU_CHECK_SETUP_S}"
@@ -251,5 +276,6 @@ run_phase export "${GPU_CHECK_EXPORT_S}"
 for workers in "${WORKERS_LIST[@]}"; do
     run_phase bench "${GPU_CHECK_BENCH_S}" "${workers}"
 done
+[ "${GPU_CHECK_CPU_S}" -gt 0 ] && run_phase cpu "${GPU_CHECK_CPU_S}"
 run_phase report "${GPU_CHECK_REPORT_S}"
 echo "gpu-check: done: ${OUT}/gpu-check.md"

@@ -225,6 +225,14 @@ def test_gpu_bundle_refuses_a_wrong_command_line_with_one_line(args, message, tm
             ["--workers", "native-0"],
             "--workers: native-0 is neither an integer >= 1, auto, nor native-N (N an integer or auto)",
         ),
+        (
+            ["--workers", "native-auto:max_batch_size"],
+            "--workers: native-auto:max_batch_size: give a run's own settings as :NAME=VALUE",
+        ),
+        (
+            ["--workers", "auto,bogus:max_batch_size=8"],
+            "--workers: bogus is neither an integer >= 1, auto, nor native-N (N an integer or auto)",
+        ),
     ],
 )
 def test_a_wrong_command_line_exits_2_with_one_line(args, message, tmp_path):
@@ -286,7 +294,7 @@ def test_summary_puts_the_goals_of_each_run_side_by_side(tmp_path):
     )
     assert figures["server-fp32, 32-input requests / fp32 in-process ceiling"] == pytest.approx(bulk)
     assert figures["server-fp16 / server-fp32 (saturation)"] == bench["ratios"]["fp16_vs_server_fp32"]
-    assert figures["HTTP /v1/embeddings / gRPC, single input (saturation)"] is None  # not run on the H100
+    assert figures["HTTP /bertserve/v1/embed / gRPC, single input (saturation)"] is None  # not on the H100
     table = (tmp_path / "gpu-check.md").read_text()
     assert "| figure | goal | workers 1 | workers auto |" in table
     assert (
@@ -315,3 +323,50 @@ def test_each_setting_reaches_every_bench_run(tmp_path):
     pairs = list(zip(bench, bench[1:], strict=False))
     for setting in ("max_batch_size=256", "max_batch_tokens=65536", "workers=2"):
         assert ("--server-setting", setting) in pairs
+    # a run's own settings (WORKERS:NAME=VALUE...) come after the common ones, so they win; a folder of its own
+    calls.write_text("")
+    result = _run("__phase", "bench", "native-auto:max_batch_size=128:batch_shapes=exact", **env)
+    (bench,) = [line.split() for line in calls.read_text().splitlines() if " bench --provider" in line]
+    settings = [b for a, b in zip(bench, bench[1:], strict=False) if a == "--server-setting"]
+    assert settings == ["max_batch_size=256", "max_batch_tokens=65536", "max_batch_size=128",
+                        "batch_shapes=exact", "workers=auto"]  # fmt: skip
+    assert bench[bench.index("--out") + 1] == str(
+        tmp_path / "scratch" / "workers-native-auto-max_batch_size-128-batch_shapes-exact"
+    )
+    assert (
+        "--front" in bench
+        and "cannot copy the results of workers-native-auto-max_batch_size-128" in result.stderr
+    )
+
+
+def test_the_cpu_phase_runs_server_fp32_on_every_core_and_the_summary_reads_it(tmp_path):
+    calls = tmp_path / "calls"
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncase "$*" in *usable_cpus*) echo 16 ;; esac\n')
+    stand_in.chmod(0o755)
+    env = {"PYTHON_BIN": str(stand_in), "REPO": str(tmp_path / "repo"), "SCRATCH": str(tmp_path / "scratch"),
+           "OUT": str(tmp_path / "out")}  # fmt: skip
+    result = _run("__phase", "cpu", **env)
+    assert result.returncode == 1 and "cannot copy the results of cpu" in result.stderr
+    (bench,) = [line.split() for line in calls.read_text().splitlines() if " bench --provider" in line]
+    assert (
+        bench[bench.index("--provider") + 1] == "cpu" and bench[bench.index("--targets") + 1] == "server-fp32"
+    )
+    settings = {b for a, b in zip(bench, bench[1:], strict=False) if a == "--server-setting"}
+    assert settings == {"workers=auto", "grpc_transport=native", "instances=8"}
+    # the summary: the many-core goal under the GPU runs' table
+    run = tmp_path / "out" / "workers-auto"
+    run.mkdir(parents=True)
+    shutil.copy(H100_BENCH, run / "bench.json")
+    cpu = json.loads(H100_BENCH.read_text())
+    cpu["ratios"]["single_vs_bulk"] = 0.93
+    cpu["settings"]["server_settings"] = {"workers": "auto", "instances": "8"}
+    (tmp_path / "out" / "cpu").mkdir(exist_ok=True)  # save_run made it before failing to copy
+    (tmp_path / "out" / "cpu" / "bench.json").write_text(json.dumps(cpu))
+    summary = gpu_check.summarize(tmp_path / "out")
+    assert summary["cpu"]["single_vs_bulk"] == 0.93 and list(summary["figures"]) == ["auto"]
+    table = (tmp_path / "out" / "gpu-check.md").read_text()
+    assert (
+        "16 logical cores, workers auto, instances 8): single-input callers / 32-input requests 0.930 (met)"
+        in table
+    )
