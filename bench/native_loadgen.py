@@ -69,24 +69,34 @@ def _starts(binary: Path) -> bool:
 
 
 def choose(choice: str) -> tuple[Path | None, dict]:
-    """The load generator for `choice` ("native" or "python"): (the native binary, or None for the Python
-    client, which "native" falls back to when it cannot be built; what bench.json records of the choice,
-    with "native_unavailable" saying why it fell back)."""
+    """The load generator for `choice` ("native" or "python"): (the native gRPC binary, or None for the
+    Python client, which "native" falls back to when it cannot be built; what bench.json records of the
+    choice, with "native_unavailable" saying why it fell back, "http_unavailable" why HTTP targets did)."""
     if choice == "python":
         return None, {"kind": "python", "asked": choice}
     try:
         binary = find_binary()
-        find_binary(HTTP_SOURCE)  # built now, so an HTTP target finds it (`http_binary`)
     except NativeUnavailable as why:
         fallback = f"the native load generator is unavailable ({why}): the Python client sent every phase"
         return None, {"kind": "python", "asked": choice, "native_unavailable": fallback}
-    sources = "bench/native/loadgen.cc, http_loadgen.cc"
-    return binary, {"kind": "native", "asked": choice, "source": sources}
+    chosen = {"kind": "native", "asked": choice, "source": "bench/native/loadgen.cc, http_loadgen.cc"}
+    if http_binary() is None:  # built now, so an HTTP target finds it
+        chosen["http_unavailable"] = f"the native HTTP load generator is unavailable ({_http_unavailable[0]})"
+    return binary, chosen
 
 
-def http_binary() -> Path:
-    """The HTTP load generator, which `choose` built beside the gRPC one."""
-    return find_binary(HTTP_SOURCE)
+_http_unavailable: list[str] = []  # why the HTTP load generator could not be built, once tried
+
+
+def http_binary() -> Path | None:
+    """The HTTP load generator (None when it cannot be built here: HTTP targets then use the Python client)."""
+    if _http_unavailable:
+        return None
+    try:
+        return find_binary(HTTP_SOURCE)
+    except NativeUnavailable as why:
+        _http_unavailable.append(str(why))
+        return None
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,7 @@ class TargetRun:
         if self.native is not None:
             connections = self.connections if rate else min(concurrency, self.connections)
             address = self.server.address if via else self.server.embed_address
-            address = f"127.0.0.1:{self.server.http_port}" if http else address
+            address = f"127.0.0.1:{self.server.http_port}" if http and via is None else address
             return NativePhase(
                 self.native, address, method, requests, concurrency, warmup or [], rate, time_limit_s,
                 REQUEST_TIMEOUT_S, connections=connections,

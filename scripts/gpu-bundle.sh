@@ -4,8 +4,9 @@
 # bertserve and bertserve-bench, and everything they and the GPU bench import, for the target's Python on
 # x86-64 Linux), DIR/model_repository (the exported default model, as `make export-default` left it) and
 # DIR/native: the native gRPC transport and the bench's load generators built here, with the shared libraries
-# they load beyond glibc's and the C++ runtime (gRPC's, abseil's, OpenSSL's: a GPU image may have no compiler
-# nor libgrpc++); they match this checkout's sources, so the GPU machine runs the same commit.
+# they load beyond glibc's, the C++ runtime, OpenSSL's and zlib's (gRPC's, abseil's, re2's: a GPU image may
+# have no compiler nor libgrpc++; the left-out ones it has, and they stay its own for its Python too); they
+# match this checkout's sources, so the GPU machine runs the same commit.
 # CUDA's and cuDNN's libraries are not in it: the target has them (NVIDIA's pip packages, as torch's CUDA build
 # brings them, or a CUDA install), and torch is not needed (the GPU bench runs no PyTorch baseline).
 set -euo pipefail
@@ -77,7 +78,7 @@ rm -rf "${OUT}/native"
 if (cd "${ROOT}" && "$(dirname "${PIP}")/python" -m bertserve.bench.gpu_check native "${OUT}/native" >/dev/null); then
     mkdir -p "${OUT}/native/lib"
     for built in "${OUT}"/native/bertserve-*; do ldd "${built}"; done | awk '/=> \//{print $3}' | sort -u \
-        | grep -Ev '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so' \
+        | grep -Ev '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|libssl|libcrypto|libz)\.so' \
         | while read -r library; do cp -L "${library}" "${OUT}/native/lib/"; done
 else
     echo "gpu-bundle: no native code in the bundle (above): the GPU machine builds it, or the bench goes without"

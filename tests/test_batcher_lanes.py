@@ -188,6 +188,37 @@ def test_without_prefetch_only_a_full_batch_is_cut_ahead():
     assert handed_while_computing(False, three, max_batch_size=2) == 1  # plain prefetch 0: never ahead
 
 
+def test_bulk_inputs_beside_interactive_calls_never_wake_the_engines_owner(monkeypatch):
+    """A full bulk batch is not cut ahead while interactive calls are active (`_may_start`), so the bulk
+    inputs that fill it do not wake the owner either: no turn of the owner per call."""
+    model = Recorder()
+    turns = []
+    step = Batcher._step
+
+    async def counted(self):
+        turns.append(len(self._incoming))
+        return await step(self)
+
+    monkeypatch.setattr(Batcher, "_step", counted)
+
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher("m", model, limits(max_batch_size=2), pool, prefetch=0, ahead_when_full=True)
+            batcher.start()
+            futures = await submit_each(batcher, [(5, 0, False)])  # interactive: computing, held by the model
+            await asyncio.sleep(0.05)
+            before = len(turns)
+            futures += await submit_each(batcher, [(5, tag, True) for tag in range(1, 21)])
+            await asyncio.sleep(0.05)
+            during = len(turns) - before
+            model.release.set()
+            await asyncio.gather(*futures)
+            await batcher.close()
+        return during
+
+    assert asyncio.run(main()) == 0
+
+
 def test_calls_that_arrive_while_every_instance_is_taken_do_not_wake_the_owner(monkeypatch):
     """With a batch computing and one cut ahead, the owner can start nothing: calls queue without a turn of
     the owner each, and the batch that finishes wakes it to cut the next from all of them."""

@@ -38,6 +38,17 @@ def test_what_orjson_refuses_goes_through_the_json_module():
         json_bytes({"x": object()})
 
 
+@pytest.mark.parametrize(
+    "bad", [np.array([0.5, np.nan], np.float32), [1.0, float("inf")], np.float16("-inf")]
+)
+def test_nan_and_infinities_are_refused_as_the_json_module_refuses_them(bad):
+    with pytest.raises(ValueError):
+        json.dumps({"v": bad}, allow_nan=False, default=lambda a: a.tolist())
+    with pytest.raises(ValueError, match="NaN or an infinity"):
+        json_bytes({"data": [{"v": bad}], "none": None})
+    assert json_bytes({"none": None, "v": np.zeros(2, np.float32)}) == b'{"none":null,"v":[0.0,0.0]}'
+
+
 def test_json_response_is_compact_utf8():
     response = json_response(200, {"text": "héllo", "n": [1, 2]})
     assert response.body == '{"text":"héllo","n":[1,2]}'.encode()

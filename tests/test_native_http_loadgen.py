@@ -3,7 +3,8 @@ against a small HTTP/1.1 server on loopback: what it sends, on how many connecti
 how it meets a server that closes connections, answers late or not at all.
 
 The server answers each POST with its body after a delay; bodies naming "fail" get 503 and an error body,
-"close" answers with `Connection: close`, "hang" is never answered."""
+"close" answers with `Connection: close`, "hang" is never answered; a body over 1 MiB starting "early" is
+answered 413 before it is read (and the connection closed), one starting "reset" is cut with a reset."""
 
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ class EchoServer:
                 self.heads.append(head)
                 length = int(next(line for line in head.split("\r\n") if line.lower().startswith("content-length"))
                              .split(":")[1])  # fmt: skip
+                if length > BIG:
+                    if not await self.refuse(reader, writer, length):
+                        return
+                    continue
                 body = await reader.readexactly(length)
                 self.received.append(body)
                 self.in_flight += 1
@@ -74,6 +79,23 @@ class EchoServer:
         finally:
             writer.close()
 
+    async def refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int) -> bool:
+        """Answers a large body early: "reset" with a reset (False: the connection is gone); else 413 at
+        once, then, without a word of closing, its body read to the end, and the connection goes on."""
+        start = await reader.readexactly(5)
+        self.received.append(start)
+        if start == b"reset":
+            writer.transport.abort()
+            return False
+        reply = json.dumps({"error": {"code": "INVALID_ARGUMENT"}}).encode()
+        writer.write(b"HTTP/1.1 413 X\r\nContent-Length: %d\r\n\r\n" % len(reply) + reply)
+        await asyncio.sleep(0.2)  # the client reads the answer while its body is still going out
+        try:
+            await reader.readexactly(length - 5)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return False  # the client closed it
+        return True
+
     @contextlib.asynccontextmanager
     async def serving(self):
         server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
@@ -81,6 +103,9 @@ class EchoServer:
             yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
         finally:
             server.close()
+
+
+BIG = 1 << 20
 
 
 def _requests(names: list[str]) -> list[Request]:
@@ -165,3 +190,17 @@ def test_a_phase_stops_sending_at_its_time_limit_and_awaits_what_it_sent(binary)
                          time_limit_s=0.3, connections=64)  # fmt: skip
         assert result.stopped_early and 0 < len(result.latencies) < 100 and result.errors == {}, rate
         assert result.seconds < 1.0, rate  # no request sent after 0.3 s, each answered in 0.1 s
+
+
+def test_a_request_refused_or_reset_before_it_is_all_sent_ends_its_connection_alone(binary):
+    """A 413 that comes while the body is still going out closes that connection (the rest of the body
+    would come before the next request; the server did not say it closes),
+    a reset fails its request UNAVAILABLE; the requests after them are answered on new connections."""
+    echo = EchoServer()
+    big = 4 * BIG
+    names = ["t0", "early" + "x" * big, "t1", "reset" + "x" * big, "t2"]
+    _, result = _run(echo, _requests(names), concurrency=1, connections=1, timeout_s=10)
+    assert result.errors == {"413 INVALID_ARGUMENT": 1, "UNAVAILABLE": 1} and len(result.latencies) == 3
+    assert [b for b in echo.received if len(b) < 10] == [b"t0", b"early", b"t1", b"reset", b"reset", b"t2"][
+        : len([b for b in echo.received if len(b) < 10])
+    ]

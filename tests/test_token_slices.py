@@ -98,6 +98,27 @@ def test_a_busy_pool_is_never_waited_on(minilm, monkeypatch):
     _same(got, minilm.encode(texts, True))
 
 
+def test_unstarted_slices_are_encoded_before_waiting_on_a_started_one(minilm, monkeypatch):
+    """The pool's only thread takes slice 1 and blocks until slice 3 is encoded: the caller encodes slices 2
+    and 3 itself before it waits for slice 1 (waiting first would never end)."""
+    texts = [f"text {k} " + "word " * 100 for k in range(12)]  # 4 slices of 3 texts
+    third_done = threading.Event()
+    encode = minilm.encode
+
+    def encode_in_order(batch, *args):
+        if batch[0].startswith("text 3 "):  # slice 1, on the pool's thread
+            assert third_done.wait(10), "the caller waited on slice 1 first"
+        out = encode(batch, *args)
+        if batch[0].startswith("text 9 "):  # slice 3, on the calling thread
+            third_done.set()
+        return out
+
+    monkeypatch.setattr(minilm, "encode", encode_in_order)
+    with ThreadPoolExecutor(1) as pool:
+        got = encode_sliced(minilm, texts, True, False, False, pool, 4)
+    _same(got, encode(texts, True, False))
+
+
 def test_tokenize_threads_setting(monkeypatch):
     from bertserve.service import settings as settings_module
     from bertserve.service.settings import load_settings

@@ -51,6 +51,8 @@ struct Request {
 struct Connection {
   int fd = -1;
   size_t slot = 0;
+  uint64_t id = 0;  // told apart from a later connection in the same slot
+  bool watching_writes = false;
   bool busy = false;
   size_t index = 0;  // the request it carries
   bool recorded = false;
@@ -97,7 +99,8 @@ std::string header(const std::string& head, const std::string& name) {
     if (end == std::string::npos) end = head.size();
     if (colon != std::string::npos && colon < end && colon - start == name.size()) {
       bool same = true;
-      for (size_t k = 0; k < name.size() && same; ++k) same = std::tolower(head[start + k]) == name[k];
+      for (size_t k = 0; k < name.size() && same; ++k)
+        same = std::tolower(static_cast<unsigned char>(head[start + k])) == name[k];
       if (same) {
         size_t v = head.find_first_not_of(' ', colon + 1);
         return v < end ? head.substr(v, end - v) : "";
@@ -153,13 +156,16 @@ class Runner {
       int ready = epoll_wait(epoll_, events.data(), static_cast<int>(events.size()), wait_ms);
       if (ready < 0 && errno != EINTR) throw std::runtime_error("epoll_wait failed");
       for (int k = 0; k < ready; ++k) {
-        Connection* c = slots_[events[k].data.u64].get();
+        const size_t slot = events[k].data.u64;
+        Connection* c = slots_[slot].get();
         if (c == nullptr) continue;  // closed by an earlier event of this batch
         if (!c->busy) {
           close_connection(*c);  // an idle connection is readable only when the server closed it
           continue;
         }
+        const uint64_t id = c->id;
         if (events[k].events & EPOLLOUT) send_more(*c);
+        if (!slots_[slot] || slots_[slot]->id != id) continue;  // sending failed: closed (maybe reopened)
         if (c->busy && (events[k].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) receive(*c);
       }
       if (Clock::now() >= next_sweep) {  // requests past their timeout
@@ -219,7 +225,7 @@ class Runner {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0) throw std::runtime_error("fcntl failed");
     slots_[slot] = std::make_unique<Connection>();
-    slots_[slot]->fd = fd, slots_[slot]->slot = slot;
+    slots_[slot]->fd = fd, slots_[slot]->slot = slot, slots_[slot]->id = ++opened_;
     epoll_event event{};
     event.events = EPOLLIN;
     event.data.u64 = slot;
@@ -228,6 +234,7 @@ class Runner {
   }
 
   void watch_writes(Connection& c, bool on) {
+    c.watching_writes = on;
     epoll_event event{};
     event.events = on ? EPOLLIN | EPOLLOUT : EPOLLIN;
     event.data.u64 = c.slot;
@@ -247,12 +254,9 @@ class Runner {
     if (!c.busy || c.out == nullptr || c.sent == c.out->size()) return;
     ssize_t n = ::send(c.fd, c.out->data() + c.sent, c.out->size() - c.sent, MSG_NOSIGNAL);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return lost(c);
-    const bool was_partial = c.sent > 0;
     if (n > 0) c.sent += static_cast<size_t>(n);
-    if (c.sent < c.out->size())
-      watch_writes(c, true);
-    else if (was_partial)
-      watch_writes(c, false);
+    const bool more = c.sent < c.out->size();
+    if (more != c.watching_writes) watch_writes(c, more);
   }
 
   void receive(Connection& c) {
@@ -272,12 +276,13 @@ class Runner {
         const std::string head = c.in.substr(0, end);
         c.status = std::atoi(head.c_str() + std::min<size_t>(head.size(), 9));  // "HTTP/1.1 200 OK"
         const std::string length = header(head, "content-length");
-        if (length.empty()) return finish(c, UNAVAILABLE, true);  // chunked: not what bertserve sends
+        // chunked (not what bertserve sends) or no status line: the connection cannot be read on
+        if (length.empty() || c.status < 100) return finish(c, UNAVAILABLE, true);
         c.body_length = std::strtoull(length.c_str(), nullptr, 10);
         c.close_after = header(head, "connection") == "close";
       }
-      if (c.in.size() >= c.head_end + c.body_length)
-        return finish(c, c.status == 200 ? 0 : c.status, c.close_after);
+      if (c.in.size() >= c.head_end + c.body_length)  // answered before all was sent (a refusal): closed
+        return finish(c, c.status == 200 ? 0 : c.status, c.close_after || c.sent < c.out->size());
     }
   }
 
@@ -329,6 +334,7 @@ class Runner {
   std::FILE* out_ = nullptr;
   bool record_ = false;
   size_t in_flight_ = 0;  // issued, not finished (waiting or on a connection)
+  uint64_t opened_ = 0;  // connections opened so far
 };
 
 sockaddr_in resolve(const std::string& target) {

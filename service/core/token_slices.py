@@ -3,8 +3,8 @@
 The tokenizers library releases the GIL while it encodes, so contiguous slices of the texts, cut to hold
 about the same characters, tokenize in parallel: a bulk request's tokenization (most of its time in a
 front before its batch) takes a fraction of its time where cores are free. The calling thread encodes the
-first slice and then every slice no pool thread has started (cancelled there), so it never waits on a pool
-busy with other work. Each slice is cut at max_length; a call that did not ask to truncate is then refused
+first slice and then every slice no pool thread has started (cancelled there), then waits for those that
+started, so it never waits on a pool busy with other work. Each slice is cut at max_length; a call that did not ask to truncate is then refused
 as `ModelTokenizer.encode` refuses it (the first cut input, by its index in the whole call).
 """
 
@@ -56,9 +56,14 @@ def encode_sliced(
         return tokenizer.encode(texts[bounds[k] : bounds[k + 1]], True, detailed, left and truncate)
 
     futures = [pool.submit(part, k) for k in range(1, slices)]
-    encoded = part(0)
-    for k, future in enumerate(futures, start=1):
-        encoded += part(k) if future.cancel() else future.result()
+    try:
+        parts = [part(0)] + [part(k) if future.cancel() else None for k, future in enumerate(futures, 1)]
+        encoded = [
+            e for k, done in enumerate(parts) for e in (futures[k - 1].result() if done is None else done)
+        ]
+    finally:
+        for future in futures:  # a slice failed: the others are not needed
+            future.cancel()
     if not truncate:
         tokenizer.refuse_cut(texts, dict(enumerate(encoded)))
     return encoded

@@ -402,6 +402,8 @@ class Batcher:
         """Batches that may wait for an instance: `prefetch`, or one when the lane holds a full batch."""
         if self._prefetch or not self._ahead_when_full:
             return self._prefetch
+        if lane.bulk and self._interactive_active():  # never cut ahead (`_may_start`): no wake for it
+            return 0
         limits = self.limits
         return int(lane.inputs >= limits.max_batch_size or lane.tokens >= limits.max_batch_tokens)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -50,11 +51,32 @@ def json_bytes(value: object) -> bytes:
     """`value` as compact UTF-8 JSON; numpy arrays as lists (float32: each float's shortest form that reads
     back as the same float32, as TEI writes them). orjson writes floats far faster than the json module
     (docs/http.md); what it refuses (a lone surrogate in a string, an integer beyond 64 bits, a key that
-    is not a string) goes through the json module, escaped."""
+    is not a string) goes through the json module, escaped. NaN and infinities have no JSON: ValueError,
+    as the json module raises (orjson would write null)."""
     try:
-        return orjson.dumps(value, default=_plain, option=orjson.OPT_SERIALIZE_NUMPY)
+        body = orjson.dumps(value, default=_plain, option=orjson.OPT_SERIALIZE_NUMPY)
     except orjson.JSONEncodeError:
         return json.dumps(value, default=_plain, separators=(",", ":"), allow_nan=False).encode()
+    if b"null" in body and not _finite(value):
+        raise ValueError("a reply holds NaN or an infinity, which JSON cannot carry")
+    return body
+
+
+def _finite(value: object) -> bool:
+    """No NaN or infinity anywhere in `value` (dicts, lists, numpy arrays and scalars, floats)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, np.ndarray | np.floating):
+            if np.issubdtype(item.dtype, np.floating) and not np.isfinite(item).all():
+                return False
+        elif isinstance(item, float) and not math.isfinite(item):
+            return False
+    return True
 
 
 def _plain(value: object) -> object:
