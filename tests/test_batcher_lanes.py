@@ -124,16 +124,22 @@ def test_bulk_inputs_are_not_starved_by_interactive_calls(no_prefetch):
     assert order == [*range(1 + INTERACTIVE_TURNS_PER_BULK), 99, *range(1 + INTERACTIVE_TURNS_PER_BULK, 10)]
 
 
+class CountingPool(ThreadPoolExecutor):
+    """Counts the batches handed to it (computing, or waiting for its thread)."""
+
+    def __init__(self, workers: int):
+        super().__init__(workers)
+        self.handed = 0
+
+    def submit(self, fn, *args, **kwargs):
+        self.handed += 1
+        return super().submit(fn, *args, **kwargs)
+
+
 def test_a_batch_is_cut_ahead_so_the_instance_never_waits_for_the_event_loop():
     """While a batch computes, the next one is already handed to the executor: it starts the moment the
     instance is free, without a round trip through the (busy) event loop."""
     model = Recorder()
-    handed: list[int] = []
-
-    class CountingPool(ThreadPoolExecutor):
-        def submit(self, fn, *args, **kwargs):
-            handed.append(len(handed))
-            return super().submit(fn, *args, **kwargs)
 
     async def main():
         with CountingPool(1) as pool:
@@ -141,7 +147,7 @@ def test_a_batch_is_cut_ahead_so_the_instance_never_waits_for_the_event_loop():
             batcher.start()
             futures = await submit_each(batcher, [(5, tag, False) for tag in range(3)])
             await asyncio.sleep(0.05)  # the first batch is held by the model
-            in_executor = len(handed)
+            in_executor = pool.handed
             model.release.set()
             await asyncio.gather(*futures)
             await batcher.close()
@@ -158,12 +164,6 @@ def test_without_prefetch_only_a_full_batch_is_cut_ahead():
 
     def handed_while_computing(ahead_when_full: bool, specs: list[tuple[int, int, bool]], **kw) -> int:
         model = Recorder()
-        handed: list[int] = []
-
-        class CountingPool(ThreadPoolExecutor):
-            def submit(self, fn, *args, **kwargs):
-                handed.append(len(handed))
-                return super().submit(fn, *args, **kwargs)
 
         async def main():
             with CountingPool(1) as pool:
@@ -173,7 +173,7 @@ def test_without_prefetch_only_a_full_batch_is_cut_ahead():
                 await asyncio.sleep(0.05)  # the first batch is held by the model
                 futures += await submit_each(batcher, specs[1:])
                 await asyncio.sleep(0.05)
-                in_executor = len(handed)
+                in_executor = pool.handed
                 model.release.set()
                 await asyncio.gather(*futures)
                 await batcher.close()
@@ -188,11 +188,9 @@ def test_without_prefetch_only_a_full_batch_is_cut_ahead():
     assert handed_while_computing(False, three, max_batch_size=2) == 1  # plain prefetch 0: never ahead
 
 
-def test_bulk_inputs_beside_interactive_calls_never_wake_the_engines_owner(monkeypatch):
-    """A full bulk batch is not cut ahead while interactive calls are active (`_may_start`), so the bulk
-    inputs that fill it do not wake the owner either: no turn of the owner per call."""
-    model = Recorder()
-    turns = []
+def owner_turns(monkeypatch) -> list[int]:
+    """The owner's turns from now on, each as the inputs it found arrived since the last."""
+    turns: list[int] = []
     step = Batcher._step
 
     async def counted(self):
@@ -200,6 +198,14 @@ def test_bulk_inputs_beside_interactive_calls_never_wake_the_engines_owner(monke
         return await step(self)
 
     monkeypatch.setattr(Batcher, "_step", counted)
+    return turns
+
+
+def test_bulk_inputs_beside_interactive_calls_never_wake_the_engines_owner(monkeypatch):
+    """A full bulk batch is not cut ahead while interactive calls are active (`_may_start`), so the bulk
+    inputs that fill it do not wake the owner either: no turn of the owner per call."""
+    model = Recorder()
+    turns = owner_turns(monkeypatch)
 
     async def main():
         with ThreadPoolExecutor(1) as pool:
@@ -223,14 +229,7 @@ def test_calls_that_arrive_while_every_instance_is_taken_do_not_wake_the_owner(m
     """With a batch computing and one cut ahead, the owner can start nothing: calls queue without a turn of
     the owner each, and the batch that finishes wakes it to cut the next from all of them."""
     model = Recorder()
-    turns = []
-    step = Batcher._step
-
-    async def counted(self):
-        turns.append(len(self._incoming))
-        return await step(self)
-
-    monkeypatch.setattr(Batcher, "_step", counted)
+    turns = owner_turns(monkeypatch)
 
     async def scenario(batcher):
         futures = await submit_each(batcher, [(5, tag, False) for tag in range(2)])

@@ -29,14 +29,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <deque>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "phase.h"
 
 namespace {
 
@@ -65,31 +65,6 @@ struct Connection {
   bool close_after = false;
   bool used = false;  // a request was answered on it: kept alive, so the server may have closed it since
 };
-
-double process_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-std::vector<Request> read_requests(const char* path, const std::string& head) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(std::string("cannot read ") + path);
-  std::vector<Request> requests;
-  while (true) {
-    double offset;
-    uint32_t length;
-    if (!in.read(reinterpret_cast<char*>(&offset), sizeof offset)) {
-      if (in.gcount() != 0) throw std::runtime_error("truncated record head");
-      break;
-    }
-    if (!in.read(reinterpret_cast<char*>(&length), sizeof length)) throw std::runtime_error("truncated");
-    std::string body(length, '\0');
-    if (!in.read(body.data(), length)) throw std::runtime_error("truncated record");
-    requests.push_back({offset, head + std::to_string(length) + "\r\n\r\n" + body});
-  }
-  return requests;
-}
 
 // The value of header `name` (lower case) in `head`, or "" when absent; names compare case-insensitively.
 std::string header(const std::string& head, const std::string& name) {
@@ -364,33 +339,21 @@ int main(int argc, char** argv) {
     const std::string head = "POST " + path + " HTTP/1.1\r\nHost: " + target +
                              "\r\nContent-Type: application/json\r\nX-Request-Timeout: " + argv[8] +
                              "\r\nContent-Length: ";
-    const std::vector<Request> requests = read_requests(argv[3], head);
+    std::vector<Request> requests;
+    for (auto& record : phase::read_records(argv[3]))
+      requests.push_back({record.offset_s, head + std::to_string(record.bytes.size()) + "\r\n\r\n" + record.bytes});
     const size_t concurrency = std::max<long>(1, std::atol(argv[5]));
     const size_t warmup = std::min<size_t>(std::atol(argv[6]), requests.size());
     const size_t connections = argc == 10 ? std::max<long>(1, std::atol(argv[9])) : concurrency;
     std::FILE* out = std::fopen(argv[4], "wb");
     if (!out) throw std::runtime_error(std::string("cannot write ") + argv[4]);
-
     Runner runner(resolve(target), connections, timeout_s);
-    runner.run(requests, 0, warmup, concurrency, 0, false, out);
-
-    std::cout << "ready" << std::endl;
-    std::string go;
-    if (!std::getline(std::cin, go)) return 4;  // the driver went away
-
-    const double cpu_before = process_cpu_seconds();
-    const Clock::time_point start = Clock::now();
-    const size_t sent = runner.run(requests, warmup, requests.size(), concurrency, time_limit_s, true, out);
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    const double cpu_s = process_cpu_seconds() - cpu_before;
-    if (std::ferror(out) || std::fclose(out) != 0)
-      throw std::runtime_error(std::string("cannot write ") + argv[4]);
-    std::printf("{\"seconds\": %.9f, \"cpu_s\": %.9f, \"sent\": %zu, \"stopped_early\": %d}\n", seconds,
-                cpu_s, sent, sent < requests.size() - warmup ? 1 : 0);
-    std::fflush(stdout);
+    return phase::drive(requests.size(), warmup, time_limit_s, out, argv[4],
+                        [&](size_t first, size_t last, double limit, bool record) {
+                          return runner.run(requests, first, last, concurrency, limit, record, out);
+                        });
   } catch (const std::exception& error) {
     std::cerr << "bertserve-http-loadgen: " << error.what() << "\n";
     return 1;
   }
-  return 0;
 }

@@ -30,14 +30,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "phase.h"
 
 namespace {
 
@@ -64,32 +64,6 @@ template <class Duration>
 std::chrono::system_clock::time_point wall_clock_in(Duration from_now) {
   return std::chrono::system_clock::now() +
          std::chrono::duration_cast<std::chrono::system_clock::duration>(from_now);
-}
-
-double process_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-std::vector<Request> read_requests(const char* path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(std::string("cannot read ") + path);
-  std::vector<Request> requests;
-  while (true) {
-    double offset;
-    uint32_t length;
-    if (!in.read(reinterpret_cast<char*>(&offset), sizeof offset)) {
-      if (in.gcount() != 0) throw std::runtime_error("truncated record head");
-      break;
-    }
-    if (!in.read(reinterpret_cast<char*>(&length), sizeof length)) throw std::runtime_error("truncated");
-    std::string bytes(length, '\0');
-    if (!in.read(bytes.data(), length)) throw std::runtime_error("truncated record");
-    grpc::Slice slice(bytes);
-    requests.push_back({offset, grpc::ByteBuffer(&slice, 1)});
-  }
-  return requests;
 }
 
 class Runner {
@@ -199,7 +173,11 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string target = argv[1], method = argv[2];
-    const std::vector<Request> requests = read_requests(argv[3]);
+    std::vector<Request> requests;
+    for (auto& record : phase::read_records(argv[3])) {
+      grpc::Slice slice(record.bytes);
+      requests.push_back({record.offset_s, grpc::ByteBuffer(&slice, 1)});
+    }
     const size_t concurrency = std::max<long>(1, std::atol(argv[5]));
     const size_t warmup = std::min<size_t>(std::atol(argv[6]), requests.size());
     const double time_limit_s = std::atof(argv[7]), timeout_s = std::atof(argv[8]);
@@ -222,25 +200,12 @@ int main(int argc, char** argv) {
       }
     }
     Runner runner(channels, method, timeout_s);
-    runner.run(requests, 0, warmup, concurrency, 0, false, out);
-
-    std::cout << "ready" << std::endl;
-    std::string go;
-    if (!std::getline(std::cin, go)) return 4;  // the driver went away
-
-    const double cpu_before = process_cpu_seconds();
-    const Clock::time_point start = Clock::now();
-    const size_t sent = runner.run(requests, warmup, requests.size(), concurrency, time_limit_s, true, out);
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    const double cpu_s = process_cpu_seconds() - cpu_before;
-    if (std::ferror(out) || std::fclose(out) != 0)
-      throw std::runtime_error(std::string("cannot write ") + argv[4]);
-    std::printf("{\"seconds\": %.9f, \"cpu_s\": %.9f, \"sent\": %zu, \"stopped_early\": %d}\n", seconds,
-                cpu_s, sent, sent < requests.size() - warmup ? 1 : 0);
-    std::fflush(stdout);
+    return phase::drive(requests.size(), warmup, time_limit_s, out, argv[4],
+                        [&](size_t first, size_t last, double limit, bool record) {
+                          return runner.run(requests, first, last, concurrency, limit, record, out);
+                        });
   } catch (const std::exception& error) {
     std::cerr << "bertserve-loadgen: " << error.what() << "\n";
     return 1;
   }
-  return 0;
 }
