@@ -79,9 +79,8 @@ class EmbedGroups:
             flat = [text for i in group for text in calls[i].texts]
             self.core.metrics.tokenized_of(served.name).inc(len(flat))
             started = time.perf_counter()
-            encoded = self.core.encode_texts(
-                served, flat, True, detailed=False
-            )  # cut; refused per call below
+            # cut at max_length; a call that did not ask to truncate is refused below
+            encoded = self.core.encode_texts(served, flat, True, detailed=False)
             tokenize_s = time.perf_counter() - started
             at = 0
             for i in group:

@@ -4,8 +4,9 @@ The tokenizers library releases the GIL while it encodes, so contiguous slices o
 about the same characters, tokenize in parallel: a bulk request's tokenization (most of its time in a
 front before its batch) takes a fraction of its time where cores are free. The calling thread encodes the
 first slice and then every slice no pool thread has started (cancelled there), then waits for those that
-started, so it never waits on a pool busy with other work. Each slice is cut at max_length; a call that did not ask to truncate is then refused
-as `ModelTokenizer.encode` refuses it (the first cut input, by its index in the whole call).
+started, so it never waits on a pool busy with other work. Each slice is cut at max_length; a call that
+did not ask to truncate is then refused as `ModelTokenizer.encode` refuses it (the first cut input, by its
+index in the whole call).
 """
 
 from __future__ import annotations
