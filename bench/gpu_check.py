@@ -218,6 +218,8 @@ def native_code(into: Path) -> list[Path]:
         built = [transport.library_file(), native_loadgen.find_binary(), native_loadgen.http_binary()]
     except NativeUnavailable as why:
         raise BenchError(f"no native code: {why}") from None
+    if built[-1] is None:
+        raise BenchError("no native code: the HTTP load generator cannot be built here")
     into.mkdir(parents=True, exist_ok=True)
     return [Path(shutil.copy2(path, into / path.name)) for path in built]
 
