@@ -80,3 +80,47 @@ def test_health_through_warm_up_and_drain(tiny_repo, monkeypatch):
         release_warm_up.set()
         starter.join(60)
         server.stop()
+
+
+def test_a_watch_cancelled_while_writing_finishes_that_write_before_the_last():
+    """At the drain, the health service's NOT_SERVING wakes each Watch to write while `end_all` ends it:
+    gRPC refuses a second write while one is in flight on a call (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS), so
+    the write the Watch started runs to its end before the stream's last one starts."""
+    from grpc_health.v1._async import HealthServicer
+
+    from bertserve.service.grpc.health_watch import WatchStreams
+
+    class Context:  # a call's writes as gRPC takes them: one at a time, each taking a moment
+        def __init__(self):
+            self.writes, self.in_flight, self.ended = [], 0, None
+
+        async def write(self, message):
+            if self.in_flight:
+                raise RuntimeError("GRPC_CALL_ERROR_TOO_MANY_OPERATIONS")
+            self.in_flight += 1
+            try:
+                await asyncio.sleep(0.05)
+            finally:
+                self.in_flight -= 1
+            self.writes.append(message.status)
+
+        async def abort(self, code, details):
+            self.ended = code
+            raise asyncio.CancelledError  # as grpc.aio's abort ends the handler
+
+    async def main():
+        health = HealthServicer()
+        streams, context = WatchStreams(health), Context()
+        watch = asyncio.ensure_future(streams.watch(health_pb2.HealthCheckRequest(), context))
+        await asyncio.sleep(0.1)  # SERVING written; the Watch waits for a change
+        await health.enter_graceful_shutdown()  # wakes it to write NOT_SERVING ...
+        await asyncio.sleep(0.01)  # ... which it starts
+        streams.end_all()  # the drain ends it meanwhile
+        await asyncio.gather(watch, return_exceptions=True)
+        return context
+
+    context = asyncio.run(main())
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    assert (
+        context.writes == [serving, not_serving, not_serving] and context.ended == grpc.StatusCode.UNAVAILABLE
+    )
