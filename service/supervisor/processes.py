@@ -19,9 +19,7 @@ import ctypes
 import logging
 import multiprocessing
 import os
-import shutil
 import signal
-import tempfile
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -30,6 +28,7 @@ from bertserve.service import metrics_multiprocess
 from bertserve.service.errors import StartupError
 from bertserve.service.settings import Settings
 from bertserve.service.supervisor.ports import PortClaim
+from bertserve.service.supervisor.scratch import ScratchDir
 from bertserve.service.supervisor.serving import DRAIN_SIGNALS, configure_process, run_until_signalled
 
 log = logging.getLogger("bertserve.supervisor")
@@ -75,7 +74,8 @@ class Supervisor:
         self.workers = workers
         self._context = multiprocessing.get_context("spawn")
         self._claims: list[PortClaim] = []
-        self._run_dir = tempfile.mkdtemp(prefix="bertserve-")  # 0700: only this user reaches the engine
+        self._scratch = ScratchDir("run")  # 0700: only this user reaches the engine
+        self._run_dir = self._scratch.path
         self.address = f"{self._run_dir}/engine"  # the engine's Unix socket
         self._metrics_dir = f"{self._run_dir}/metrics"  # every child's metric files (one scrape)
         self._metrics_server = None
@@ -207,7 +207,7 @@ class Supervisor:
             claim.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
-        shutil.rmtree(self._run_dir, ignore_errors=True)
+        self._scratch.remove()
         return clean
 
 

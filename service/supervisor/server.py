@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +38,7 @@ from bertserve.service.kserve import servicer as kserve
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
 from bertserve.service.supervisor import memory_bounds
+from bertserve.service.supervisor.scratch import ScratchDir
 from bertserve.v1 import inference_pb2
 
 log = logging.getLogger("bertserve.server")
@@ -111,7 +110,7 @@ class InferenceServer:
         # the native transport (service/grpc/native/): on native_port, or on port (grpc_transport native)
         self.native: NativeFront | None = None
         self.native_port: int | None = None
-        self._relay_dir: str | None = None  # the native port's relay socket to the gRPC server
+        self._relay_dir: ScratchDir | None = None  # the native port's relay socket to the gRPC server
         self.serving = False  # warmed up (HTTP readiness = serving and not draining)
         self.models: list[ServedModel] = []
         self.core: InferenceCore | None = None  # the protocol-free inference core every front calls
@@ -185,8 +184,8 @@ class InferenceServer:
         relay = ""
         if s.native_port >= 0 or native_main:  # the native transport relays streams here, through a socket
             # only this user opens
-            self._relay_dir = tempfile.mkdtemp(prefix="bertserve-relay-")
-            relay = f"unix:{self._relay_dir}/grpc.sock"
+            self._relay_dir = ScratchDir("relay")
+            relay = f"unix:{self._relay_dir.path}/grpc.sock"
             if self._server.add_insecure_port(relay) == 0:
                 raise StartupError(f"cannot listen on {relay} for the native transport's streams")
         await self._server.start()
@@ -330,7 +329,7 @@ class InferenceServer:
         if self._server is not None:
             await self._server.stop(grace=1.0)
         if self._relay_dir is not None:
-            shutil.rmtree(self._relay_dir, ignore_errors=True)
+            self._relay_dir.remove()
         if self.http is not None:
             await self.http.stop()
         self.metrics.stop_http()
