@@ -328,32 +328,17 @@ sockaddr_in resolve(const std::string& target) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 9 && argc != 10) {
-    std::cerr << "usage: bertserve-http-loadgen HOST:PORT PATH REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP "
-                 "TIME_LIMIT_S TIMEOUT_S [CONNECTIONS]\n";
-    return 2;
-  }
-  try {
-    const std::string target = argv[1], path = argv[2];
-    const double time_limit_s = std::atof(argv[7]), timeout_s = std::atof(argv[8]);
-    const std::string head = "POST " + path + " HTTP/1.1\r\nHost: " + target +
-                             "\r\nContent-Type: application/json\r\nX-Request-Timeout: " + argv[8] +
+  const char* usage = "HOST:PORT PATH REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP TIME_LIMIT_S TIMEOUT_S [CONNECTIONS]";
+  return phase::main_of(argc, argv, "bertserve-http-loadgen", usage, [](phase::Command& c) {
+    const std::string head = "POST " + c.method + " HTTP/1.1\r\nHost: " + c.target +
+                             "\r\nContent-Type: application/json\r\nX-Request-Timeout: " + c.timeout_text +
                              "\r\nContent-Length: ";
     std::vector<Request> requests;
-    for (auto& record : phase::read_records(argv[3]))
+    for (auto& record : c.records)
       requests.push_back({record.offset_s, head + std::to_string(record.bytes.size()) + "\r\n\r\n" + record.bytes});
-    const size_t concurrency = std::max<long>(1, std::atol(argv[5]));
-    const size_t warmup = std::min<size_t>(std::atol(argv[6]), requests.size());
-    const size_t connections = argc == 10 ? std::max<long>(1, std::atol(argv[9])) : concurrency;
-    std::FILE* out = std::fopen(argv[4], "wb");
-    if (!out) throw std::runtime_error(std::string("cannot write ") + argv[4]);
-    Runner runner(resolve(target), connections, timeout_s);
-    return phase::drive(requests.size(), warmup, time_limit_s, out, argv[4],
-                        [&](size_t first, size_t last, double limit, bool record) {
-                          return runner.run(requests, first, last, concurrency, limit, record, out);
-                        });
-  } catch (const std::exception& error) {
-    std::cerr << "bertserve-http-loadgen: " << error.what() << "\n";
-    return 1;
-  }
+    Runner runner(resolve(c.target), c.connections ? c.connections : c.concurrency, c.timeout_s);
+    return phase::drive(c, [&](size_t first, size_t last, double limit, bool record) {
+      return runner.run(requests, first, last, c.concurrency, limit, record, c.out);
+    });
+  });
 }

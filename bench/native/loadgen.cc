@@ -166,46 +166,30 @@ class Runner {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 9 && argc != 10) {
-    std::cerr << "usage: bertserve-loadgen TARGET METHOD REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP "
-                 "TIME_LIMIT_S TIMEOUT_S [CONNECTIONS]\n";
-    return 2;
-  }
-  try {
-    const std::string target = argv[1], method = argv[2];
+  const char* usage = "TARGET METHOD REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP TIME_LIMIT_S TIMEOUT_S [CONNECTIONS]";
+  return phase::main_of(argc, argv, "bertserve-loadgen", usage, [](phase::Command& c) {
     std::vector<Request> requests;
-    for (auto& record : phase::read_records(argv[3])) {
+    for (auto& record : c.records) {
       grpc::Slice slice(record.bytes);
       requests.push_back({record.offset_s, grpc::ByteBuffer(&slice, 1)});
     }
-    const size_t concurrency = std::max<long>(1, std::atol(argv[5]));
-    const size_t warmup = std::min<size_t>(std::atol(argv[6]), requests.size());
-    const double time_limit_s = std::atof(argv[7]), timeout_s = std::atof(argv[8]);
-    std::FILE* out = std::fopen(argv[4], "wb");
-    if (!out) throw std::runtime_error(std::string("cannot write ") + argv[4]);
-
-    const size_t connections = argc == 10 ? std::max<long>(1, std::atol(argv[9])) : 1;
     std::vector<std::shared_ptr<grpc::Channel>> channels;
-    for (size_t k = 0; k < connections; ++k) {
+    for (size_t k = 0; k < std::max<size_t>(1, c.connections); ++k) {
       grpc::ChannelArguments args;
       args.SetMaxReceiveMessageSize(64 << 20);
       args.SetMaxSendMessageSize(64 << 20);
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own, not a shared one
-      channels.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+      channels.push_back(grpc::CreateCustomChannel(c.target, grpc::InsecureChannelCredentials(), args));
     }
     for (const auto& channel : channels) {
       if (!channel->WaitForConnected(wall_clock_in(std::chrono::seconds(30)))) {
-        std::cerr << "bertserve-loadgen: cannot connect to " << target << "\n";
+        std::cerr << "bertserve-loadgen: cannot connect to " << c.target << "\n";
         return 3;
       }
     }
-    Runner runner(channels, method, timeout_s);
-    return phase::drive(requests.size(), warmup, time_limit_s, out, argv[4],
-                        [&](size_t first, size_t last, double limit, bool record) {
-                          return runner.run(requests, first, last, concurrency, limit, record, out);
-                        });
-  } catch (const std::exception& error) {
-    std::cerr << "bertserve-loadgen: " << error.what() << "\n";
-    return 1;
-  }
+    Runner runner(channels, c.method, c.timeout_s);
+    return phase::drive(c, [&](size_t first, size_t last, double limit, bool record) {
+      return runner.run(requests, first, last, c.concurrency, limit, record, c.out);
+    });
+  });
 }

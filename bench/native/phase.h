@@ -3,9 +3,11 @@
 // The build keys each binary by its source and this header (service/grpc/native/build.py).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -46,23 +48,57 @@ inline double process_cpu_seconds() {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+// The command line both take: TARGET METHOD REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP TIME_LIMIT_S TIMEOUT_S
+// [CONNECTIONS].
+struct Command {
+  std::string target, method, timeout_text;
+  std::vector<Record> records;
+  const char* out_path;
+  std::FILE* out;
+  size_t concurrency, warmup;
+  double time_limit_s, timeout_s;
+  size_t connections;  // 0: not given
+};
+
+// `name`'s main: parses the command line (usage and exit 2 when wrong) into a Command for `body`, whose
+// result is the exit code; an exception ends it with one line and exit 1.
+template <class Body>
+int main_of(int argc, char** argv, const char* name, const char* usage, Body&& body) {
+  if (argc != 9 && argc != 10) {
+    std::cerr << "usage: " << name << " " << usage << "\n";
+    return 2;
+  }
+  try {
+    Command c{argv[1], argv[2], argv[8], read_records(argv[3]), argv[4], std::fopen(argv[4], "wb"), 0, 0,
+              std::atof(argv[7]), std::atof(argv[8]), 0};
+    if (!c.out) throw std::runtime_error(std::string("cannot write ") + argv[4]);
+    c.concurrency = std::max<long>(1, std::atol(argv[5]));
+    c.warmup = std::min<size_t>(std::atol(argv[6]), c.records.size());
+    c.connections = argc == 10 ? std::max<long>(1, std::atol(argv[9])) : 0;
+    return body(c);
+  } catch (const std::exception& error) {
+    std::cerr << name << ": " << error.what() << "\n";
+    return 1;
+  }
+}
+
 // `run(first, last, time_limit_s, record)` sends requests [first, last) and returns how many it sent: the
 // first `warmup` unrecorded, then "ready" on stdout and a line awaited on stdin, then the rest, recorded, and
 // the stats line {"seconds", "cpu_s", "sent", "stopped_early"}. Returns the exit code (4: stdin closed).
 template <class Run>
-int drive(size_t count, size_t warmup, double time_limit_s, std::FILE* out, const char* out_path, Run&& run) {
-  run(0, warmup, 0.0, false);
+int drive(const Command& c, Run&& run) {
+  run(0, c.warmup, 0.0, false);
   std::cout << "ready" << std::endl;
   std::string go;
   if (!std::getline(std::cin, go)) return 4;  // the driver went away
   const double cpu_before = process_cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
-  const size_t sent = run(warmup, count, time_limit_s, true);
+  const size_t sent = run(c.warmup, c.records.size(), c.time_limit_s, true);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double cpu_s = process_cpu_seconds() - cpu_before;
-  if (std::ferror(out) || std::fclose(out) != 0) throw std::runtime_error(std::string("cannot write ") + out_path);
+  if (std::ferror(c.out) || std::fclose(c.out) != 0) throw std::runtime_error(std::string("cannot write ") + c.out_path);
   std::printf("{\"seconds\": %.9f, \"cpu_s\": %.9f, \"sent\": %zu, \"stopped_early\": %d}\n", seconds, cpu_s,
-              sent, sent < count - warmup ? 1 : 0);
+              sent, sent < c.records.size() - c.warmup ? 1 : 0);
   std::fflush(stdout);
   return 0;
 }
