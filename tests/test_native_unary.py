@@ -19,6 +19,7 @@ from bertserve.v1 import inference_pb2 as pb
 from bertserve.v1 import inference_pb2_grpc as pb_grpc
 from tests.helpers import triton_client as triton
 from tests.helpers.server import GatedBatches, ServerThread, wait_for
+from tests.helpers.slow_proxy import SlowProxy
 
 MODEL = "tiny-embed"
 EMBED = "/bertserve.v1.Inference/Embed"
@@ -168,12 +169,37 @@ def test_a_call_past_its_deadline_ends_and_the_server_goes_on(server):
         assert gate.computing.wait(30)
         with pytest.raises(grpc.RpcError) as failure:
             call.result(30)
+        wait_for(lambda: _sample(server, "Embed", "DEADLINE_EXCEEDED") == expired + 1, timeout=10)
         gate.release()
         channel.close()
     assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_for(lambda: server.server.lifecycle.in_flight == 0, timeout=30)
-    wait_for(lambda: _sample(server, "Embed", "DEADLINE_EXCEEDED") == expired + 1, timeout=10)
     assert _both(server, "Tokenize", pb.TokenizeRequest(model=MODEL, inputs=["a"]))[1].results
+
+
+@pytest.mark.parametrize("port", ["main", "native"])
+def test_a_call_whose_headers_the_server_read_late_counts_its_clients_deadline(server, port):
+    """The client's clock starts before the server reads the call's headers: its cancel at its deadline
+    comes before the server's own deadline by that delay (150 ms here, as under load). It is counted
+    DEADLINE_EXCEEDED, as the client saw (with a slack of 50 ms it was counted CANCELLED)."""
+    model = server.server.core.registry.by_name[MODEL]
+    target = server.server.port if port == "main" else server.server.native_port
+    wait_for(lambda: server.server.lifecycle.in_flight == 0)
+    expired = _sample(server, "Embed", "DEADLINE_EXCEEDED")
+    cancelled = _sample(server, "Embed", "CANCELLED")
+    with SlowProxy(target, delay_s=0.15) as proxy, GatedBatches(model) as gate:
+        call, channel = _embed_with_options(proxy.port, timeout=1.0)
+        assert gate.computing.wait(30)
+        with pytest.raises(grpc.RpcError) as failure:
+            call.result(30)
+        # counted when the server hears of the cancel, its batch still held (an answer ready before that
+        # would race the cancel on the wire)
+        wait_for(lambda: _sample(server, "Embed", "DEADLINE_EXCEEDED") == expired + 1, timeout=10)
+        gate.release()
+        channel.close()
+    assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_for(lambda: server.server.lifecycle.in_flight == 0, timeout=30)
+    assert _sample(server, "Embed", "CANCELLED") == cancelled
 
 
 def test_a_call_the_transport_ends_for_its_deadline_counts_so_whatever_the_handlers_clock_says(server):
@@ -324,7 +350,9 @@ def test_a_large_call_parsed_off_the_loop_keeps_its_deadline(server):
     padding = b"x" * (80 * 1024)  # an unknown field (number 1000), kept by the parser
     request += _VarintBytes((1000 << 3) | 2) + _VarintBytes(len(padding)) + padding
     wait_for(lambda: server.server.lifecycle.in_flight == 0)
-    expired = _sample(server, "Embed", "DEADLINE_EXCEEDED")
+    codes = ("OK", "CANCELLED", "DEADLINE_EXCEEDED", "UNAVAILABLE", "INTERNAL")
+    before = {code: _sample(server, "Embed", code) for code in codes}
+    expired = before["DEADLINE_EXCEEDED"]
     core.off_loop = late
     try:
         with (
@@ -335,12 +363,16 @@ def test_a_large_call_parsed_off_the_loop_keeps_its_deadline(server):
             assert gate.computing.wait(30)
             with pytest.raises(grpc.RpcError) as failure:
                 call.result(30)
+            # counted when the server hears of the end, its batch still held (see the test above)
+            wait_for(lambda: _sample(server, "Embed", "DEADLINE_EXCEEDED") == expired + 1, timeout=10)
             gate.release()
     finally:
         core.off_loop = off_loop
     assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_for(lambda: server.server.lifecycle.in_flight == 0, timeout=30)
-    wait_for(lambda: _sample(server, "Embed", "DEADLINE_EXCEEDED") == expired + 1, timeout=10)
+    assert {code: _sample(server, "Embed", code) - before[code] for code in codes} == {
+        code: int(code == "DEADLINE_EXCEEDED") for code in codes
+    }
 
 
 def test_a_handler_cut_at_the_end_of_the_grace_period_is_counted_as_its_client_saw_it(tiny_repo):

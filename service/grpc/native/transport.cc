@@ -461,9 +461,12 @@ void Call::OnReadDone(bool ok) {
   }
 }
 
+// A cancel this close to the call's deadline is its client's deadline (DEADLINE_SLACK_S in the batcher).
+constexpr auto kDeadlineSlack = std::chrono::milliseconds(250);
+
 void Call::OnCancel() {
   // a deadline that passed ends the call as a cancellation does; the client saw DEADLINE_EXCEEDED then
-  bool expired = context_->deadline() <= Wall::now();
+  bool expired = context_->deadline() <= Wall::now() + kDeadlineSlack;
   int code = expired ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED;
   if (transport_->Take(id_, code) != nullptr) Finish(grpc::Status::CANCELLED);
 }
