@@ -111,13 +111,8 @@ class Engine:
     ) -> None:
         """A unary call's items queued now (or its refusal sent); answered when the last result is in."""
         try:
-            batcher = self._group(encoder).batcher
             work = self._work(front, items, deadline, bulk)
-            permit = batcher.reserve(len(work), False, deadline)
-            try:
-                batcher.submit(work, permit)
-            finally:
-                permit.release()
+            self._group(encoder).batcher.submit(work)  # room and deadline checked once, taken at once
         except errors.ServiceError as exc:
             self._send(front, _error(call, exc))
             return
