@@ -59,3 +59,41 @@ def tree_cpu_seconds(pid: int) -> float | None:
     if root is None:
         return None
     return root[1] + sum(stat[1] for child in descendants(pid) if (stat := _stat(child)) is not None)
+
+
+def thread_cpu_seconds(pid: int) -> dict[tuple[int, int], tuple[str, str, float]]:
+    """(pid, tid) -> (the process's name, the thread's name, its user + system CPU seconds so far), for every
+    thread of `pid` and its descendants (the server names its threads: service/thread_names.py)."""
+    threads = {}
+    for process in tree(pid):
+        try:
+            name = (PROC / str(process) / "comm").read_text().strip()
+            tasks = list((PROC / str(process) / "task").iterdir())
+        except OSError:
+            continue  # gone
+        for task in tasks:
+            try:
+                thread = (task / "comm").read_text().strip()
+                text = (task / "stat").read_text()
+            except OSError:
+                continue
+            fields = text[text.rindex(")") + 2 :].split()
+            seconds = (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime, stime
+            threads[(process, int(task.name))] = (name, thread, seconds)
+    return threads
+
+
+def busiest_threads(before: dict, after: dict, seconds: float, top: int = 5) -> list[dict]:
+    """The CPU between two `thread_cpu_seconds` reads, by (process name, thread name), in cores kept busy,
+    busiest first: which threads a phase's server CPU went to (a thread that ended meanwhile is left out)."""
+    cores: dict[tuple[str, str], list] = {}
+    for key, (process, thread, now) in after.items():
+        spent = now - before.get(key, (process, thread, 0.0))[2]
+        group = cores.setdefault((process, thread), [0.0, 0])
+        group[0] += spent / seconds
+        group[1] += 1
+    ranked = sorted(cores.items(), key=lambda item: -item[1][0])[:top]
+    return [
+        {"process": process, "thread": thread, "threads": count, "cores": busy}
+        for (process, thread), (busy, count) in ranked
+    ]

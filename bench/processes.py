@@ -132,6 +132,12 @@ class ServerProcess:
             return None
         return process_tree.tree_cpu_seconds(self.process.pid)
 
+    def thread_cpu_seconds(self) -> dict:
+        """Each thread's CPU so far, over the whole process tree (bench/process_tree.py); {} when stopped."""
+        if self.process is None or self.process.returncode is not None:
+            return {}
+        return process_tree.thread_cpu_seconds(self.process.pid)
+
     def processes(self) -> int | None:
         """How many processes the server runs now (itself and its descendants)."""
         if self.process is None or self.process.returncode is not None:

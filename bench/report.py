@@ -105,6 +105,7 @@ def markdown(result: dict) -> str:
     lines += md_table(
         ["target", "saturation inputs/s", "at concurrency", "GOP/s", "ready after s", "RSS MB"], rows
     )
+    lines += _threads_text(result["targets"])
     lines += _simulated_text(result.get("simulated_device"))
     lines += ["", "## Ceilings (in-process ONNX Runtime, ideal batches, no gRPC) and the GEMM peak", ""]
     rows = []
@@ -178,6 +179,28 @@ def markdown(result: dict) -> str:
     if result["notes"]:
         lines += ["", "## Notes", "", *(f"- {n}" for n in result["notes"])]
     return "\n".join(lines) + "\n"
+
+
+def _threads_text(targets: dict) -> list[str]:
+    """Where each target's server CPU went in its highest-concurrency closed phase, by thread name."""
+    rows = []
+    for name, target in targets.items():
+        phase = max(target["closed"], key=lambda p: p["concurrency"], default={})
+        for t in phase.get("busiest_threads") or []:
+            rows.append([name, f"c={phase['concurrency']}", t["process"], f"{t['thread']} ({t['threads']})",
+                         fmt_num(t["cores"], 2)])  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "",
+        "## Busiest threads (each target's highest concurrency)",
+        "",
+        "CPU cores kept busy, by process and thread name (how many threads share it): `bs-engine` is the engine "
+        "process's loop, `bs-compute` its inference threads, `bs-onnxruntime` ONNX Runtime's own, `bs-front-N` "
+        "a front's loop, `bs-tokenize` the tokenizing threads, `bs-cpu` a front's CPU pool; gRPC names its own.",
+        "",
+        *md_table(["target", "phase", "process", "thread (count)", "cores"], rows),
+    ]
 
 
 def _simulated_text(simulated: dict | None) -> list[str]:

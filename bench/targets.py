@@ -16,7 +16,7 @@ from typing import Protocol
 
 import grpc
 
-from bertserve.bench import http_client, native_loadgen, streaming, transport_floor
+from bertserve.bench import http_client, native_loadgen, process_tree, streaming, transport_floor
 from bertserve.bench.loadgen import (
     Call,
     PhaseResult,
@@ -207,11 +207,13 @@ class TargetRun:
             before = await scrape(self.server.metrics_url)
             # the loop's thread is read inside the process's reads (process, loop ... loop, process), so its
             # share never exceeds the whole in a phase as short as a clock tick or two
+            threads = self.server.thread_cpu_seconds()
             server_cpu, client_cpu = self.server.cpu_seconds(), time.process_time()
             loop_cpu = self.server.loop_cpu_seconds()
             result = await phase.measure()
             loop_cpu = _elapsed(loop_cpu, self.server.loop_cpu_seconds())
             server_cpu = _elapsed(server_cpu, self.server.cpu_seconds())
+            threads_after = self.server.thread_cpu_seconds()
             # the native load generator's own CPU (this process only parsed its replies, after the phase),
             # else this process's
             client_cpu = result.client_cpu_s if phase.own_process else time.process_time() - client_cpu
@@ -231,6 +233,7 @@ class TargetRun:
         ):
             summary[key] = 1e3 * seconds / inputs if seconds is not None and inputs else None
         summary["server"] = phase_delta(before, after, result.seconds)
+        summary["busiest_threads"] = process_tree.busiest_threads(threads, threads_after, result.seconds)
         self.log(_line(self.server.name, label, summary))
         return summary
 

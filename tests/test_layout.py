@@ -1,7 +1,8 @@
 """service/ is laid out as the processes are (issue 26), and its import graph says so: no module-level
 import cycle, and each layer imports only what it may.
 
-- shared (settings, errors, memory, metrics, metrics_http, metrics_multiprocess at the top of service/): no layer;
+- shared (settings, errors, memory, metrics, metrics_http, metrics_multiprocess, thread_names at the top of
+  service/): no layer;
 - engine/: shared only;
 - core/: engine and shared;
 - grpc/, http/: core and shared, never each other or kserve/;
@@ -21,7 +22,7 @@ from pathlib import Path
 
 SERVICE = Path(__file__).resolve().parents[1] / "service"
 PACKAGE = "bertserve.service"
-SHARED = {"settings", "errors", "memory", "metrics", "metrics_http", "metrics_multiprocess"}
+SHARED = {"settings", "errors", "memory", "metrics", "metrics_http", "metrics_multiprocess", "thread_names"}
 LAYERS = {"engine", "core", "grpc", "http", "kserve", "supervisor"}
 # layer -> the layers it may import (besides itself and the shared modules)
 MAY_IMPORT = {

@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -97,6 +98,20 @@ def assert_same(ours, theirs) -> None:
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     else:
         assert ours == theirs
+
+
+def test_each_process_and_its_busy_threads_are_named(two_fronts):
+    """`top -H` and the bench tell the engine's loop and inference threads from the fronts' loops."""
+
+    def names(pid: int) -> set[str]:
+        return {(task / "comm").read_text().strip() for task in Path(f"/proc/{pid}/task").iterdir()}
+
+    children = pids(two_fronts)
+    supervisor = two_fronts.process.pid
+    assert Path(f"/proc/{supervisor}/comm").read_text().strip() == "bs-supervisor"
+    assert {"bs-engine", "bs-compute"} <= names(children["engine"])
+    for index in (0, 1):
+        assert {f"bs-front-{index}", "bs-cpu"} <= names(children[f"front-{index}"])
 
 
 def test_every_task_answers_as_one_process_does(two_fronts, tiny_repo):

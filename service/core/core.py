@@ -78,6 +78,7 @@ from bertserve.service.engine.tokenization import EncodedInput
 from bertserve.service.errors import InvalidInput
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
+from bertserve.service.thread_names import naming
 
 DEFAULT_FILL_MASK_TOP_K = 5
 # chunks of a stream in flight at once (admitted, batched) before the first is answered
@@ -112,7 +113,7 @@ class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
         # more threads for one large call's tokenization (service/core/token_slices.py)
         self.tokenize_threads = settings.tokenize_thread_count()
         self._slices = (
-            ThreadPoolExecutor(self.tokenize_threads - 1, thread_name_prefix="bertserve-tokenize")
+            ThreadPoolExecutor(self.tokenize_threads - 1, "bertserve-tokenize", naming("bs-tokenize"))
             if self.tokenize_threads > 1
             else None
         )

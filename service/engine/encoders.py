@@ -26,6 +26,7 @@ from bertserve.service.engine.runtime import CUDA, GraphSession
 from bertserve.service.engine.shapes import ShapeBuckets, buckets
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tasks.fill_mask import mask_positions
+from bertserve.service.thread_names import naming
 
 if TYPE_CHECKING:
     from bertserve.service.engine.model_registry import ModelRegistry
@@ -50,7 +51,7 @@ class EncoderGroup:
             self._free.put(session)
         self.pad_id = pad_id
         self.models: list[ServedModel] = []  # in the server's order
-        self.executor = ThreadPoolExecutor(max_workers=len(sessions), thread_name_prefix=f"bertserve-{name}")
+        self.executor = ThreadPoolExecutor(len(sessions), f"bertserve-{name}", naming("bs-compute"))
         self.batcher: Batcher | None = None  # set by the core
         self.buckets: ShapeBuckets | None = None  # batches padded up to these shapes (set with the batcher)
 

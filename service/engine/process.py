@@ -24,6 +24,7 @@ from bertserve.service.engine.messages import array, options_in, small
 from bertserve.service.engine.model_registry import ModelRegistry
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
+from bertserve.service.thread_names import name_this_thread, naming
 
 log = logging.getLogger("bertserve.engine")
 
@@ -40,7 +41,7 @@ class Engine:
         self.registry: ModelRegistry | None = None
         self._groups: dict[str, EncoderGroup] = {}  # by encoder name, once loaded
         self._calls: dict[tuple[FrameLink, int], asyncio.Task] = {}  # (front, call id) -> its task
-        self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertserve-engine-load")
+        self._cpu = ThreadPoolExecutor(1, "bertserve-engine-load", naming("bs-engine-load"))
         self._server: asyncio.AbstractServer | None = None
         self._stopping = asyncio.Event()
 
@@ -228,6 +229,7 @@ async def _run(settings: Settings, address: str) -> int:
 
 def main(settings: Settings, address: str) -> int:
     """The engine process's entry (spawned by the supervisor)."""
+    name_this_thread("bs-engine")  # its loop: the fronts' frames, admission, batching
     return asyncio.run(_run(settings, address))
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 
 from bertserve.service.errors import StartupError
+from bertserve.service.thread_names import thread_named
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ class GraphSession:
         for name, value in self._initializers.items():
             options.add_initializer(name, value)
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=providers)
+            with thread_named("bs-onnxruntime"):  # the session's own threads, started now, inherit it
+                self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:  # ORT raises several unrelated types for unreadable graphs
             raise StartupError(f"{path}: ONNX Runtime cannot load it: {exc}") from None
         self.providers = self.session.get_providers()

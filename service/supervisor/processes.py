@@ -30,6 +30,7 @@ from bertserve.service.settings import Settings
 from bertserve.service.supervisor.ports import PortClaim
 from bertserve.service.supervisor.scratch import ScratchDir
 from bertserve.service.supervisor.serving import DRAIN_SIGNALS, configure_process, run_until_signalled
+from bertserve.service.thread_names import name_this_thread
 
 log = logging.getLogger("bertserve.supervisor")
 RESTARTS_PER_MINUTE = 5  # a front failing faster than this is not restarted: the server exits 1
@@ -63,6 +64,7 @@ def _front_main(settings: Settings, address: str, index: int, ready: Connection,
     from bertserve.service.supervisor.server import FrontRole
 
     _become_child(settings, parent)
+    name_this_thread(f"bs-front-{index}")  # its loop: the protocols, tokenization, replies
     role = FrontRole(address, index)
     main = run_until_signalled(settings, role, lambda: ready.send(index), (signal.SIGTERM,))
     raise SystemExit(asyncio.run(main))
@@ -168,6 +170,7 @@ class Supervisor:
         self._start_front(self._front_settings, index)
 
     async def run(self) -> int:
+        name_this_thread("bs-supervisor")
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for signum in DRAIN_SIGNALS:

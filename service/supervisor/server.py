@@ -39,6 +39,7 @@ from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
 from bertserve.service.supervisor import memory_bounds
 from bertserve.service.supervisor.scratch import ScratchDir
+from bertserve.service.thread_names import naming
 from bertserve.v1 import inference_pb2
 
 log = logging.getLogger("bertserve.server")
@@ -115,7 +116,7 @@ class InferenceServer:
         self.models: list[ServedModel] = []
         self.core: InferenceCore | None = None  # the protocol-free inference core every front calls
         self._server: grpc.aio.Server | None = None
-        self._cpu = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bertserve-cpu")
+        self._cpu = ThreadPoolExecutor(2, "bertserve-cpu", naming("bs-cpu"))
 
     async def _set_health(self, status: int) -> None:
         for service in ("", SERVICE_NAME):
