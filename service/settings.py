@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(8002, ge=-1, le=65535)  # 0 = pick a free port, -1 = no metrics endpoint
     precision: Literal["fp32", "int8", "fp16"] = "fp32"
     provider: Literal["auto", "cpu", "cuda"] = "auto"
+    # How a thread waiting for the GPU waits (service/engine/cuda_sync.py): CUDA's own choice, or blocking
+    # (sleeps: frees the core CUDA's spinning keeps busy for each batch), yield, spin.
+    cuda_sync: Literal["auto", "blocking", "yield", "spin"] = "auto"
     intra_op_threads: int = Field(0, ge=0, le=256)  # 0 = ONNX Runtime's default (one per physical core)
     inter_op_threads: int = Field(1, ge=0, le=64)
     # Model instances per encoder (as Triton's instance groups): this many batches computed at the same
