@@ -157,23 +157,29 @@ def _embed_with_options(port: int, timeout: float | None = None):
     return pb_grpc.InferenceStub(channel).Embed.future(request, timeout=timeout), channel
 
 
-def test_a_call_past_its_deadline_ends_and_the_server_goes_on(server):
-    """A call that its handler computes when its deadline passes: DEADLINE_EXCEEDED, counted so; its
-    inputs are dropped and the next call is answered."""
-    native = server.server.native_port
+def _expired_while_held(server, port: int) -> grpc.StatusCode:
+    """An Embed with options and a 1 s deadline to `port`, its batch held until the server has counted one
+    more DEADLINE_EXCEEDED (an answer ready before the server hears of its client's end would race that end
+    on the wire); returns the code its client saw."""
     model = server.server.core.registry.by_name[MODEL]
     wait_for(lambda: server.server.lifecycle.in_flight == 0)
     expired = _sample(server, "Embed", "DEADLINE_EXCEEDED")
     with GatedBatches(model) as gate:
-        call, channel = _embed_with_options(native, timeout=1.0)
+        call, channel = _embed_with_options(port, timeout=1.0)
         assert gate.computing.wait(30)
         with pytest.raises(grpc.RpcError) as failure:
             call.result(30)
         wait_for(lambda: _sample(server, "Embed", "DEADLINE_EXCEEDED") == expired + 1, timeout=10)
         gate.release()
         channel.close()
-    assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_for(lambda: server.server.lifecycle.in_flight == 0, timeout=30)
+    return failure.value.code()
+
+
+def test_a_call_past_its_deadline_ends_and_the_server_goes_on(server):
+    """A call that its handler computes when its deadline passes: DEADLINE_EXCEEDED, counted so; its
+    inputs are dropped and the next call is answered."""
+    assert _expired_while_held(server, server.server.native_port) == grpc.StatusCode.DEADLINE_EXCEEDED
     assert _both(server, "Tokenize", pb.TokenizeRequest(model=MODEL, inputs=["a"]))[1].results
 
 
@@ -182,23 +188,10 @@ def test_a_call_whose_headers_the_server_read_late_counts_its_clients_deadline(s
     """The client's clock starts before the server reads the call's headers: its cancel at its deadline
     comes before the server's own deadline by that delay (150 ms here, as under load). It is counted
     DEADLINE_EXCEEDED, as the client saw (with a slack of 50 ms it was counted CANCELLED)."""
-    model = server.server.core.registry.by_name[MODEL]
     target = server.server.port if port == "main" else server.server.native_port
-    wait_for(lambda: server.server.lifecycle.in_flight == 0)
-    expired = _sample(server, "Embed", "DEADLINE_EXCEEDED")
     cancelled = _sample(server, "Embed", "CANCELLED")
-    with SlowProxy(target, delay_s=0.15) as proxy, GatedBatches(model) as gate:
-        call, channel = _embed_with_options(proxy.port, timeout=1.0)
-        assert gate.computing.wait(30)
-        with pytest.raises(grpc.RpcError) as failure:
-            call.result(30)
-        # counted when the server hears of the cancel, its batch still held (an answer ready before that
-        # would race the cancel on the wire)
-        wait_for(lambda: _sample(server, "Embed", "DEADLINE_EXCEEDED") == expired + 1, timeout=10)
-        gate.release()
-        channel.close()
-    assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    wait_for(lambda: server.server.lifecycle.in_flight == 0, timeout=30)
+    with SlowProxy(target, delay_s=0.15) as proxy:
+        assert _expired_while_held(server, proxy.port) == grpc.StatusCode.DEADLINE_EXCEEDED
     assert _sample(server, "Embed", "CANCELLED") == cancelled
 
 
