@@ -197,7 +197,8 @@ def _threads_text(targets: dict) -> list[str]:
         "",
         "CPU cores kept busy, by process and thread name (how many threads share it): `bs-engine` is the engine "
         "process's loop, `bs-compute` its inference threads, `bs-onnxruntime` ONNX Runtime's own, `bs-front-N` "
-        "a front's loop, `bs-tokenize` the tokenizing threads, `bs-cpu` a front's CPU pool; gRPC names its own.",
+        "a front's loop, `bs-tokenize` the tokenizing threads, `bs-cpu` a front's CPU pool; a thread started by "
+        "one of these takes its name unless it names itself (gRPC's do).",
         "",
         *md_table(["target", "phase", "process", "thread (count)", "cores"], rows),
     ]

@@ -205,15 +205,15 @@ class TargetRun:
         try:
             await phase.warm_up()
             before = await scrape(self.server.metrics_url)
-            # the loop's thread is read inside the process's reads (process, loop ... loop, process), so its
-            # share never exceeds the whole in a phase as short as a clock tick or two
-            threads = self.server.thread_cpu_seconds()
+            # the threads are read inside the process's reads (process, threads, loop ... loop, threads,
+            # process), so their share never exceeds the whole in a phase as short as a clock tick or two
             server_cpu, client_cpu = self.server.cpu_seconds(), time.process_time()
+            threads = self.server.thread_cpu_seconds()
             loop_cpu = self.server.loop_cpu_seconds()
             result = await phase.measure()
             loop_cpu = _elapsed(loop_cpu, self.server.loop_cpu_seconds())
-            server_cpu = _elapsed(server_cpu, self.server.cpu_seconds())
             threads_after = self.server.thread_cpu_seconds()
+            server_cpu = _elapsed(server_cpu, self.server.cpu_seconds())
             # the native load generator's own CPU (this process only parsed its replies, after the phase),
             # else this process's
             client_cpu = result.client_cpu_s if phase.own_process else time.process_time() - client_cpu

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,8 +16,8 @@ _MAX_BYTES = 15
 
 @functools.cache
 def _prctl() -> Callable[..., int] | None:
-    with contextlib.suppress(OSError, AttributeError, TypeError):
-        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl
+    with contextlib.suppress(OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True).prctl  # the C library this process already has
     return None
 
 
@@ -32,17 +31,17 @@ def name_this_thread(name: str) -> None:
 @contextlib.contextmanager
 def thread_named(name: str) -> Iterator[None]:
     """The calling thread named `name` for the block, then as before: threads started within (by a library)
-    inherit `name`."""
+    inherit `name`. Nothing where the thread's name cannot be read back (it could not be restored)."""
     try:
         before = Path("/proc/thread-self/comm").read_text().strip()
     except OSError:
-        before = None
+        yield
+        return
     name_this_thread(name)
     try:
         yield
     finally:
-        if before is not None:
-            name_this_thread(before)
+        name_this_thread(before)
 
 
 def naming(name: str) -> Callable[[], None]:

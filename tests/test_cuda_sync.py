@@ -5,12 +5,14 @@ without a driver starts as before."""
 from __future__ import annotations
 
 import ctypes
+import shutil
 import subprocess
 
 import pytest
 
 from bertserve.client import Client
-from bertserve.service.engine import cuda_sync
+from bertserve.service.engine import cuda_sync, model_registry, runtime
+from bertserve.service.settings import Settings
 from tests.helpers.server import ServerThread
 
 FAKE_DRIVER = r"""
@@ -27,6 +29,8 @@ int fake_flags_set(void) { return flags_set; }
 
 @pytest.fixture
 def fake_driver(tmp_path):
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the stand-in driver")
     source = tmp_path / "fake_cuda.c"
     source.write_text(FAKE_DRIVER)
     library = tmp_path / "libfakecuda.so"
@@ -66,3 +70,26 @@ def test_a_server_asked_to_block_on_a_machine_without_a_gpu_serves(tiny_repo):
             assert client.info().models[0].provider == "CPUExecutionProvider"
         finally:
             client.close()
+
+
+def test_the_engine_sets_it_once_before_its_first_session_and_a_front_never(monkeypatch, tiny_repo):
+    events = []
+    monkeypatch.setattr(cuda_sync, "apply", lambda mode, *args, **kwargs: events.append(("cuda_sync", mode)))
+    cuda = [(runtime.CUDA, {}), runtime.CPU]  # as where onnxruntime has CUDA (the sessions stay on CPU)
+    monkeypatch.setattr(
+        cuda_sync, "providers_for", lambda provider: cuda if provider != "cpu" else [runtime.CPU]
+    )
+    made = runtime.ort.InferenceSession
+
+    def session(*args, **kwargs):
+        events.append(("session",))
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.ort, "InferenceSession", session)
+    settings = Settings(model_repo=tiny_repo, models=["tiny-embed"], cuda_sync="blocking")
+    model_registry.load(settings)
+    assert events[0] == ("cuda_sync", "blocking") and events.count(events[0]) == 1 and ("session",) in events
+    events.clear()
+    model_registry.load(settings, front=True)  # a front of several makes no session
+    model_registry.load(settings.model_copy(update={"provider": "cpu"}))
+    assert ("cuda_sync", "blocking") not in events

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ctypes
 import logging
 
+from bertserve.service.engine.runtime import CPU, providers_for
+
 log = logging.getLogger(__name__)
 
 DRIVER = "libcuda.so.1"
@@ -28,7 +30,10 @@ def apply(mode: str, device: int = 0, driver: str = DRIVER) -> str | None:
     except OSError:
         return f"no CUDA driver ({driver})"
     handle = ctypes.c_int()
-    set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
+    names = ("cuDevicePrimaryCtxSetFlags_v2", "cuDevicePrimaryCtxSetFlags")
+    set_flags = next((getattr(cuda, n) for n in names if hasattr(cuda, n)), None)
+    if set_flags is None:
+        return f"{driver} has no cuDevicePrimaryCtxSetFlags"
     for step, call in (
         ("cuInit", lambda: cuda.cuInit(0)),
         ("cuDeviceGet", lambda: cuda.cuDeviceGet(ctypes.byref(handle), device)),
@@ -41,8 +46,10 @@ def apply(mode: str, device: int = 0, driver: str = DRIVER) -> str | None:
 
 
 def configure(mode: str, provider: str) -> None:
-    """`apply(mode)`, and a warning when it could not be set for `provider` cuda (auto: a CPU machine may
-    have no driver, which is no news)."""
+    """`apply(mode)` where this ONNX Runtime would make CUDA sessions under `provider`, with a warning when
+    it could not be set for `provider` cuda (auto: a machine may have no driver, which is no news)."""
+    if providers_for(provider) == [CPU]:  # no CUDA session will be made
+        return
     if (why := apply(mode)) is not None:
         level = logging.WARNING if provider == "cuda" else logging.DEBUG
         log.log(level, "cuda_sync %s not set: %s", mode, why)

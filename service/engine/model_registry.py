@@ -103,7 +103,7 @@ def load(settings: Settings, front: bool = False) -> ModelRegistry:
     are tokenizers (by file sha256 and max_length) and tied decoder tables (held once, see TiedDecoder).
     `front`: a front process of several (the engine process runs the graphs): no sessions, no tables."""
     found = discover(settings.model_repo, settings.model_specs(), settings.precision)
-    if not front and settings.provider != "cpu":  # before the first session makes the CUDA context
+    if not front:  # before the first session makes the CUDA context
         cuda_sync.configure(settings.cuda_sync, settings.provider)
     tables = _placeholder_tables(found) if front else _decoder_tables(found)
     shared_initializers = {} if front else _shared_initializers(found, tables)

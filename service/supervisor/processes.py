@@ -170,7 +170,6 @@ class Supervisor:
         self._start_front(self._front_settings, index)
 
     async def run(self) -> int:
-        name_this_thread("bs-supervisor")
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for signum in DRAIN_SIGNALS:

@@ -41,6 +41,8 @@ class SlowProxy:
     def close(self) -> None:
         for one in self._sockets:
             with contextlib.suppress(OSError):
+                one.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept() or recv()
+            with contextlib.suppress(OSError):
                 one.close()
 
     def __enter__(self) -> SlowProxy:
