@@ -20,6 +20,8 @@ SETTING_HELP = {
     "metrics_port": "Prometheus /metrics port (0: pick a free one; -1: no metrics endpoint)",
     "precision": "encoder graph to run",
     "provider": "ONNX Runtime execution provider (auto: CUDA when ONNX Runtime really gets it, else CPU)",
+    "cuda_sync": "how a thread waiting for the GPU waits: auto (CUDA's choice: it spins, a core per "
+    "instance), blocking (sleeps), yield, spin",
     "intra_op_threads": "ONNX Runtime threads within an operator (0: one per physical core)",
     "inter_op_threads": "ONNX Runtime threads across operators",
     "instances": "batches each encoder computes at once (intra_op_threads threads each)",
