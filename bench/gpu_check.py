@@ -77,9 +77,13 @@ def sanity() -> str:
     return f"{described['gpu']}: onnxruntime {ort.__version__} (get_device() GPU) ran a session on {gpu.CUDA}"
 
 
-def _closed_at(bench: dict, target: str, concurrency: int) -> float | None:
+def _closed_phase(bench: dict, target: str, concurrency: int) -> dict:
     phases = bench.get("targets", {}).get(target, {}).get("closed") or []
-    return next((p["inputs_per_s"] for p in phases if p.get("concurrency") == concurrency), None)
+    return next((p for p in phases if p.get("concurrency") == concurrency), {})
+
+
+def _closed_at(bench: dict, target: str, concurrency: int, key: str = "inputs_per_s") -> float | None:
+    return _closed_phase(bench, target, concurrency).get(key)
 
 
 def _ceiling(bench: dict, precision: str) -> float | None:
@@ -144,6 +148,15 @@ FIGURES: list[tuple[str, str, Callable[[float], bool] | None, Callable[[dict], f
         lambda b: _closed_at(b, analysis.SERVER, SINGLE_CONCURRENCY),
     ),
     ("fp16 in-process ceiling, inputs/s", "", None, lambda b: _ceiling(b, "fp16")),
+    *(
+        (
+            f"server-fp32 server CPU cores at c={c}",
+            "",
+            None,
+            lambda b, c=c: _closed_at(b, analysis.SERVER, c, "server_cpu_cores"),
+        )
+        for c in (1, SINGLE_CONCURRENCY)
+    ),
     ("front CPU ms per single-input call", "", None, lambda b: _find(b, "front_cpu_ms_per_call")),
     ("native port CPU ms per single-input call", "", None, lambda b: _find(b, "native_cpu_ms_per_call")),
 ]
@@ -187,6 +200,7 @@ def summarize(out: Path) -> dict:
     for name, goal, test, _ in FIGURES:
         cells = " | ".join(_cell(figures[w][name], test) for w in runs)
         lines.append(f"| {name} | {goal or '–'} | {cells} |")
+    lines += _busiest_text(runs)
     cpu = _cpu_figure(out / CPU_RUN / "bench.json")
     if cpu is not None:
         lines += ["", f"On the CPU provider ([cpu]({CPU_RUN}/bench.md), {cpu['cores']} logical cores, "
@@ -196,6 +210,20 @@ def summarize(out: Path) -> dict:
     summary = {"gpu": gpu_name, "onnxruntime": onnxruntime, "figures": figures, "cpu": cpu}
     (out / "gpu-check.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _busiest_text(runs: dict[str, dict]) -> list[str]:
+    """Each run's three busiest threads in server-fp32's phases at c=1 and c=SINGLE_CONCURRENCY."""
+    lines = []
+    for workers, bench in runs.items():
+        for c in (1, SINGLE_CONCURRENCY):
+            threads = _closed_phase(bench, analysis.SERVER, c).get("busiest_threads") or []
+            named = ", ".join(
+                f"{t['process']}/{t['thread']} ({t['threads']}) {t['cores']:.2f}" for t in threads[:3]
+            )
+            if named:
+                lines.append(f"- workers {workers}, server-fp32 at c={c}: {named} cores")
+    return ["", "Busiest threads (process/thread (how many), cores kept busy):", "", *lines] if lines else []
 
 
 def _cpu_figure(path: Path) -> dict | None:

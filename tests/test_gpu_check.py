@@ -278,6 +278,26 @@ def test_device_folder_names(name, folder):
     assert gpu_check.device_dir(name) == folder
 
 
+def test_summary_shows_the_servers_cpu_and_its_busiest_threads(tmp_path):
+    bench = json.loads(H100_BENCH.read_text())
+    at_1 = next(p for p in bench["targets"]["server-fp32"]["closed"] if p["concurrency"] == 1)
+    at_1["busiest_threads"] = [
+        {"process": "bs-engine", "thread": "bs-compute", "threads": 1, "cores": 0.92},
+        {"process": "bs-front-0", "thread": "bs-front-0", "threads": 3, "cores": 0.04},
+    ]
+    (tmp_path / "workers-native-auto").mkdir()
+    (tmp_path / "workers-native-auto" / "bench.json").write_text(json.dumps(bench))
+    figures = gpu_check.summarize(tmp_path)["figures"]["native-auto"]
+    assert at_1["server_cpu_cores"] is not None
+    assert figures["server-fp32 server CPU cores at c=1"] == at_1["server_cpu_cores"]
+    table = (tmp_path / "gpu-check.md").read_text()
+    assert (
+        "- workers native-auto, server-fp32 at c=1: bs-engine/bs-compute (1) 0.92, "
+        "bs-front-0/bs-front-0 (3) 0.04 cores"
+    ) in table
+    assert "at c=256: " not in table  # that phase has no thread figures (a bench before Round 16)
+
+
 def test_summary_puts_the_goals_of_each_run_side_by_side(tmp_path):
     bench = json.loads(H100_BENCH.read_text())
     for workers in ("1", "auto"):
