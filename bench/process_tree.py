@@ -14,14 +14,19 @@ PROC = Path("/proc")
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
+def _fields(stat: Path) -> list[str]:
+    """A /proc stat file's fields after its name (state, ppid, ... utime stime cutime cstime ...): the name
+    may hold spaces and parentheses. OSError when its process or thread is gone."""
+    text = stat.read_text()
+    return text[text.rindex(")") + 2 :].split()
+
+
 def _stat(pid: int) -> tuple[int, float] | None:
     """(parent pid, CPU seconds of it and its waited-for children), or None for a process that is gone."""
     try:
-        text = (PROC / str(pid) / "stat").read_text()
+        fields = _fields(PROC / str(pid) / "stat")
     except OSError:
         return None
-    # pid (comm) state ppid ... utime stime cutime cstime: comm may hold spaces and parentheses
-    fields = text[text.rindex(")") + 2 :].split()
     ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
     return int(fields[1]), ticks / TICKS_PER_S
 
@@ -74,10 +79,9 @@ def thread_cpu_seconds(pid: int) -> dict[tuple[int, int], tuple[str, str, float]
         for task in tasks:
             try:
                 thread = (task / "comm").read_text().strip()
-                text = (task / "stat").read_text()
+                fields = _fields(task / "stat")
             except OSError:
                 continue
-            fields = text[text.rindex(")") + 2 :].split()
             seconds = (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime, stime
             threads[(process, int(task.name))] = (name, thread, seconds)
     return threads

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 
 from bertserve.service.engine.tokenization import EncodedInput, ModelTokenizer
 
@@ -57,11 +57,9 @@ def encode_sliced(
         return tokenizer.encode(texts[bounds[k] : bounds[k + 1]], True, detailed, left and truncate)
 
     futures = [pool.submit(part, k) for k in range(1, slices)]
-    try:
-        parts = [part(0)] + [part(k) if future.cancel() else None for k, future in enumerate(futures, 1)]
-        encoded = [
-            e for k, done in enumerate(parts) for e in (futures[k - 1].result() if done is None else done)
-        ]
+    try:  # every slice no pool thread started is encoded here first; then the started ones are awaited
+        parts = [part(0), *(part(k) if future.cancel() else future for k, future in enumerate(futures, 1))]
+        encoded = [e for p in parts for e in (p.result() if isinstance(p, Future) else p)]
     finally:
         for future in futures:  # a slice failed: the others are not needed
             future.cancel()
