@@ -185,12 +185,14 @@ def summarize(out: Path) -> dict:
     gpu_name = machine.get("gpu", {}).get("gpu", "unknown GPU")
     versions = machine.get("versions", {})
     onnxruntime = versions.get("onnxruntime (imported)") or versions.get("onnxruntime-gpu") or "?"
+    dates = sorted(bench.get("created_at", "?") for bench in runs.values())  # runs kept from earlier checks
+    when = dates[0] if dates[0] == dates[-1] else f"runs from {dates[0]} to {dates[-1]}"
     lines = [
         f"# GPU check: {gpu_name}",
         "",
         f"`make gpu-check` (scripts/gpu-check.sh): `bertserve bench --provider cuda --quick` once per workers "
         f"setting. {machine.get('cpu', '?')}, {machine.get('logical_cores', '?')} logical cores; onnxruntime "
-        f"{onnxruntime}; {first.get('created_at', '?')}. Each run's own report: "
+        f"{onnxruntime}; {when}. Each run's own report: "
         + ", ".join(f"[workers {w}]({RUN_PREFIX}{w}/bench.md)" for w in runs)
         + ".",
         "",

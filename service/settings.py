@@ -73,6 +73,10 @@ class Settings(BaseSettings):
     # How a thread waiting for the GPU waits (service/engine/cuda_sync.py): CUDA's own choice, or blocking
     # (sleeps: frees the core CUDA's spinning keeps busy for each batch), yield, spin.
     cuda_sync: Literal["auto", "blocking", "yield", "spin"] = "auto"
+    # Each batch shape of an encoder on CUDA replayed as a CUDA graph, one launch instead of one per kernel
+    # (service/engine/captured_runs.py; needs shape buckets and one instance): auto where the session can,
+    # on (refuses to start where it cannot), off.
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
     intra_op_threads: int = Field(0, ge=0, le=256)  # 0 = ONNX Runtime's default (one per physical core)
     inter_op_threads: int = Field(1, ge=0, le=64)
     # Model instances per encoder (as Triton's instance groups): this many batches computed at the same

@@ -166,9 +166,9 @@ def _spy_encoder_runs(monkeypatch, group) -> list[list[str]]:
     for session in group.sessions:
         run = session.run
 
-        def spied(feeds, outputs, run=run):
+        def spied(feeds, outputs, captured=False, run=run):
             wanted.append(list(outputs))
-            return run(feeds, outputs)
+            return run(feeds, outputs, captured)
 
         monkeypatch.setattr(session, "run", spied)
     return wanted

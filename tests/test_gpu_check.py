@@ -304,6 +304,14 @@ def test_summary_puts_the_goals_of_each_run_side_by_side(tmp_path):
         (tmp_path / f"workers-{workers}").mkdir()
         shutil.copy(H100_BENCH, tmp_path / f"workers-{workers}" / "bench.json")
     summary = gpu_check.summarize(tmp_path)
+    assert f"; {bench['created_at']}. Each run's own report" in (tmp_path / "gpu-check.md").read_text()
+    later = {**bench, "created_at": "2030-01-02T03:04:05+00:00"}  # a run of a later check beside it
+    (tmp_path / "workers-auto" / "bench.json").write_text(json.dumps(later))
+    gpu_check.summarize(tmp_path)
+    dates = f"runs from {bench['created_at']} to 2030-01-02T03:04:05+00:00."
+    assert dates in (tmp_path / "gpu-check.md").read_text()
+    shutil.copy(H100_BENCH, tmp_path / "workers-auto" / "bench.json")
+    summary = gpu_check.summarize(tmp_path)
     assert list(summary["figures"]) == ["1", "auto"]
     figures = summary["figures"]["auto"]
     fp16_at_256 = next(p for p in bench["targets"]["server-fp16"]["closed"] if p["concurrency"] == 256)

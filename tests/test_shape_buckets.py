@@ -58,9 +58,9 @@ def test_a_bucketed_server_pads_each_batch_to_a_bucket_and_answers_the_same(serv
     session = group.sessions[0]
     run = session.run
 
-    def recording(feeds, outputs):
+    def recording(feeds, outputs, captured=False):
         shapes.append(feeds["input_ids"].shape)
-        return run(feeds, outputs)
+        return run(feeds, outputs, captured)
 
     texts = random_texts(5, seed=7, min_words=2, max_words=30)
     session.run = recording
@@ -88,9 +88,9 @@ def test_buckets_are_warmed_up_before_serving_and_only_where_asked(tiny_repo, ca
     ran: list[tuple[GraphSession, tuple[int, int]]] = []
     run = GraphSession.run
 
-    def recording(self, feeds, outputs):
+    def recording(self, feeds, outputs, captured=False):
         ran.append((self, feeds["input_ids"].shape))
-        return run(self, feeds, outputs)
+        return run(self, feeds, outputs, captured)
 
     def encoder_runs(server: ServerThread) -> list[tuple[int, int]]:  # not the attention graph's
         sessions = server.server.core.encoders[0].sessions
@@ -113,6 +113,8 @@ def test_buckets_are_warmed_up_before_serving_and_only_where_asked(tiny_repo, ca
 def test_at_the_gpu_overlays_limits_every_batch_meets_a_warmed_shape_padded_at_most_2_25x():
     shapes = buckets(64, 16384, 256)  # deploy/kubernetes/overlays/gpu
     warmed = set(shapes.all())
+    # what the encoder asks of a batch's shape: a bucket (captured as a CUDA graph) or its own
+    assert all(shapes.holds(shape) for shape in warmed) and not shapes.holds((5, 77))
     for rows in range(1, 65):
         for length in range(8, 257):
             if rows * length <= 16384:

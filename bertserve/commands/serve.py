@@ -22,6 +22,9 @@ SETTING_HELP = {
     "provider": "ONNX Runtime execution provider (auto: CUDA when ONNX Runtime really gets it, else CPU)",
     "cuda_sync": "how a thread waiting for the GPU waits: auto (CUDA's choice: it spins, a core per "
     "instance), blocking (sleeps), yield, spin",
+    "cuda_graphs": "each batch shape of an encoder on CUDA replayed as a CUDA graph, one launch per batch "
+    "(needs batch_shapes buckets and instances 1): auto where the session can, on (refuses to start where "
+    "not), off",
     "intra_op_threads": "ONNX Runtime threads within an operator (0: one per physical core)",
     "inter_op_threads": "ONNX Runtime threads across operators",
     "instances": "batches each encoder computes at once (intra_op_threads threads each)",

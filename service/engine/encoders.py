@@ -26,6 +26,7 @@ from bertserve.service.engine.runtime import CUDA, GraphSession
 from bertserve.service.engine.shapes import ShapeBuckets, buckets
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tasks.fill_mask import mask_positions
+from bertserve.service.errors import StartupError
 from bertserve.service.thread_names import naming
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class EncoderGroup:
         """Blocking; runs on the group's worker thread. One encoder run for every row of the batch."""
         size, longest = len(batch), max(item.length for item in batch)
         shape = self.buckets.shape(size, longest) if self.buckets else (size, longest)
+        captured = self.buckets is not None and self.buckets.holds(shape)  # a CUDA graph where it can be
         input_ids = np.full(shape, self.pad_id, dtype=np.int64)  # (B, T)
         attention_mask = np.zeros(shape, dtype=np.int64)  # (B, T)
         attention_mask[size:, 0] = 1  # a bucket's spare rows attend to one pad token (no empty softmax)
@@ -86,7 +88,7 @@ class EncoderGroup:
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         session = self._free.get_nowait()  # never empty: the batcher runs at most `instances` batches at once
         try:
-            outputs = session.run(feeds, wanted)
+            outputs = session.run(feeds, wanted, captured)
         finally:
             self._free.put(session)
         results: list[object] = [None] * size
@@ -118,14 +120,22 @@ class EncoderGroup:
         started, shapes = time.perf_counter(), self.buckets.all()
         tokens = sum(rows * length for rows, length in shapes)
         log.info("encoder %s: warming up %d batch shapes (%d padded tokens)", self.name, len(shapes), tokens)
-        first = items[0]  # its text over again, then [SEP] (a fill-mask row's mask stays at 1)
-        for size, length in shapes:
-            ids = np.resize(first.ids[:-1], length)
-            ids[-1] = first.ids[-1]
-            zeros = np.zeros(length, np.int64)
-            row = WorkItem(ids, zeros, first.options, None, None, first.mask_positions, model=first.model)
-            for _ in self.sessions:
-                self.compute([row] * size)
+        # one item per set of outputs the models' tasks ask for by default: with captured runs, each
+        # (bucket, set) is captured now, and other sets run plain (service/engine/captured_runs.py)
+        capturing = any(getattr(session, "captured", None) is not None for session in self.sessions)
+        firsts = {}
+        for item in items if capturing else items[:1]:
+            model = item.model or self.models[0]
+            firsts.setdefault(frozenset(model.encoder_outputs(item.options)), item)
+        for first in firsts.values():  # its text over again, then [SEP] (a fill-mask row's mask stays at 1)
+            for size, length in shapes:
+                ids = np.resize(first.ids[:-1], length)
+                ids[-1] = first.ids[-1]
+                zeros = np.zeros(length, np.int64)
+                row = WorkItem(ids, zeros, first.options, None, None, first.mask_positions, model=first.model)
+                for _ in self.sessions:
+                    self.compute([row] * size)
+        self._freeze_captures()
         log.info(
             "encoder %s: %d batch shapes warmed up on %d instance(s) in %.1fs",
             self.name,
@@ -133,6 +143,15 @@ class EncoderGroup:
             self.instances,
             time.perf_counter() - started,
         )
+
+    def _freeze_captures(self) -> None:
+        """No captured run is made after the warm-up; `cuda_graphs` on fails the start where none was."""
+        for session in self.sessions:
+            captured = getattr(session, "captured", None)
+            if captured is not None:
+                captured.frozen = True
+            if getattr(session, "graphs_required", False) and not captured:
+                raise StartupError(f"encoder {self.name}: cuda_graphs on, but no batch shape was captured")
 
 
 def batch_limits(settings: Settings) -> BatchLimits:

@@ -102,6 +102,8 @@ def load(settings: Settings, front: bool = False) -> ModelRegistry:
     """Blocking: checks the repository and creates every session; encoders deduplicated by sha256, and so
     are tokenizers (by file sha256 and max_length) and tied decoder tables (held once, see TiedDecoder).
     `front`: a front process of several (the engine process runs the graphs): no sessions, no tables."""
+    if settings.cuda_graphs == "on" and (settings.batch_shapes == "exact" or settings.instances > 1):
+        raise StartupError("cuda_graphs on needs batch shapes (batch_shapes buckets or auto) and instances 1")
     found = discover(settings.model_repo, settings.model_specs(), settings.precision)
     if not front:  # before the first session makes the CUDA context
         cuda_sync.configure(settings.cuda_sync, settings.provider)
@@ -109,9 +111,10 @@ def load(settings: Settings, front: bool = False) -> ModelRegistry:
     shared_initializers = {} if front else _shared_initializers(found, tables)
 
     def session(
-        path: str, sha256: str | None = None, device: bool = False
+        path: str, sha256: str | None = None, device: bool = False, encoder: bool = False
     ) -> GraphSession | SimulatedSession | EngineSession:
-        """`device`: an encoder graph (not a head), which a simulated device answers instead of running."""
+        """`device`: an encoder or attention graph (not a head), which a simulated device answers instead
+        of running; `encoder`: the encoder graph itself, whose bucketed batches may be CUDA graphs."""
         if front:
             return EngineSession(path)
         real = GraphSession(
@@ -120,6 +123,8 @@ def load(settings: Settings, front: bool = False) -> ModelRegistry:
             settings.intra_op_threads,
             settings.inter_op_threads,
             initializers=shared_initializers.get(sha256),
+            # one instance: its batches run on one thread, where ONNX Runtime keeps the captured graphs
+            cuda_graphs=settings.cuda_graphs if encoder and settings.instances == 1 else "off",
         )
         if device and settings.simulated_device_ms > 0:
             where = "/".join(Path(path).parts[-3:])  # NAME/VERSION/file.onnx
@@ -143,7 +148,7 @@ def load(settings: Settings, front: bool = False) -> ModelRegistry:
         path, sha256, _ = _encoder_identity(files)
         if sha256 not in groups:
             pad_id = files.manifest.tokenizer.pad_token_id
-            instances = _instances(settings, functools.partial(session, path, sha256, True))
+            instances = _instances(settings, functools.partial(session, path, sha256, True, True))
             groups[sha256] = EncoderGroup(names[sha256], sha256, files.encoder_key, instances, pad_id)
         group = groups[sha256]
         attention = None

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from bertserve.service.engine.captured_runs import CapturedRuns, run_options
 from bertserve.service.errors import StartupError
 from bertserve.service.thread_names import thread_named
 
@@ -30,11 +31,17 @@ SDPA_KERNELS = 1 | 2 | 4 | 16 | 32 | 64  # flash, memory-efficient, TensorRT fus
 CUDA_OPTIONS = {"sdpa_kernel": str(SDPA_KERNELS)}
 
 
-def providers_for(provider: str) -> list:
-    """The providers a session asks for under the `provider` setting: CUDA (with CUDA_OPTIONS) then CPU
-    for auto or cuda where this onnxruntime has CUDA, else CPU alone."""
+# A run of a session made with CUDA graphs that is not one of its captured runs: without this graph id,
+# ONNX Runtime would capture it as graph 0 and replay that graph, on that run's buffers, ever after.
+NOT_CAPTURED = "-1"
+
+
+def providers_for(provider: str, cuda_graphs: bool = False) -> list:
+    """The providers a session asks for under the `provider` setting: CUDA (with CUDA_OPTIONS, and CUDA
+    graphs if asked) then CPU for auto or cuda where this onnxruntime has CUDA, else CPU alone."""
     if provider in ("auto", "cuda") and CUDA in ort.get_available_providers():
-        return [(CUDA, CUDA_OPTIONS), CPU]
+        options = {**CUDA_OPTIONS, "enable_cuda_graph": "1"} if cuda_graphs else CUDA_OPTIONS
+        return [(CUDA, options), CPU]
     return [CPU]
 
 
@@ -69,21 +76,27 @@ class GraphSession:
         inter_op_threads: int,
         io_binding: bool | None = None,
         initializers: dict[str, np.ndarray] | None = None,
+        cuda_graphs: str = "off",
     ):
         """`initializers`: name -> array that replaces the graph's initializer of that name (same dtype and
         shape); on CPU the session uses the array's memory instead of a copy of its own (a table shared by
-        several sessions is held once)."""
-        providers = providers_for(provider)
+        several sessions is held once). `cuda_graphs` (the setting: auto, on, off): runs asked for as
+        `captured` are CUDA graphs (service/engine/captured_runs.py); auto falls back to plain runs where
+        the session cannot have them, on refuses to start."""
         options = session_options(intra_op_threads, inter_op_threads)
         # The OrtValues must outlive the session, which reads their memory.
         self._initializers = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in (initializers or {}).items()}
         for name, value in self._initializers.items():
             options.add_initializer(name, value)
+        graphs = cuda_graphs != "off" and providers_for(provider)[0] != CPU
         try:
-            with thread_named("bs-onnxruntime"):  # the session's own threads, started now, inherit it
-                self.session = ort.InferenceSession(str(path), options, providers=providers)
-        except Exception as exc:  # ORT raises several unrelated types for unreadable graphs
-            raise StartupError(f"{path}: ONNX Runtime cannot load it: {exc}") from None
+            self.session = self._open(path, options, providers_for(provider, graphs))
+        except StartupError as exc:
+            if not graphs or cuda_graphs == "on":
+                raise
+            log.warning("%s: no CUDA graphs, plain runs instead (%s)", path, exc)
+            graphs = False
+            self.session = self._open(path, options, providers_for(provider))
         self.providers = self.session.get_providers()
         self.provider = CUDA if CUDA in self.providers else CPU
         if provider == "cuda" and self.provider != CUDA:
@@ -91,21 +104,45 @@ class GraphSession:
                 f"{path}: provider cuda was asked for, but the session got {self.providers} "
                 "(no usable GPU or CUDA libraries); use provider auto or cpu"
             )
+        if cuda_graphs == "on" and self.provider != CUDA:
+            raise StartupError(
+                f"{path}: cuda_graphs on needs a CUDA session, but the session got {self.providers}; "
+                "use cuda_graphs auto or off"
+            )
         self.device = "cuda" if self.provider == CUDA else "cpu"
+        graphs = graphs and self.provider == CUDA
+        self.graphs_required = cuda_graphs == "on"  # the warm-up fails the start where nothing was captured
+        self._plain_options = run_options(NOT_CAPTURED if graphs else None)
+        self.captured: CapturedRuns | None = CapturedRuns(self.session, self.device, True) if graphs else None
         # I/O binding keeps outputs on the device until copied once; on CPU it works the same way.
         self.io_binding = self.provider == CUDA if io_binding is None else io_binding
         self._constants: dict[str, np.ndarray] = {}  # see set_constant_inputs
         self._bound_constants: dict[str, ort.OrtValue | None] = {}
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
-        where = "/".join(Path(path).parts[-3:])  # NAME/VERSION/file.onnx
+        self._where = "/".join(Path(path).parts[-3:])  # NAME/VERSION/file.onnx
         log.info(
-            "%s: session on %s (provider setting %s, io_binding %s)",
-            where,
+            "%s: session on %s (provider setting %s, io_binding %s, cuda graphs %s)",
+            self._where,
             self.providers,
             provider,
             self.io_binding,
+            "on" if graphs else "off",
         )
+
+    @staticmethod
+    def _open(path: Path, options: ort.SessionOptions, providers: list) -> ort.InferenceSession:
+        try:
+            with thread_named("bs-onnxruntime"):  # the session's own threads, started now, inherit it
+                return ort.InferenceSession(str(path), options, providers=providers)
+        except Exception as exc:  # ORT raises several unrelated types for unreadable graphs
+            raise StartupError(f"{path}: ONNX Runtime cannot load it: {exc}") from None
+
+    def stop_capturing(self, reason: str) -> None:
+        """Plain runs from now on (a captured run failed)."""
+        if self.captured is not None:
+            log.warning("%s: no more captured runs: %s", self._where, reason)
+            self.captured = None
 
     def set_constant_inputs(self, feeds: dict[str, np.ndarray]) -> None:
         """Inputs given to every run (a tied decoder's table): with I/O binding on CUDA, copied to the device
@@ -117,10 +154,21 @@ class GraphSession:
             for name, a in feeds.items()
         }
 
-    def run(self, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+    def run(
+        self, feeds: dict[str, np.ndarray], outputs: list[str], captured: bool = False
+    ) -> dict[str, np.ndarray]:
+        """`captured`: a run of one of a few shapes (a bucket), replayed as a CUDA graph where the session
+        has one for it; a captured run that fails stops capturing and runs plain."""
         constants = self._constants
+        if captured and self.captured is not None and not constants:
+            try:
+                if (answers := self.captured.run(feeds, outputs)) is not None:
+                    return answers
+            except Exception as exc:  # noqa: BLE001  (ORT's error types vary; the plain run says if it persists)
+                self.stop_capturing(f"a captured run failed: {exc}")
         if not self.io_binding:
-            return dict(zip(outputs, self.session.run(outputs, {**feeds, **constants}), strict=True))
+            answers = self.session.run(outputs, {**feeds, **constants}, self._plain_options)
+            return dict(zip(outputs, answers, strict=True))
         binding = self.session.io_binding()
         for name, array in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
@@ -131,7 +179,7 @@ class GraphSession:
                 binding.bind_cpu_input(name, array)
         for name in outputs:
             binding.bind_output(name, self.device)
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, self._plain_options)
         return dict(zip(outputs, binding.copy_outputs_to_cpu(), strict=True))
 
 
@@ -149,5 +197,7 @@ class EngineSession:
     def set_constant_inputs(self, feeds: dict[str, np.ndarray]) -> None:
         """Nothing to hold: the engine feeds its own."""
 
-    def run(self, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+    def run(
+        self, feeds: dict[str, np.ndarray], outputs: list[str], captured: bool = False
+    ) -> dict[str, np.ndarray]:
         raise RuntimeError(f"{self.path}: this process does not run graphs (the engine process does)")

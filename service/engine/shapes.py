@@ -39,6 +39,14 @@ class ShapeBuckets:
         tokens that holds it; the batch's own shape where none does (rare: a batch close to max_tokens)."""
         return next(((r, n) for r, n in self._by_area if r >= rows and n >= length), (rows, length))
 
+    def holds(self, shape: tuple[int, int]) -> bool:
+        """Whether `shape` is a bucket (not a batch too large for every bucket, kept as it came)."""
+        return shape in self._set
+
+    @cached_property
+    def _set(self) -> frozenset[tuple[int, int]]:
+        return frozenset(self._by_area)
+
     def all(self) -> list[tuple[int, int]]:
         """Every bucket, what the warm-up runs."""
         return list(self._by_area)

@@ -16,17 +16,11 @@ import time
 
 import numpy as np
 
+from bertserve.service.engine.output_shapes import OutputShapes
 from bertserve.service.engine.runtime import GraphSession
 from bertserve.service.errors import StartupError
 
 SIMULATED = "simulated"  # the provider a simulated session reports (Info, bertserve_model_info, logs)
-_DTYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-}
 
 
 class SimulatedSession:
@@ -42,39 +36,26 @@ class SimulatedSession:
         self.io_binding = False
         self.input_names = real.input_names
         self.output_names = real.output_names
-        # input name -> its symbolic axes (position -> name), so an output's axes resolve from the feeds
-        self._input_axes = {
-            i.name: {axis: d for axis, d in enumerate(i.shape) if isinstance(d, str)}
-            for i in real.session.get_inputs()
-        }
-        known = {d for axes in self._input_axes.values() for d in axes.values()}
-        self._outputs: dict[str, tuple[list[int | str], type]] = {}
+        self._shapes = OutputShapes(real.session)
         for output in real.session.get_outputs():
-            unknown = [d for d in output.shape if not isinstance(d, int) and d not in known]
-            if unknown or output.type not in _DTYPES:
+            if output.name in self._shapes.unresolved:
                 raise StartupError(
                     f"{where or 'a graph'}: output {output.name} ({output.type} {output.shape}) cannot be "
                     "simulated: each axis must be a number or one of the inputs' named axes"
                 )
-            self._outputs[output.name] = (list(output.shape), _DTYPES[output.type])
 
     def set_constant_inputs(self, feeds: dict[str, np.ndarray]) -> None:
         """Accepted and unused: a simulated graph reads no input's values."""
 
-    def run(self, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+    def run(
+        self, feeds: dict[str, np.ndarray], outputs: list[str], captured: bool = False
+    ) -> dict[str, np.ndarray]:
         """Blocking for `milliseconds` from the call (the outputs are built within it): call it from a worker
         thread, as a real session's run."""
         deadline = time.perf_counter() + self.seconds
-        sizes = {
-            name: feeds[input_name].shape[axis]
-            for input_name, axes in self._input_axes.items()
-            if input_name in feeds
-            for axis, name in axes.items()
-        }
         answers = {}
         for name in outputs:
-            axes, dtype = self._outputs[name]
-            shape = tuple(d if isinstance(d, int) else sizes[d] for d in axes)
+            shape, dtype = self._shapes.shape(name, feeds)
             fill = 1.0 / shape[-1] if shape and shape[-1] and np.issubdtype(dtype, np.floating) else 0
             answers[name] = np.full(shape, fill, dtype=dtype)
         remaining = deadline - time.perf_counter()
