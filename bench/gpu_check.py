@@ -157,6 +157,21 @@ FIGURES: list[tuple[str, str, Callable[[float], bool] | None, Callable[[dict], f
         )
         for c in (1, SINGLE_CONCURRENCY)
     ),
+    *(
+        (
+            f"server-fp32 {what} ms per batch (c={SINGLE_CONCURRENCY})",
+            "",
+            None,
+            lambda b, key=key: (
+                _closed_phase(b, analysis.SERVER, SINGLE_CONCURRENCY).get("server", {}).get(key)
+            ),
+        )
+        for what, key in (
+            ("compute", "inference_ms_mean"),
+            ("ONNX Runtime's run", "encoder_run_ms_mean"),
+            ("wall time", "batch_cycle_ms"),
+        )
+    ),
     ("front CPU ms per single-input call", "", None, lambda b: _find(b, "front_cpu_ms_per_call")),
     ("native port CPU ms per single-input call", "", None, lambda b: _find(b, "native_cpu_ms_per_call")),
 ]

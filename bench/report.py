@@ -31,7 +31,7 @@ def _phase_row(name: str, label: str, phase: dict) -> list[str]:
         name, label, fmt_num(phase["inputs_per_s"]), fmt_num(phase["tokens_per_s"], 0), fmt_num(phase["p50_ms"]),
         fmt_num(phase["p90_ms"]), fmt_num(phase["p99_ms"]), fmt_num(server.get("batch_size_mean")),
         fmt_num(padding_ratio(phase) if server else None, 2), fmt_num(server.get("queue_ms_mean")),
-        fmt_num(server.get("inference_ms_mean")),
+        " / ".join(fmt_num(server.get(k)) for k in ("inference_ms_mean", "encoder_run_ms_mean", "batch_cycle_ms")),
         f"{fmt_num(phase.get('server_cpu_cores'), 2)} / {fmt_num(phase.get('client_cpu_cores'), 2)}",
         str(sum(phase["errors"].values())),
     ]  # fmt: skip
@@ -71,7 +71,7 @@ def markdown(result: dict) -> str:
         "",
     ]
     header = ["target", "phase", "inputs/s", "tokens/s", "p50 ms", "p90 ms", "p99 ms", "mean batch", "padding",
-              "queue ms", "infer ms/batch", "CPU server / client", "errors"]  # fmt: skip
+              "queue ms", "batch ms: infer / run / cycle", "CPU server / client", "errors"]  # fmt: skip
     rows = [
         _phase_row(n, f"c={p['concurrency']}", p) for n, t in result["targets"].items() for p in t["closed"]
     ]

@@ -69,6 +69,9 @@ def phase_delta(before: dict[Sample, float], after: dict[Sample, float], seconds
     return {
         "queue_ms_mean": mean("queue_duration_seconds", 1e3),  # per input, enqueue to compute
         "inference_ms_mean": mean("inference_duration_seconds", 1e3),  # per batch
+        # of which ONNX Runtime's run; and wall time per batch: what is neither is the engine between batches
+        "encoder_run_ms_mean": mean("encoder_run_duration_seconds", 1e3),
+        "batch_cycle_ms": _ratio(seconds, batches, 1e3),
         "inference_busy_fraction": _ratio(inference_busy, seconds),  # time the model ran / wall time
         "request_ms_mean": mean("request_duration_seconds", 1e3),
         "batches": batches,

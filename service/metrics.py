@@ -63,6 +63,13 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.encoder_run_duration = Histogram(
+            "bertserve_encoder_run_duration_seconds",
+            "ONNX Runtime's run of one encoder batch, within the batch's compute time",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.batch_size = Histogram(
             "bertserve_batch_size", "inputs per batch", ["model"], buckets=SIZE_BUCKETS, registry=r
         )

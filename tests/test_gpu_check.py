@@ -296,6 +296,13 @@ def test_summary_shows_the_servers_cpu_and_its_busiest_threads(tmp_path):
         "bs-front-0/bs-front-0 (3) 0.04 cores"
     ) in table
     assert "at c=256: " not in table  # that phase has no thread figures (a bench before Round 16)
+    at_256 = next(p for p in bench["targets"]["server-fp32"]["closed"] if p["concurrency"] == 256)
+    at_256["server"].update(inference_ms_mean=6.6, encoder_run_ms_mean=2.9, batch_cycle_ms=7.1)
+    (tmp_path / "workers-native-auto" / "bench.json").write_text(json.dumps(bench))
+    gpu_check.summarize(tmp_path)
+    table = (tmp_path / "gpu-check.md").read_text()
+    for what, value in (("compute", "6.600"), ("ONNX Runtime's run", "2.900"), ("wall time", "7.100")):
+        assert f"| server-fp32 {what} ms per batch (c=256) | – | {value} |" in table
 
 
 def test_summary_puts_the_goals_of_each_run_side_by_side(tmp_path):

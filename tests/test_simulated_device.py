@@ -57,4 +57,9 @@ def test_each_batch_takes_at_least_the_simulated_time(simulated):
     batches = metric(samples, f"{name}_count", graph="encoder")
     assert batches >= 6
     assert metric(samples, f"{name}_sum", graph="encoder") >= batches * DEVICE_MS / 1e3
+    # the encoder's run alone: every batch's (the warm-up's runs not counted), the device's time within
+    runs = "bertserve_encoder_run_duration_seconds"
+    assert metric(samples, f"{runs}_count") == batches
+    run_s = metric(samples, f"{runs}_sum")
+    assert batches * DEVICE_MS / 1e3 <= run_s <= metric(samples, f"{name}_sum", graph="encoder")
     assert metric(samples, "bertserve_model_info", provider=SIMULATED) == 3

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -55,6 +56,9 @@ class EncoderGroup:
         self.executor = ThreadPoolExecutor(len(sessions), f"bertserve-{name}", naming("bs-compute"))
         self.batcher: Batcher | None = None  # set by the core
         self.buckets: ShapeBuckets | None = None  # batches padded up to these shapes (set with the batcher)
+        # seconds of each batch's encoder run alone (set with the batcher): the rest of its compute time is
+        # this process's Python around it, waits for the GIL included
+        self.run_observed: Callable[[float], None] = lambda seconds: None
 
     @property
     def instances(self) -> int:
@@ -88,7 +92,9 @@ class EncoderGroup:
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         session = self._free.get_nowait()  # never empty: the batcher runs at most `instances` batches at once
         try:
+            started = time.perf_counter()
             outputs = session.run(feeds, wanted, captured)
+            self.run_observed(time.perf_counter() - started)
         finally:
             self._free.put(session)
         results: list[object] = [None] * size
@@ -98,7 +104,14 @@ class EncoderGroup:
 
     def warm_up(self) -> None:
         """Blocking: one batch through every model's heads on each instance, and each attention graph once;
-        with shape buckets, then every bucket on each instance."""
+        with shape buckets, then every bucket on each instance. Its runs are not counted as batches' runs."""
+        observed, self.run_observed = self.run_observed, lambda seconds: None
+        try:
+            self._warm_up()
+        finally:
+            self.run_observed = observed
+
+    def _warm_up(self) -> None:
         items = []
         for model in self.models:
             encoded = model.tokenizer.encode([WARM_UP_TEXT], truncate=True)[0]
@@ -186,6 +199,7 @@ def attach_batchers(
         on = settings.batch_shapes == "buckets" or (
             settings.batch_shapes == "auto" and group.provider == CUDA
         )
+        group.run_observed = metrics.encoder_run_duration.labels(group.name).observe
         if on and group.models:
             longest = max(model.manifest.max_length for model in group.models)
             group.buckets = buckets(limits.max_batch_size, limits.max_batch_tokens, longest)
