@@ -163,8 +163,8 @@ FIGURES: list[tuple[str, str, Callable[[float], bool] | None, Callable[[dict], f
             "",
             None,
             lambda b, key=key: (
-                _closed_phase(b, analysis.SERVER, SINGLE_CONCURRENCY).get("server", {}).get(key)
-            ),
+                _closed_phase(b, analysis.SERVER, SINGLE_CONCURRENCY).get("server") or {}
+            ).get(key),
         )
         for what, key in (
             ("compute", "inference_ms_mean"),
