@@ -114,6 +114,7 @@ def test_dashboard_has_the_promised_panels():
         "bertserve_padding_ratio_",
         "bertserve_queue_depth",
         "sum by (code) (rate(bertserve_requests_total",  # errors by code
+        "rate(bertserve_encoder_run_duration_seconds_sum",  # a batch's run beside its compute
     ):
         assert needed in queries, needed
     for panel in panels:
