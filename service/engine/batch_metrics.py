@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bertserve.manifest import ENCODER_ATTENTIONS
 from bertserve.service.engine.batch_items import BatchObserver, BatchStats
-from bertserve.service.metrics import Metrics
+from bertserve.service.metrics import Metrics, observe_each
 
 
 class ModelObserver(BatchObserver):
@@ -33,8 +33,7 @@ class ModelObserver(BatchObserver):
         self._dropped[reason].inc(count)
 
     def batch_done(self, stats: BatchStats) -> None:
-        for waited in stats.queue_s:
-            self._queue.observe(waited)
+        observe_each(self._queue, stats.queue_s)
         if stats.exclusive:  # an attention run: not a batch of the encoder graph
             self.m.inference_duration.labels(self.model, ENCODER_ATTENTIONS).observe(stats.inference_s)
             return
