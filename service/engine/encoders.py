@@ -136,6 +136,9 @@ class EncoderGroup:
         # one item per set of outputs the models' tasks ask for by default: with captured runs, each
         # (bucket, set) is captured now, and other sets run plain (service/engine/captured_runs.py)
         capturing = any(getattr(session, "captured", None) is not None for session in self.sessions)
+        # ONNX Runtime captures a graph id within its first run; a second replays it, and captures it here
+        # too where a version needs a regular run first
+        runs = 2 if capturing else 1
         firsts = {}
         for item in items if capturing else items[:1]:
             model = item.model or self.models[0]
@@ -146,7 +149,7 @@ class EncoderGroup:
                 ids[-1] = first.ids[-1]
                 zeros = np.zeros(length, np.int64)
                 row = WorkItem(ids, zeros, first.options, None, None, first.mask_positions, model=first.model)
-                for _ in self.sessions:
+                for _ in range(runs * self.instances):
                     self.compute([row] * size)
         self._freeze_captures()
         log.info(
