@@ -15,6 +15,7 @@ inputs and outputs bound on the device (I/O binding), so the figure is the GEMM 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import time
@@ -112,6 +113,32 @@ def theoretical(name: str, mhz: float) -> dict:
         "formula": "SMs x clock_ghz x operations per clock per SM (dense fp16 tensor cores, fp32 accumulate; "
         "fp32: TF32 tensor cores from Ampere on, else CUDA cores x 2)",
     }
+
+
+NVIDIA_SMI_APPS = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+
+
+def parse_compute_apps(output: str) -> dict[int, float]:
+    """pid -> MiB of GPU memory from `nvidia-smi --query-compute-apps=pid,used_memory` CSV (lines that are
+    not "PID, MIB", such as "No running processes found", skipped)."""
+    held: dict[int, float] = {}
+    for line in output.splitlines():
+        pid, _, mib = line.partition(",")
+        with contextlib.suppress(ValueError):
+            held[int(pid)] = held.get(int(pid), 0.0) + float(mib)
+    return held
+
+
+def processes_memory_mib(pids: list[int]) -> float | None:
+    """GPU memory held by these processes, in MiB; None where nvidia-smi is absent or fails, or lists none of
+    them (no GPU session, or a container whose processes it cannot see)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    done = subprocess.run([smi, *NVIDIA_SMI_APPS], capture_output=True, text=True, check=False, timeout=30)
+    held = parse_compute_apps(done.stdout) if done.returncode == 0 else {}
+    ours = [held[pid] for pid in pids if pid in held]
+    return sum(ours) if ours else None
 
 
 def describe_gpu() -> dict:

@@ -172,6 +172,12 @@ FIGURES: list[tuple[str, str, Callable[[float], bool] | None, Callable[[dict], f
             ("wall time", "batch_cycle_ms"),
         )
     ),
+    (
+        "server-fp32 GPU memory MiB (its processes, after its phases)",
+        "",
+        None,
+        lambda b: b.get("targets", {}).get(analysis.SERVER, {}).get("gpu_memory_mib"),
+    ),
     ("front CPU ms per single-input call", "", None, lambda b: _find(b, "front_cpu_ms_per_call")),
     ("native port CPU ms per single-input call", "", None, lambda b: _find(b, "native_cpu_ms_per_call")),
 ]

@@ -99,11 +99,12 @@ def markdown(result: dict) -> str:
     rows = [
         [n, fmt_num(t["saturation"]["inputs_per_s"]), str(t["saturation"]["concurrency"]),
          f"{fmt_num(t['saturation']['gflops_per_s'])} ({fmt_num(of_kernel.get(n) and 100 * of_kernel[n], 0)}% of ORT's kernel)",
-         fmt_num(t["startup_s"], 2), fmt_num(t["rss_mb_after_load"], 0)]
+         fmt_num(t["startup_s"], 2), fmt_num(t["rss_mb_after_load"], 0), fmt_num(t.get("gpu_memory_mib"), 0)]
         for n, t in result["targets"].items()
     ]  # fmt: skip
     lines += md_table(
-        ["target", "saturation inputs/s", "at concurrency", "GOP/s", "ready after s", "RSS MB"], rows
+        ["target", "saturation inputs/s", "at concurrency", "GOP/s", "ready after s", "RSS MB", "GPU MiB"],
+        rows,
     )
     lines += _threads_text(result["targets"])
     lines += _simulated_text(result.get("simulated_device"))

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import grpc
 
-from bertserve.bench import http_client, native_loadgen, process_tree, streaming, transport_floor
+from bertserve.bench import gpu, http_client, native_loadgen, process_tree, streaming, transport_floor
 from bertserve.bench.loadgen import (
     Call,
     PhaseResult,
@@ -311,12 +311,17 @@ class TargetRun:
                     self.server.address, self.model, texts, w.mixed, limit, self.log, check
                 )
             rss_mb = self.server.rss_mb()
+            running = self.server.process is not None and self.server.process.returncode is None
+            gpu_mib = (
+                gpu.processes_memory_mib(process_tree.tree(self.server.process.pid)) if running else None
+            )
         finally:
             exit_code = await self.server.stop()
         return {
             "seconds": time.perf_counter() - began,  # this target's share of the run, start to exit
             "startup_s": startup_s,
             "rss_mb_after_load": rss_mb,
+            "gpu_memory_mib": gpu_mib,  # its processes', after every phase (None without an NVIDIA GPU)
             "exit_code": exit_code,
             "closed": closed,
             "saturation": {

@@ -163,3 +163,20 @@ def test_on_cuda_phases_repeat_the_corpus_until_every_caller_sends_enough(tmp_pa
     assert closed.requests_planned == 20 and len(sent) == 20 and set(sent) == {"t0", "t1", "t2"}
     opened = asyncio.run(target._load(corpus, "open", None, rate=40.0).measure())
     assert opened.requests_planned == 20  # 0.5 s at 40 requests/s
+
+
+def test_nvidia_smis_compute_apps_are_read_as_memory_per_process():
+    answer = "1234, 2871\n5678, 512\n1234, 10\n"
+    assert gpu.parse_compute_apps(answer) == {1234: 2881.0, 5678: 512.0}
+    assert gpu.parse_compute_apps("No running processes found\n") == {}
+
+
+def test_a_servers_gpu_memory_is_its_own_processes_and_none_without_nvidia_smi(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nprintf '1234, 2871\\n5678, 512\\n42, 7\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpu.processes_memory_mib([1234, 42, 999]) == 2878.0  # the bench's own process (5678) left out
+    assert gpu.processes_memory_mib([999]) is None
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert gpu.processes_memory_mib([1234]) is None

@@ -303,6 +303,12 @@ def test_summary_shows_the_servers_cpu_and_its_busiest_threads(tmp_path):
     table = (tmp_path / "gpu-check.md").read_text()
     for what, value in (("compute", "6.600"), ("ONNX Runtime's run", "2.900"), ("wall time", "7.100")):
         assert f"| server-fp32 {what} ms per batch (c=256) | – | {value} |" in table
+    assert "| server-fp32 GPU memory MiB (its processes, after its phases) | – | – |" in table  # not measured
+    bench["targets"]["server-fp32"]["gpu_memory_mib"] = 2871.0
+    (tmp_path / "workers-native-auto" / "bench.json").write_text(json.dumps(bench))
+    gpu_check.summarize(tmp_path)
+    table = (tmp_path / "gpu-check.md").read_text()
+    assert "| server-fp32 GPU memory MiB (its processes, after its phases) | – | 2,871 |" in table
 
 
 def test_summary_puts_the_goals_of_each_run_side_by_side(tmp_path):
