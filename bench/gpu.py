@@ -133,7 +133,7 @@ def processes_memory_mib(pids: list[int]) -> float | None:
     """GPU memory held by these processes, in MiB; None where nvidia-smi is absent or fails, or lists none of
     them (no GPU session, or a container whose processes it cannot see)."""
     smi = shutil.which("nvidia-smi")
-    if smi is None:
+    if smi is None or not pids:
         return None
     done = subprocess.run([smi, *NVIDIA_SMI_APPS], capture_output=True, text=True, check=False, timeout=30)
     held = parse_compute_apps(done.stdout) if done.returncode == 0 else {}

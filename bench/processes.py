@@ -138,11 +138,15 @@ class ServerProcess:
             return {}
         return process_tree.thread_cpu_seconds(self.process.pid)
 
+    def pids(self) -> list[int]:
+        """The server's process and its descendants now; [] when stopped."""
+        if self.process is None or self.process.returncode is not None:
+            return []
+        return process_tree.tree(self.process.pid)
+
     def processes(self) -> int | None:
         """How many processes the server runs now (itself and its descendants)."""
-        if self.process is None or self.process.returncode is not None:
-            return None
-        return len(process_tree.tree(self.process.pid))
+        return len(self.pids()) or None
 
     def loop_cpu_seconds(self) -> float | None:
         """User + system CPU time of the server's main thread (its event loop: gRPC's per-call work,

@@ -311,10 +311,7 @@ class TargetRun:
                     self.server.address, self.model, texts, w.mixed, limit, self.log, check
                 )
             rss_mb = self.server.rss_mb()
-            running = self.server.process is not None and self.server.process.returncode is None
-            gpu_mib = (
-                gpu.processes_memory_mib(process_tree.tree(self.server.process.pid)) if running else None
-            )
+            gpu_mib = gpu.processes_memory_mib(self.server.pids())
         finally:
             exit_code = await self.server.stop()
         return {
