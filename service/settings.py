@@ -104,6 +104,11 @@ class Settings(BaseSettings):
     # before the server reports serving, since a GPU's first run of a new shape is slow
     # (docs/performance/gpu-h200); "exact": as the batch comes. auto: buckets on CUDA, else exact.
     batch_shapes: Literal["auto", "exact", "buckets"] = "auto"
+    # How the batcher picks a batch from the queue (both take the oldest input). padding: it and its
+    # neighbours in length within max_padding_ratio. cost: the batch of least overhead per input (fixed
+    # cost and padding, from a line fitted through the batches' times; service/engine/batch_policy.py),
+    # max_padding_ratio still a cap. auto: cost with shape buckets, else padding.
+    batch_cut: Literal["auto", "cost", "padding"] = "auto"
     # How long the oldest queued input may wait for company while the model is idle. 0 (as in TEI): the
     # model never waits; inputs that arrive while it computes still share the next batch. Measured here,
     # 2 ms of waiting cost about 5 ms at p50 for a lone call and gave no throughput.
@@ -173,6 +178,9 @@ class Settings(BaseSettings):
     # (no CPU), and models report provider "simulated". For measuring the server's capacity beside a
     # device (`bertserve bench`'s simulated-device target), never for serving. 0 = off.
     simulated_device_ms: float = Field(0.0, ge=0, le=10_000)
+    # With simulated_device_ms: microseconds more per padded token of a batch (a GPU's batch time grows
+    # with its padded shape; docs/performance/gpu-h200 measures both terms).
+    simulated_device_us_per_token: float = Field(0.0, ge=0, le=10_000)
 
     @field_validator("models", mode="before")
     @classmethod

@@ -179,6 +179,7 @@ def test_the_warm_up_captures_every_bucket_and_a_served_call_replays_them(tiny_r
         buckets = set(group.buckets.all())
         dense = {dict(inputs)["input_ids"] for inputs, outputs in captured._runs if outputs == tuple(DENSE)}
         assert dense == buckets and captured.frozen  # every bucket of the default outputs, before serving
+        assert group.batcher.cost_fit.fit is not None  # the replays gave the batcher a first batch cost
         before, replays = len(captured), _count_replays(captured)
         with Client(bucketed.address, timeout=60) as client:
             for _ in range(2):

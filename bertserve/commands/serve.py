@@ -32,6 +32,7 @@ SETTING_HELP = {
     "max_batch_size": "most inputs in one batch",
     "max_batch_tokens": "most tokens in one batch, counted as padded length x inputs",
     "max_padding_ratio": "a batch stops growing before its padded tokens exceed this multiple of its real tokens",
+    "batch_cut": "how a batch is picked from the queue: padding (the oldest input and its neighbours in length), cost (least overhead per input: fixed cost and padding, from the batches' measured times), auto (cost with shape buckets)",
     "batch_shapes": "buckets: each batch padded up to one of a few shapes, all run once before serving (a GPU "
     "runs a new shape slowly the first time); exact: as it comes; auto: buckets on CUDA",
     "max_queue_delay_ms": "how long an idle model waits for more inputs before it computes",
@@ -61,6 +62,7 @@ SETTING_HELP = {
     "http_read_timeout_s": "seconds an HTTP client has to send its request headers, then its body (a gRPC call: its request message)",
     "http_keep_alive_s": "seconds an idle HTTP keep-alive connection stays open",
     "simulated_device_ms": "above 0: encoder batches answered with constant outputs after this many ms, without computing (bertserve bench only)",
+    "simulated_device_us_per_token": "with simulated_device_ms: this many microseconds more per padded token of a batch",
     "workers": "front processes sharing the ports and feeding one engine process (auto: 1 on 2 CPUs or fewer, else one per CPU but one, at most 8)",
 }
 

@@ -6,7 +6,8 @@ items' futures; admission is decided at once (a full queue raises `Overloaded`, 
 ahead cannot meet raises `DeadlineTooShort`). The owner cuts batches by a token budget (padded length x
 inputs), a maximum batch size and a maximum queue delay: it waits for more inputs only until the oldest
 queued input has waited `max_queue_delay`, or until a batch is full. Inside that window inputs are grouped
-by length so padding stays small, and the oldest input is always in the next batch (no starvation). A
+by length so padding stays small (`cut_batch`), or, with `cut_ladders` and a batch's cost measured, into
+the batch of least cost per real token (`cut_by_cost`); the oldest input is always in the next batch. A
 call's inputs may land in several batches; each result goes to its own future, so the caller gets them
 back in order. Inputs whose caller cancelled or whose deadline passed are dropped before compute and
 counted.
@@ -54,7 +55,7 @@ from bertserve.service.engine.batch_items import (
     Lane,
     WorkItem,
 )
-from bertserve.service.engine.batch_policy import CostEstimate, cut_batch
+from bertserve.service.engine.batch_policy import BatchCostFit, CostEstimate, cut_batch, cut_by_cost
 from bertserve.service.engine.queue_room import LaneRoom, Permit
 from bertserve.service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
 
@@ -144,6 +145,9 @@ class Batcher:
         self.padded_shape: Callable[[int, int], tuple[int, int]] = lambda rows, length: (rows, length)
         self._last_was_exclusive = False
         self.cost = CostEstimate()
+        self.cost_fit = BatchCostFit()
+        # (counts, lengths) at which batches are cut by cost (`cut_by_cost`); None: by padding (`cut_batch`)
+        self.cut_ladders: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._owner: asyncio.Task | None = None
 
     @property
@@ -355,9 +359,7 @@ class Batcher:
         limits = self.limits
         # with several instances free, the queued inputs are shared out instead of all going to one
         share = -(-len(lane.items) // max(1, self.concurrency - len(self._running)))
-        chosen = cut_batch(
-            lane.items, min(limits.max_batch_size, share), max_tokens, limits.max_padding_ratio
-        )
+        chosen = self._cut(lane.items, min(limits.max_batch_size, share), max_tokens)
         taken = set(chosen)
         batch = [lane.items[i] for i in chosen]
         lane.items = [item for i, item in enumerate(lane.items) if i not in taken]
@@ -369,6 +371,13 @@ class Batcher:
         self._running[task] = lane.bulk
         task.add_done_callback(self._batch_finished)
         return False
+
+    def _cut(self, items: list[WorkItem], max_size: int, max_tokens: int) -> list[int]:
+        """By cost once the cost of a batch is known and `cut_ladders` are set, else by padding."""
+        ratio, fit = self.limits.max_padding_ratio, self.cost_fit.fit
+        if self.cut_ladders is None or fit is None:
+            return cut_batch(items, max_size, max_tokens, ratio)
+        return cut_by_cost(items, max_size, max_tokens, ratio, self.cut_ladders, self.padded_shape, fit)
 
     def _batch_finished(self, task: asyncio.Task) -> None:
         self._running.pop(task, None)
@@ -521,6 +530,7 @@ class Batcher:
         rows, length = self.padded_shape(len(batch), max(item.length for item in batch))
         padded = rows * length
         self.cost.add(inference_s, padded)
+        self.cost_fit.add(inference_s, padded)
         queue_s = [max(0.0, started - item.enqueued_at) for item in batch]
         for item, value, waited in zip(batch, values, queue_s, strict=True):
             if not item.future.done():

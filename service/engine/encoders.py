@@ -139,7 +139,7 @@ class EncoderGroup:
         # ONNX Runtime captures a graph id within its first run; a second replays it, and captures it here
         # too where a version needs a regular run first
         runs = 2 if capturing else 1
-        firsts = {}
+        firsts, timings = {}, []
         for item in items if capturing else items[:1]:
             model = item.model or self.models[0]
             firsts.setdefault(frozenset(model.encoder_outputs(item.options)), item)
@@ -150,8 +150,20 @@ class EncoderGroup:
                 zeros = np.zeros(length, np.int64)
                 row = WorkItem(ids, zeros, first.options, None, None, first.mask_positions, model=first.model)
                 for _ in range(runs * self.instances):
+                    begun = time.perf_counter()
                     self.compute([row] * size)
+                timings.append((size * length, time.perf_counter() - begun))
+        if self.batcher is not None and runs > 1:  # the captured shapes' replays: a first batch cost
+            self.batcher.cost_fit.seed(timings)
         self._freeze_captures()
+        fit = self.batcher.cost_fit.fit if self.batcher is not None else None
+        if fit is not None:
+            log.info(
+                "encoder %s: a batch costs %.3f ms + %.4f us per padded token",
+                self.name,
+                1e3 * fit[0],
+                1e6 * fit[1],
+            )
         log.info(
             "encoder %s: %d batch shapes warmed up on %d instance(s) in %.1fs",
             self.name,
@@ -203,7 +215,12 @@ def attach_batchers(
             settings.batch_shapes == "auto" and group.provider == CUDA
         )
         group.run_observed = metrics.encoder_run_duration.labels(group.name).observe
-        if on and group.models:
-            longest = max(model.manifest.max_length for model in group.models)
+        if not group.models:
+            continue
+        longest = max(model.manifest.max_length for model in group.models)
+        if on:
             group.buckets = buckets(limits.max_batch_size, limits.max_batch_tokens, longest)
             group.batcher.padded_shape = group.buckets.shape
+        if settings.batch_cut == "cost" or (settings.batch_cut == "auto" and on):
+            steps = group.buckets or buckets(limits.max_batch_size, limits.max_batch_tokens, longest)
+            group.batcher.cut_ladders = (steps.rows, steps.lengths)

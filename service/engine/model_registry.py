@@ -129,9 +129,12 @@ def load(settings: Settings, front: bool = False) -> ModelRegistry:
         if device and settings.simulated_device_ms > 0:
             where = "/".join(Path(path).parts[-3:])  # NAME/VERSION/file.onnx
             log.warning(
-                "%s: simulated device, never run (%g ms per batch)", where, settings.simulated_device_ms
+                "%s: simulated device, never run (%g ms per batch, %g us per padded token)",
+                where, settings.simulated_device_ms, settings.simulated_device_us_per_token,
+            )  # fmt: skip
+            return SimulatedSession(
+                real, settings.simulated_device_ms, where, settings.simulated_device_us_per_token
             )
-            return SimulatedSession(real, settings.simulated_device_ms, where)
         return real
 
     tokenizers: dict[tuple[TokenizerSpec, int], ModelTokenizer] = {}

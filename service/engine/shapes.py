@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+MEMO_SHAPES = 1 << 16  # (rows, length) pairs remembered: a few MB at most
+
 
 def ladder(top: int, first: int) -> tuple[int, ...]:
     """`first`, then powers of two and the midpoints between them (1.5x), up to `top`, and `top` itself:
@@ -37,7 +39,16 @@ class ShapeBuckets:
     def shape(self, rows: int, length: int) -> tuple[int, int]:
         """The bucket of a batch of `rows` inputs, the longest `length` tokens: the one with the fewest padded
         tokens that holds it; the batch's own shape where none does (rare: a batch close to max_tokens)."""
-        return next(((r, n) for r, n in self._by_area if r >= rows and n >= length), (rows, length))
+        found = self._memo.get((rows, length))
+        if found is None:  # the batcher asks for up to a hundred shapes per batch it cuts
+            found = next(((r, n) for r, n in self._by_area if r >= rows and n >= length), (rows, length))
+            if len(self._memo) < MEMO_SHAPES:
+                self._memo[rows, length] = found
+        return found
+
+    @cached_property
+    def _memo(self) -> dict[tuple[int, int], tuple[int, int]]:
+        return {}
 
     def holds(self, shape: tuple[int, int]) -> bool:
         """Whether `shape` is a bucket (not a batch too large for every bucket, kept as it came)."""

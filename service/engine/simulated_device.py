@@ -1,8 +1,9 @@
 """A simulated device (setting `simulated_device_ms`): encoder graphs that answer without computing.
 
 Each run returns the graph's own outputs (names, dtypes, and shapes resolved from the inputs' sizes, read
-from the loaded ONNX session) after a fixed wall time spent in `time.sleep`, which releases the GIL and
-costs no CPU: what a GPU's batch looks like to the server. So the server's capacity beside its device (the
+from the loaded ONNX session) after a wall time spent in `time.sleep`, which releases the GIL and costs no
+CPU: what a GPU's batch looks like to the server. The time is fixed per batch, plus
+`simulated_device_us_per_token` per padded token where set (a GPU's batch grows with its padded shape). So the server's capacity beside its device (the
 fronts, the batcher, tokenization, replies) can be measured on any machine. The real session stays loaded
 (the repository's checks and the graph's metadata hold as for a real run) but is never run.
 
@@ -24,13 +25,15 @@ SIMULATED = "simulated"  # the provider a simulated session reports (Info, berts
 
 
 class SimulatedSession:
-    """A `GraphSession` stand-in: same inputs and outputs, `run` sleeps `milliseconds` then answers."""
+    """A `GraphSession` stand-in: same inputs and outputs, `run` sleeps `milliseconds` (plus
+    `us_per_token` per padded token of its input_ids) then answers."""
 
     provider = SIMULATED
 
-    def __init__(self, real: GraphSession, milliseconds: float, where: str = ""):
+    def __init__(self, real: GraphSession, milliseconds: float, where: str = "", us_per_token: float = 0.0):
         self.real = real  # loaded, never run
         self.seconds = milliseconds / 1e3
+        self.token_seconds = us_per_token / 1e6
         self.providers = [SIMULATED]
         self.device = real.device  # only decides whether instances share one session
         self.io_binding = False
@@ -50,9 +53,11 @@ class SimulatedSession:
     def run(
         self, feeds: dict[str, np.ndarray], outputs: list[str], captured: bool = False
     ) -> dict[str, np.ndarray]:
-        """Blocking for `milliseconds` from the call (the outputs are built within it): call it from a worker
-        thread, as a real session's run."""
-        deadline = time.perf_counter() + self.seconds
+        """Blocking for the batch's simulated time from the call (the outputs are built within it): call it
+        from a worker thread, as a real session's run."""
+        ids = feeds.get("input_ids")
+        padded = ids.size if ids is not None else 0
+        deadline = time.perf_counter() + self.seconds + self.token_seconds * padded
         answers = {}
         for name in outputs:
             shape, dtype = self._shapes.shape(name, feeds)
