@@ -530,7 +530,8 @@ class Batcher:
         rows, length = self.padded_shape(len(batch), max(item.length for item in batch))
         padded = rows * length
         self.cost.add(inference_s, padded)
-        self.cost_fit.add(inference_s, padded)
+        if self.cut_ladders is not None:
+            self.cost_fit.add(inference_s, padded)
         queue_s = [max(0.0, started - item.enqueued_at) for item in batch]
         for item, value, waited in zip(batch, values, queue_s, strict=True):
             if not item.future.done():
