@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bertserve.client import Client
+from bertserve.service.engine import shapes
 from bertserve.service.engine.runtime import GraphSession
 from bertserve.service.engine.shapes import buckets, ladder
 from tests.helpers.server import ServerThread, metric, scrape
@@ -121,3 +122,13 @@ def test_at_the_gpu_overlays_limits_every_batch_meets_a_warmed_shape_padded_at_m
                 padded_rows, padded_length = shapes.shape(rows, length)
                 assert (padded_rows, padded_length) in warmed
                 assert padded_rows * padded_length <= 2.25 * rows * length
+
+
+def test_the_bucket_memo_stays_bounded_and_answers_as_the_search(monkeypatch):
+    monkeypatch.setattr(shapes, "MEMO_SHAPES", 100)
+    ladder = buckets(64, 16384, 256)
+    for rows in range(1, 65):
+        for length in range(1, 257, 3):
+            want = next(((r, n) for r, n in ladder.all() if r >= rows and n >= length), (rows, length))
+            assert ladder.shape(rows, length) == want
+    assert len(ladder._memo) == 100

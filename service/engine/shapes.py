@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-MEMO_SHAPES = 1 << 16  # (rows, length) pairs remembered: a few MB at most
+MEMO_SHAPES = 1 << 14  # (rows, length) pairs remembered (about 2 MB); beyond, each is found again
 
 
 def ladder(top: int, first: int) -> tuple[int, ...]:
