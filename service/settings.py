@@ -105,9 +105,10 @@ class Settings(BaseSettings):
     # (docs/performance/gpu-h200); "exact": as the batch comes. auto: buckets on CUDA, else exact.
     batch_shapes: Literal["auto", "exact", "buckets"] = "auto"
     # How the batcher picks a batch from the queue (both take the oldest input). padding: it and its
-    # neighbours in length within max_padding_ratio. cost: the batch of least overhead per input (fixed
-    # cost and padding, from a line fitted through the batches' times; service/engine/batch_policy.py),
-    # max_padding_ratio still a cap. auto: cost with shape buckets, else padding.
+    # neighbours in length within max_padding_ratio. cost: the batch whose cost is least against its
+    # inputs' cost in a full unpadded batch (a line fitted through the batches' times: fixed + per padded
+    # token; service/engine/batch_policy.py), max_padding_ratio still a cap. auto: cost with shape
+    # buckets, else padding (on CPU the cost cut lost: docs/performance/batch-cut).
     batch_cut: Literal["auto", "cost", "padding"] = "auto"
     # How long the oldest queued input may wait for company while the model is idle. 0 (as in TEI): the
     # model never waits; inputs that arrive while it computes still share the next batch. Measured here,

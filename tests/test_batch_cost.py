@@ -59,6 +59,17 @@ def test_a_long_input_is_not_padded_with_the_short_ones_but_goes_with_its_like()
     assert by_cost(long_first) == [0, 1, 2, 3]  # the short ones wait for a batch of their own
 
 
+def test_a_batch_of_the_oldest_inputs_own_length_is_a_candidate():
+    pending = [item(n) for n in (7, 158, 23, 7, 8)]
+    assert by_cost(pending, ratio=1.05) == [0, 3]  # the cut at 8 would bring the 8 in, over 1.05
+
+
+def test_the_buckets_a_batch_is_padded_to_decide_its_cost():
+    pending = [item(20) for _ in range(17)]  # 17 rows pad to a bucket of 24, 16 fill one of 16
+    exact = cut_by_cost(pending, 64, 16384, 4.0, LADDERS, lambda rows, length: (rows, length), GPU_LINE)
+    assert len(exact) == 17 and len(by_cost(pending)) == 16
+
+
 def test_a_dear_fixed_cost_keeps_a_small_queue_in_one_batch():
     pending = [item(n) for n in (12, 30, 9, 150, 47)]
     assert by_cost(pending, line=(20e-3, 0.5e-6)) == [0, 1, 2, 3, 4]  # a launch outweighs any padding
@@ -101,6 +112,16 @@ def test_the_fit_finds_a_line_through_noisy_batches():
     assert fixed == pytest.approx(0.45e-3, rel=0.25) and per_token == pytest.approx(0.5e-6, rel=0.1)
 
 
+def test_a_few_stalled_batches_leave_the_line_where_it_was():
+    fit, pick = BatchCostFit(window=64, min_points=8), random.Random(4)
+    for k in range(64):
+        tokens = pick.randint(16, 16384)
+        stalled = k in (10, 30, 50)  # a GC pause or a noisy neighbour in a large batch
+        fit.add(0.45e-3 + 0.5e-6 * tokens * pick.uniform(0.97, 1.03) + (20e-3 if stalled else 0), tokens)
+    fixed, per_token = fit.fit
+    assert fixed == pytest.approx(0.45e-3, rel=0.3) and per_token == pytest.approx(0.5e-6, rel=0.1)
+
+
 def test_batches_all_alike_keep_the_last_line_and_a_seed_starts_one():
     fit = BatchCostFit(window=16, min_points=8)
     fit.seed([(tokens, 1e-3 + 1e-6 * tokens) for tokens in (64, 512, 4096, 16384)])
@@ -141,6 +162,34 @@ def test_the_batcher_cuts_by_cost_once_it_has_a_line():
     by_cost_batches, by_padding = asyncio.run(main(LADDERS))[1:], asyncio.run(main(None))[1:]
     assert [199] in by_cost_batches and sum(map(len, by_cost_batches)) == 25
     assert by_padding == [sorted([55, 60, 65, 58] * 6 + [199])]  # padding's cut: one batch, 25 x 199
+
+
+def test_the_batcher_cuts_by_padding_until_its_own_batches_give_a_line():
+    async def main():
+        seen = []
+
+        def compute(batch):
+            time.sleep(0.4e-3 + 20e-6 * len(batch) * max(one.length for one in batch))  # a line to find
+            seen.append(sorted(one.length for one in batch))
+            return [0] * len(batch)
+
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher("m", compute, BatchLimits(64, 16384, 0.0, 1000, 4.0), pool, concurrency=1)
+            batcher.padded_shape, batcher.cut_ladders = BUCKETS.shape, LADDERS
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            for k in range(12):  # one call at a time: batches of its own inputs, of several sizes
+                calls = [item(5 + 9 * k, future=loop.create_future()) for _ in range(1 + k % 4)]
+                batcher.submit(calls)
+                await asyncio.gather(*(one.future for one in calls))
+            assert batcher.cost_fit.fit is not None  # from its own batches, nothing seeded
+            rest = [item(n, future=loop.create_future()) for n in [55, 60, 65, 58] * 6 + [199]]
+            batcher.submit(rest)
+            await asyncio.gather(*(one.future for one in rest))
+            await batcher.close()
+        return seen
+
+    assert [199] in asyncio.run(main())[12:]  # cut by cost once the line was drawn
 
 
 def test_batch_cut_auto_cuts_by_cost_with_buckets_only(tiny_repo):

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from bertserve.client import Client
-from bertserve.service.engine import shapes
 from bertserve.service.engine.runtime import GraphSession
 from bertserve.service.engine.shapes import buckets, ladder
 from tests.helpers.server import ServerThread, metric, scrape
@@ -124,11 +123,14 @@ def test_at_the_gpu_overlays_limits_every_batch_meets_a_warmed_shape_padded_at_m
                 assert padded_rows * padded_length <= 2.25 * rows * length
 
 
-def test_the_bucket_memo_stays_bounded_and_answers_as_the_search(monkeypatch):
-    monkeypatch.setattr(shapes, "MEMO_SHAPES", 100)
-    ladder = buckets(64, 16384, 256)
-    for rows in range(1, 65):
-        for length in range(1, 257, 3):
-            want = next(((r, n) for r, n in ladder.all() if r >= rows and n >= length), (rows, length))
-            assert ladder.shape(rows, length) == want
-    assert len(ladder._memo) == 100
+@pytest.mark.parametrize(
+    "size,tokens,longest", [(64, 16384, 256), (32, 2048, 512), (4096, 65536, 8192), (5, 7, 3)]
+)
+def test_a_batch_gets_the_bucket_of_fewest_padded_tokens_that_holds_it(size, tokens, longest):
+    ladders = buckets(size, tokens, longest)
+    every = ladders.all()
+    for rows in sorted({*range(1, min(size, 70) + 2), size, size + 1}):
+        for length in sorted({*range(1, min(longest, 300) + 2, 7), longest, longest + 1}):
+            held = [b for b in every if b[0] >= rows and b[1] >= length]
+            want = min(held, key=lambda b: (b[0] * b[1], b)) if held else (rows, length)
+            assert ladders.shape(rows, length) == want, (rows, length)

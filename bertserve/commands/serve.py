@@ -32,7 +32,7 @@ SETTING_HELP = {
     "max_batch_size": "most inputs in one batch",
     "max_batch_tokens": "most tokens in one batch, counted as padded length x inputs",
     "max_padding_ratio": "a batch stops growing before its padded tokens exceed this multiple of its real tokens",
-    "batch_cut": "how a batch is picked from the queue: padding (the oldest input and its neighbours in length), cost (least overhead per input: fixed cost and padding, from the batches' measured times), auto (cost with shape buckets)",
+    "batch_cut": "how a batch is picked from the queue: padding (the oldest input and its neighbours in length), cost (the batch nearest a full unpadded one, by a line fitted through the batches' times), auto (cost with shape buckets)",
     "batch_shapes": "buckets: each batch padded up to one of a few shapes, all run once before serving (a GPU "
     "runs a new shape slowly the first time); exact: as it comes; auto: buckets on CUDA",
     "max_queue_delay_ms": "how long an idle model waits for more inputs before it computes",

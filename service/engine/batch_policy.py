@@ -97,8 +97,9 @@ def cut_by_cost(
     without padding (their share of the fixed cost, their real tokens): 1 for an ideal batch. Every input
     is computed once, so the batches nearest the ideal give the most inputs per second. (Cost per real
     token would favour long inputs; overhead per input would pad a few long inputs' batch with many short
-    ones.) For each cut length n of `ladders[1]` at or above the oldest input's and each count r of
-    `ladders[0]` (and every input that fits), the candidate is the r longest inputs of at most n tokens,
+    ones.) For each cut length n (the oldest input's, the ladder's steps above it, the longest queued)
+    and each count r of `ladders[0]` (and every input that fits), the candidate is the r longest inputs of
+    at most n tokens,
     the oldest always among them; the limits are `cut_batch`'s. Where the fixed cost is dear (a GPU's
     launches), batches stay large; an input far longer than the rest goes with its like.
     """
@@ -109,7 +110,7 @@ def cut_by_cost(
     first = pending[0].length
     oldest = order.index(0)
     best, chosen = float("inf"), (oldest, oldest + 1, False)
-    cuts = [n for n in ladders[1] if first <= n < lengths[-1]] + [lengths[-1]]
+    cuts = sorted({first, lengths[-1]} | {n for n in ladders[1] if first < n < lengths[-1]})
     for n in cuts:
         end = bisect_right(lengths, n)
         counts = {min(r, end, max_size) for r in ladders[0]} | {min(end, max_size)}
@@ -132,8 +133,9 @@ def cut_by_cost(
 
 class BatchCostFit:
     """A batch's compute seconds as fixed + per_token x padded tokens: a least-squares line through the
-    last `window` batches (or the warm-up's replays of every shape bucket: `seed`). None until `min_points`
-    batches are seen; a window of batches too alike to tell the two terms apart keeps the last line."""
+    last `window` batches (or the warm-up's replays of every shape bucket: `seed`), fitted again without
+    the batches furthest off it. None until `min_points` batches are seen; a window of batches too alike
+    to tell the two terms apart keeps the last line."""
 
     def __init__(self, window: int = 64, min_points: int = 8):
         self._points: deque[tuple[float, float]] = deque(maxlen=window)
@@ -152,13 +154,27 @@ class BatchCostFit:
         self._refit([(float(x), y) for x, y in points])
 
     def _refit(self, points: Sequence[tuple[float, float]]) -> None:
-        n = len(points)
-        mean_x = sum(x for x, _ in points) / n
-        mean_y = sum(y for _, y in points) / n
-        var = sum((x - mean_x) ** 2 for x, _ in points) / n
-        if var < (0.1 * mean_x) ** 2:  # one shape over and over: no line to draw
+        line = _least_squares(points)
+        if line is None:
             return
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / n / var
-        if slope <= 0:
-            return
-        self.fit = (max(0.0, mean_y - slope * mean_x), slope)
+        fixed, slope = line  # once more without the batches furthest off it (a stall, a GC pause)
+        residuals = sorted(abs(y - fixed - slope * x) for x, y in points)
+        cut = residuals[len(points) - 1 - len(points) // TRIMMED]
+        line = _least_squares([(x, y) for x, y in points if abs(y - fixed - slope * x) <= cut]) or line
+        if line[1] > 0:
+            self.fit = (max(0.0, line[0]), line[1])
+
+
+TRIMMED = 8  # 1 in TRIMMED batches, the furthest off the first line, left out of the second
+
+
+def _least_squares(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """(intercept, slope) of the least-squares line; None where the x values are too alike to draw one."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var = sum((x - mean_x) ** 2 for x, _ in points) / n
+    if var < (0.1 * mean_x) ** 2:  # one shape over and over: no line to draw
+        return None
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / n / var
+    return mean_y - slope * mean_x, slope

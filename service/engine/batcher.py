@@ -7,7 +7,7 @@ ahead cannot meet raises `DeadlineTooShort`). The owner cuts batches by a token 
 inputs), a maximum batch size and a maximum queue delay: it waits for more inputs only until the oldest
 queued input has waited `max_queue_delay`, or until a batch is full. Inside that window inputs are grouped
 by length so padding stays small (`cut_batch`), or, with `cut_ladders` and a batch's cost measured, into
-the batch of least cost per real token (`cut_by_cost`); the oldest input is always in the next batch. A
+the batch nearest an ideal one, full and unpadded (`cut_by_cost`); the oldest input is always in it. A
 call's inputs may land in several batches; each result goes to its own future, so the caller gets them
 back in order. Inputs whose caller cancelled or whose deadline passed are dropped before compute and
 counted.

@@ -5,10 +5,9 @@ the server reports serving, so callers meet only shapes the device has seen."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cached_property
-
-MEMO_SHAPES = 1 << 14  # (rows, length) pairs remembered (about 2 MB); beyond, each is found again
 
 
 def ladder(top: int, first: int) -> tuple[int, ...]:
@@ -39,16 +38,29 @@ class ShapeBuckets:
     def shape(self, rows: int, length: int) -> tuple[int, int]:
         """The bucket of a batch of `rows` inputs, the longest `length` tokens: the one with the fewest padded
         tokens that holds it; the batch's own shape where none does (rare: a batch close to max_tokens)."""
-        found = self._memo.get((rows, length))
-        if found is None:  # the batcher asks for up to a hundred shapes per batch it cuts
-            found = next(((r, n) for r, n in self._by_area if r >= rows and n >= length), (rows, length))
-            if len(self._memo) < MEMO_SHAPES:
-                self._memo[rows, length] = found
-        return found
+        row_steps, length_steps, best = self._table
+        r, n = bisect_left(row_steps, rows), bisect_left(length_steps, length)
+        found = best[r][n] if r < len(row_steps) and n < len(length_steps) else None
+        return (rows, length) if found is None else found
 
     @cached_property
-    def _memo(self) -> dict[tuple[int, int], tuple[int, int]]:
-        return {}
+    def _table(self) -> tuple[list[int], list[int], list[list[tuple[int, int] | None]]]:
+        """The buckets' distinct row counts and lengths, and for each pair of them the bucket `shape` gives
+        (None: no bucket holds it). A bucket holds (r, n) if it is (r, n) or holds the next step up of
+        either, so the table fills from the largest steps down; `shape` then costs two bisections (the
+        batcher asks for up to a few hundred shapes per batch it cuts)."""
+        row_steps = sorted({r for r, _ in self._by_area})
+        length_steps = sorted({n for _, n in self._by_area})
+        exact = set(self._by_area)
+        best: list[list[tuple[int, int] | None]] = [[None] * (len(length_steps) + 1) for _ in row_steps]
+        best.append([None] * (len(length_steps) + 1))
+        for i in reversed(range(len(row_steps))):
+            for j in reversed(range(len(length_steps))):
+                here = (row_steps[i], length_steps[j])
+                options = [here] if here in exact else []
+                options += [b for b in (best[i + 1][j], best[i][j + 1]) if b is not None]
+                best[i][j] = min(options, key=lambda b: (b[0] * b[1], b), default=None)
+        return row_steps, length_steps, best
 
     def holds(self, shape: tuple[int, int]) -> bool:
         """Whether `shape` is a bucket (not a batch too large for every bucket, kept as it came)."""
