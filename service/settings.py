@@ -180,7 +180,7 @@ class Settings(BaseSettings):
     # device (`bertserve bench`'s simulated-device target), never for serving. 0 = off.
     simulated_device_ms: float = Field(0.0, ge=0, le=10_000)
     # With simulated_device_ms: microseconds more per padded token of a batch (a GPU's batch time grows
-    # with its padded shape; docs/performance/gpu-h200 measures both terms).
+    # with its padded shape; docs/performance/batch-cut reads both terms off the H200's batches).
     simulated_device_us_per_token: float = Field(0.0, ge=0, le=10_000)
 
     @field_validator("models", mode="before")

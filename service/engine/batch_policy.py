@@ -99,9 +99,8 @@ def cut_by_cost(
     token would favour long inputs; overhead per input would pad a few long inputs' batch with many short
     ones.) For each cut length n (the oldest input's, the ladder's steps above it, the longest queued)
     and each count r of `ladders[0]` (and every input that fits), the candidate is the r longest inputs of
-    at most n tokens,
-    the oldest always among them; the limits are `cut_batch`'s. Where the fixed cost is dear (a GPU's
-    launches), batches stay large; an input far longer than the rest goes with its like.
+    at most n tokens, the oldest always among them; the limits are `cut_batch`'s. Where the fixed cost is
+    dear (a GPU's launches), batches stay large; an input far longer than the rest goes with its like.
     """
     fixed, per_token = cost
     order = sorted(range(len(pending)), key=lambda i: (pending[i].length, -i))  # ties: older last

@@ -3,8 +3,9 @@
 Each run returns the graph's own outputs (names, dtypes, and shapes resolved from the inputs' sizes, read
 from the loaded ONNX session) after a wall time spent in `time.sleep`, which releases the GIL and costs no
 CPU: what a GPU's batch looks like to the server. The time is fixed per batch, plus
-`simulated_device_us_per_token` per padded token where set (a GPU's batch grows with its padded shape). So the server's capacity beside its device (the
-fronts, the batcher, tokenization, replies) can be measured on any machine. The real session stays loaded
+`simulated_device_us_per_token` per padded token where set (a GPU's batch grows with its padded shape).
+So the server's capacity beside its device (the fronts, the batcher, tokenization, replies) can be
+measured on any machine. The real session stays loaded
 (the repository's checks and the graph's metadata hold as for a real run) but is never run.
 
 Values are constant (1 / the output's last axis): embeddings normalize without NaN, attention rows sum to
