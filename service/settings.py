@@ -108,7 +108,7 @@ class Settings(BaseSettings):
     # neighbours in length within max_padding_ratio. cost: the batch whose cost is least against its
     # inputs' cost in a full unpadded batch (a line fitted through the batches' times: fixed + per padded
     # token; service/engine/batch_policy.py), max_padding_ratio still a cap. auto: cost with shape
-    # buckets, else padding (on CPU the cost cut lost: docs/performance/batch-cut).
+    # buckets, else padding (on CPU it gained nothing: docs/performance/batch-cut).
     batch_cut: Literal["auto", "cost", "padding"] = "auto"
     # How long the oldest queued input may wait for company while the model is idle. 0 (as in TEI): the
     # model never waits; inputs that arrive while it computes still share the next batch. Measured here,
