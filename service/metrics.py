@@ -118,6 +118,14 @@ class Metrics:
             # set by the queue owner (the engine) only, the fronts' series stay 0; gone with the engine
             multiprocess_mode="livesum",
         )
+        self.batch_cost = Gauge(
+            "bertserve_batch_cost_seconds",
+            "the line batches are cut by (batch_cut cost): seconds per batch (term fixed) and per padded "
+            "token (term token)",
+            ["model", "term"],
+            registry=r,
+            multiprocess_mode="livemax",  # set by the queue owner (the engine) only
+        )
         self.event_loop_lag = Histogram(
             "bertserve_event_loop_lag_seconds",
             "how late the event loop woke a timer (service/core/loop_lag.py): time the loop was busy",

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bertserve.service.engine.batch_policy import BatchCostFit, cut_batch, cut_by_cost
-from bertserve.service.engine.batcher import Batcher, BatchLimits, WorkItem
+from bertserve.service.engine.batcher import Batcher, BatchLimits, BatchObserver, WorkItem
 from bertserve.service.engine.shapes import buckets
 from bertserve.service.engine.simulated_device import SimulatedSession
 from bertserve.service.engine.tasks import Task, TaskOptions
@@ -165,6 +165,15 @@ def test_the_batcher_cuts_by_cost_once_it_has_a_line():
 
 
 def test_the_batcher_cuts_by_padding_until_its_own_batches_give_a_line():
+    class Lines(BatchObserver):
+        def __init__(self):
+            self.lines = []
+
+        def batch_cost(self, fixed_s, token_s):
+            self.lines.append((fixed_s, token_s))
+
+    observer = Lines()
+
     async def main():
         seen = []
 
@@ -174,7 +183,8 @@ def test_the_batcher_cuts_by_padding_until_its_own_batches_give_a_line():
             return [0] * len(batch)
 
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher("m", compute, BatchLimits(64, 16384, 0.0, 1000, 4.0), pool, concurrency=1)
+            limits = BatchLimits(64, 16384, 0.0, 1000, 4.0)
+            batcher = Batcher("m", compute, limits, pool, observer, concurrency=1)
             batcher.padded_shape, batcher.cut_ladders = BUCKETS.shape, LADDERS
             batcher.start()
             loop = asyncio.get_running_loop()
@@ -190,6 +200,7 @@ def test_the_batcher_cuts_by_padding_until_its_own_batches_give_a_line():
         return seen
 
     assert [199] in asyncio.run(main())[12:]  # cut by cost once the line was drawn
+    assert observer.lines and all(fixed >= 0 and token > 0 for fixed, token in observer.lines)  # its metric
 
 
 def test_batch_cut_auto_cuts_by_cost_with_buckets_only(tiny_repo):

@@ -25,13 +25,21 @@ MODEL = metrics_child.MODEL
 START_S = 120  # a spawned child imports the service's modules on a loaded machine
 PLANS = {
     "engine": dict(
-        requests=0, inputs=0, batches=[4, 8], connections=0, streams=0, lag=0.004, queue=5, rejected=0
+        requests=0,
+        inputs=0,
+        batches=[4, 8],
+        connections=0,
+        streams=0,
+        lag=0.004,
+        queue=5,
+        rejected=0,
+        cost=(5e-4, 5e-7),
     ),
     "front-0": dict(
-        requests=3, inputs=7, batches=[], connections=2, streams=1, lag=0.03, queue=0, rejected=0
+        requests=3, inputs=7, batches=[], connections=2, streams=1, lag=0.03, queue=0, rejected=0, cost=None
     ),
     "front-1": dict(
-        requests=5, inputs=11, batches=[], connections=4, streams=1, lag=0.01, queue=0, rejected=1
+        requests=5, inputs=11, batches=[], connections=4, streams=1, lag=0.01, queue=0, rejected=1, cost=None
     ),
 }
 
@@ -98,6 +106,12 @@ def test_one_scrape_sums_every_process_and_a_dead_front_leaves_its_live_gauges(p
         assert _only(samples, "bertserve_streams_open") == 2
         assert _only(samples, "bertserve_queue_depth", model=MODEL) == 5
         assert _only(samples, "bertserve_event_loop_lag_max_seconds") == 0.03
+        cost = {
+            dict(labels)["term"]: v
+            for (n, labels), v in samples.items()
+            if n == "bertserve_batch_cost_seconds"
+        }
+        assert cost == {"fixed": 5e-4, "token": 5e-7}  # the engine's line, once
         info = dict(
             model=MODEL, version="1", precision="fp32", provider="CPUExecutionProvider", tasks="embed"
         )

@@ -29,6 +29,10 @@ class ModelObserver(BatchObserver):
             self._last_depth = depth
             self._depth.set(depth)
 
+    def batch_cost(self, fixed_s: float, token_s: float) -> None:
+        self.m.batch_cost.labels(self.model, "fixed").set(fixed_s)
+        self.m.batch_cost.labels(self.model, "token").set(token_s)
+
     def dropped(self, reason: str, count: int) -> None:
         self._dropped[reason].inc(count)
 

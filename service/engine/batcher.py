@@ -372,6 +372,12 @@ class Batcher:
         task.add_done_callback(self._batch_finished)
         return False
 
+    def seed_cost(self, points: list[tuple[int, float]]) -> None:
+        """A first batch-cost line through (padded tokens, seconds) of runs that were not batches."""
+        self.cost_fit.seed(points)
+        if self.cost_fit.fit is not None:
+            self._observer.batch_cost(*self.cost_fit.fit)
+
     def _cut(self, items: list[WorkItem], max_size: int, max_tokens: int) -> list[int]:
         """By cost once the cost of a batch is known and `cut_ladders` are set, else by padding."""
         ratio, fit = self.limits.max_padding_ratio, self.cost_fit.fit
@@ -531,7 +537,10 @@ class Batcher:
         padded = rows * length
         self.cost.add(inference_s, padded)
         if self.cut_ladders is not None:
+            line = self.cost_fit.fit
             self.cost_fit.add(inference_s, padded)
+            if self.cost_fit.fit is not line:
+                self._observer.batch_cost(*self.cost_fit.fit)
         queue_s = [max(0.0, started - item.enqueued_at) for item in batch]
         for item, value, waited in zip(batch, values, queue_s, strict=True):
             if not item.future.done():

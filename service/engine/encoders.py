@@ -154,7 +154,7 @@ class EncoderGroup:
                     self.compute([row] * size)
                 timings.append((size * length, time.perf_counter() - begun))
         if self.batcher is not None and runs > 1:  # the captured shapes' replays: a first batch cost
-            self.batcher.cost_fit.seed(timings)
+            self.batcher.seed_cost(timings)
         self._freeze_captures()
         fit = self.batcher.cost_fit.fit if self.batcher is not None else None
         if fit is not None:

@@ -31,6 +31,8 @@ def count(plan: dict, ready, release) -> None:
         observer.batch_done(BatchStats(size, 16 * size, 12 * size, [0.002] * size, 0.02))
     if plan["queue"]:
         observer.queue_depth(plan["queue"])
+    if plan["cost"]:
+        observer.batch_cost(*plan["cost"])
     if plan["connections"]:
         m.http_connections.labels("accepted").inc(plan["connections"])
     m.http_connections_open.set(plan["connections"])
