@@ -115,6 +115,7 @@ def test_dashboard_has_the_promised_panels():
         "bertserve_queue_depth",
         "sum by (code) (rate(bertserve_requests_total",  # errors by code
         "rate(bertserve_encoder_run_duration_seconds_sum",  # a batch's run beside its compute
+        'bertserve_batch_cost_seconds{job="$job", instance=~"$instance", term="fixed"}',  # the cost cut's line
     ):
         assert needed in queries, needed
     for panel in panels:
