@@ -178,6 +178,17 @@ FIGURES: list[tuple[str, str, Callable[[float], bool] | None, Callable[[dict], f
         None,
         lambda b: b.get("targets", {}).get(analysis.SERVER, {}).get("gpu_memory_mib"),
     ),
+    *(
+        (
+            f"server-fp32 batch cost line, {what} (batch_cut cost)",
+            "",
+            None,
+            lambda b, key=key: (b.get("targets", {}).get(analysis.SERVER, {}).get("batch_cost") or {}).get(
+                key
+            ),
+        )
+        for what, key in (("ms per batch", "fixed_ms"), ("us per padded token", "token_us"))
+    ),
     ("front CPU ms per single-input call", "", None, lambda b: _find(b, "front_cpu_ms_per_call")),
     ("native port CPU ms per single-input call", "", None, lambda b: _find(b, "native_cpu_ms_per_call")),
 ]

@@ -99,13 +99,15 @@ def markdown(result: dict) -> str:
     rows = [
         [n, fmt_num(t["saturation"]["inputs_per_s"]), str(t["saturation"]["concurrency"]),
          f"{fmt_num(t['saturation']['gflops_per_s'])} ({fmt_num(of_kernel.get(n) and 100 * of_kernel[n], 0)}% of ORT's kernel)",
-         fmt_num(t["startup_s"], 2), fmt_num(t["rss_mb_after_load"], 0), fmt_num(t.get("gpu_memory_mib"), 0)]
+         fmt_num(t["startup_s"], 2), fmt_num(t["rss_mb_after_load"], 0), fmt_num(t.get("gpu_memory_mib"), 0),
+         _cost_line(t.get("batch_cost"))]
         for n, t in result["targets"].items()
     ]  # fmt: skip
     lines += md_table(
-        ["target", "saturation inputs/s", "at concurrency", "GOP/s", "ready after s", "RSS MB", "GPU MiB"],
+        ["target", "saturation inputs/s", "at concurrency", "GOP/s", "ready after s", "RSS MB", "GPU MiB",
+         "batch cost"],
         rows,
-    )
+    )  # fmt: skip
     lines += _threads_text(result["targets"])
     lines += _simulated_text(result.get("simulated_device"))
     lines += ["", "## Ceilings (in-process ONNX Runtime, ideal batches, no gRPC) and the GEMM peak", ""]
@@ -180,6 +182,11 @@ def markdown(result: dict) -> str:
     if result["notes"]:
         lines += ["", "## Notes", "", *(f"- {n}" for n in result["notes"])]
     return "\n".join(lines) + "\n"
+
+
+def _cost_line(line: dict | None) -> str:
+    """The line a server cut batches by (`batch_cut` cost), '–' where it cut by padding."""
+    return "–" if not line else f"{line['fixed_ms']:.3f} ms + {line['token_us']:.3f} us/token"
 
 
 def _threads_text(targets: dict) -> list[str]:

@@ -84,3 +84,15 @@ def phase_delta(before: dict[Sample, float], after: dict[Sample, float], seconds
         "dropped": _delta(before, after, f"{p}dropped_total"),
         "requests_by_code": {code: count for code, count in codes.items() if count},
     }
+
+
+def batch_cost(samples: dict[Sample, float]) -> dict | None:
+    """The line the server cuts batches by (`bertserve_batch_cost_seconds`, its first encoder's), in ms per
+    batch and us per padded token; None where it cuts by padding (no line) or serves no metrics."""
+    terms: dict[str, dict[str, float]] = {}
+    for (name, labels), value in samples.items():
+        if name == "bertserve_batch_cost_seconds":
+            found = dict(labels)
+            terms.setdefault(found.get("model", ""), {})[found.get("term", "")] = value
+    line = next((terms[model] for model in sorted(terms) if {"fixed", "token"} <= terms[model].keys()), None)
+    return None if line is None else {"fixed_ms": 1e3 * line["fixed"], "token_us": 1e6 * line["token"]}

@@ -28,7 +28,7 @@ from bertserve.bench.loadgen import (
 )
 from bertserve.bench.native_loadgen import NativeMethod, NativePhase
 from bertserve.bench.processes import ServerProcess
-from bertserve.bench.server_metrics import phase_delta, scrape
+from bertserve.bench.server_metrics import batch_cost, phase_delta, scrape
 from bertserve.v1 import inference_pb2, inference_pb2_grpc
 
 WARMUP_MAX = 32  # warm-up requests before a phase: one round at its concurrency, at most this many
@@ -312,6 +312,7 @@ class TargetRun:
                 )
             rss_mb = self.server.rss_mb()
             gpu_mib = gpu.processes_memory_mib(self.server.pids())
+            cost_line = batch_cost(await scrape(self.server.metrics_url))
         finally:
             exit_code = await self.server.stop()
         return {
@@ -319,6 +320,7 @@ class TargetRun:
             "startup_s": startup_s,
             "rss_mb_after_load": rss_mb,
             "gpu_memory_mib": gpu_mib,  # its processes', after every phase (None without an NVIDIA GPU)
+            "batch_cost": cost_line,  # the line it cut batches by at the end (None: cut by padding)
             "exit_code": exit_code,
             "closed": closed,
             "saturation": {

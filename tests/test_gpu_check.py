@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bertserve.bench import gpu_check
+from bertserve.bench import gpu_check, server_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
@@ -309,6 +309,19 @@ def test_summary_shows_the_servers_cpu_and_its_busiest_threads(tmp_path):
     gpu_check.summarize(tmp_path)
     table = (tmp_path / "gpu-check.md").read_text()
     assert "| server-fp32 GPU memory MiB (its processes, after its phases) | – | 2,871 |" in table
+    assert "| server-fp32 batch cost line, ms per batch (batch_cut cost) | – | – |" in table  # cut by padding
+    samples = {
+        ("bertserve_batch_cost_seconds", (("model", "m"), ("term", "fixed"))): 4.5e-4,
+        ("bertserve_batch_cost_seconds", (("model", "m"), ("term", "token"))): 5e-7,
+        ("bertserve_queue_depth", (("model", "m"),)): 3.0,
+    }
+    bench["targets"]["server-fp32"]["batch_cost"] = server_metrics.batch_cost(samples)
+    assert server_metrics.batch_cost({}) is None
+    (tmp_path / "workers-native-auto" / "bench.json").write_text(json.dumps(bench))
+    gpu_check.summarize(tmp_path)
+    table = (tmp_path / "gpu-check.md").read_text()
+    assert "| server-fp32 batch cost line, ms per batch (batch_cut cost) | – | 0.450 |" in table
+    assert "| server-fp32 batch cost line, us per padded token (batch_cut cost) | – | 0.500 |" in table
 
 
 def test_summary_puts_the_goals_of_each_run_side_by_side(tmp_path):
