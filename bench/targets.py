@@ -9,17 +9,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import grpc
 
 from bertserve.bench import gpu, http_client, native_loadgen, process_tree, streaming, transport_floor
 from bertserve.bench.loadgen import (
     Call,
-    PhaseResult,
     Request,
     between_checks,
     closed_loop,
@@ -27,22 +25,22 @@ from bertserve.bench.loadgen import (
     repeated,
 )
 from bertserve.bench.native_loadgen import NativeMethod, NativePhase
+from bertserve.bench.phases import (
+    CHANNEL_OPTIONS,
+    REQUEST_TIMEOUT_S,
+    Phase,
+    PythonPhase,
+    embed_call,
+    native_embed,
+    own_channel,
+)
 from bertserve.bench.processes import ServerProcess
 from bertserve.bench.server_metrics import batch_cost, phase_delta, scrape
-from bertserve.v1 import inference_pb2, inference_pb2_grpc
+from bertserve.v1 import inference_pb2
 
 WARMUP_MAX = 32  # warm-up requests before a phase: one round at its concurrency, at most this many
 PER_CALL_CONCURRENCY = 32  # single-input callers, against requests of this many inputs (the per-call tax)
 BULK_CALLERS = 2  # callers sending those requests: enough to keep the server busy
-REQUEST_TIMEOUT_S = 300.0  # a hung server fails its requests (DEADLINE_EXCEEDED), never the bench
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20)]
-
-
-def _channel(address: str) -> grpc.aio.Channel:
-    """A channel with a connection of its own (channels with equal options would share one)."""
-    return grpc.aio.insecure_channel(
-        address, options=[*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
-    )
 
 
 @dataclass(frozen=True)
@@ -69,61 +67,6 @@ class Workload:
     # min_open_s at its rate (the corpus over again): phases long enough for a fast server (0: the corpus once)
     min_requests_per_caller: int = 0
     min_open_s: float = 0.0
-
-
-def embed_request(texts: list[str], model: str) -> inference_pb2.EmbedRequest:
-    return inference_pb2.EmbedRequest(inputs=texts, model=model, truncate=True)
-
-
-def embed_call(channel: grpc.aio.Channel, model: str) -> Call:
-    stub = inference_pb2_grpc.InferenceStub(channel)
-
-    async def call(texts: list[str]) -> inference_pb2.EmbedResponse:
-        return await stub.Embed(embed_request(texts, model), timeout=REQUEST_TIMEOUT_S)
-
-    return call
-
-
-def native_embed(model: str) -> NativeMethod:
-    """Embed as the native load generator sends it: the same request bytes as `embed_call`."""
-    return NativeMethod(
-        "/bertserve.v1.Inference/Embed",
-        lambda request: embed_request(request.texts, model).SerializeToString(),
-        inference_pb2.EmbedResponse.FromString,
-    )
-
-
-class Phase(Protocol):
-    """A load-generator phase in two steps, so that only `measure` falls between the server's readings;
-    `close` ends whatever it still runs (after `measure`, or when a step failed or was cancelled)."""
-
-    # the load generator runs in a process of its own, whose CPU `measure` returns (client_cpu_s)
-    own_process: bool
-
-    async def warm_up(self) -> None: ...
-
-    async def measure(self) -> PhaseResult: ...
-
-    async def close(self) -> None: ...
-
-
-@dataclass
-class PythonPhase:
-    """A phase of the in-process Python client (bench/loadgen.py): each step a coroutine made on demand."""
-
-    warm: Callable[[], Coroutine[None, None, PhaseResult]] | None
-    run: Callable[[], Coroutine[None, None, PhaseResult]]
-    own_process = False  # a class attribute, not a field: the bench reads this process's CPU
-
-    async def warm_up(self) -> None:
-        if self.warm is not None:
-            await self.warm()
-
-    async def measure(self) -> PhaseResult:
-        return await self.run()
-
-    async def close(self) -> None:
-        pass  # its coroutines end with their steps
 
 
 def _line(name: str, label: str, s: dict) -> str:
@@ -252,7 +195,7 @@ class TargetRun:
             async with contextlib.AsyncExitStack() as stack:
                 calls = [
                     embed_call(
-                        await stack.enter_async_context(_channel(self.server.embed_address)), self.model
+                        await stack.enter_async_context(own_channel(self.server.embed_address)), self.model
                     )
                     for _ in range(self.connections)
                 ]

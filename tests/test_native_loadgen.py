@@ -15,10 +15,10 @@ import time
 import grpc
 import pytest
 
-from bertserve.bench import native_loadgen, targets
+from bertserve.bench import native_loadgen, phases
 from bertserve.bench.loadgen import Request
 from bertserve.bench.native_loadgen import NativeMethod, NativePhase
-from bertserve.bench.targets import embed_request, native_embed
+from bertserve.bench.phases import embed_request, native_embed
 from bertserve.v1 import inference_pb2
 
 METHOD = "/bench.test.Echo/Call"
@@ -124,7 +124,7 @@ def test_the_python_clients_channels_each_open_a_connection():
 
     async def go() -> set[str]:
         async with echo.serving() as address:
-            channels = [targets._channel(address) for _ in range(3)]
+            channels = [phases.own_channel(address) for _ in range(3)]
             for channel in channels:
                 await channel.unary_unary(METHOD)(b"x")
             for channel in channels:
