@@ -52,6 +52,8 @@ pytestmark = pytest.mark.timeout(600)
 
 GRACE_PERIOD_S = 5
 EMBED_CALLS = 12
+# metrics that exist only under a setting this CPU server does not use, and why
+ONLY_WHERE_SET = {"bertserve_batch_cost_seconds": "batch_cut cost: the default with shape buckets (CUDA)"}
 LATE_CALLS = 6
 GRAFANA_VARIABLES = {"$__rate_interval": "15s", "$instance": ".*", "$job": "bertserve"}
 ADAPTER_POD = {"namespace": "bertserve-test", "pod": "bertserve-0"}
@@ -332,7 +334,10 @@ def test_every_dashboard_query_runs_and_the_panels_have_data(prometheus, traffic
     total = "sum(bertserve_requests_total{code='OK'})"
     promql_until(prometheus, total, lambda r: r and float(r[0]["value"][1]) >= EMBED_CALLS + 3 * LATE_CALLS)
     empty = [query for query in dashboard_queries() if not promql(prometheus, _grafana(query))]
-    assert empty == [], "panels without data"
+    # every query runs (promql raises otherwise); these have data only where a setting makes it
+    assert [q for q in empty if not any(metric in q for metric in ONLY_WHERE_SET)] == [], (
+        "panels without data"
+    )
     (requests_per_s,) = panel_queries("Requests/s")
     (throughput,) = promql(prometheus, _grafana(requests_per_s))
     assert float(throughput["value"][1]) > 0
