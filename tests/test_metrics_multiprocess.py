@@ -23,16 +23,10 @@ from tests.helpers.server import metric, scrape
 
 MODEL = metrics_child.MODEL
 START_S = 120  # a spawned child imports the service's modules on a loaded machine
+# fmt: off
 PLANS = {
     "engine": dict(
-        requests=0,
-        inputs=0,
-        batches=[4, 8],
-        connections=0,
-        streams=0,
-        lag=0.004,
-        queue=5,
-        rejected=0,
+        requests=0, inputs=0, batches=[4, 8], connections=0, streams=0, lag=0.004, queue=5, rejected=0,
         cost=(5e-4, 5e-7),
     ),
     "front-0": dict(
@@ -42,6 +36,7 @@ PLANS = {
         requests=5, inputs=11, batches=[], connections=4, streams=1, lag=0.01, queue=0, rejected=1, cost=None
     ),
 }
+# fmt: on
 
 
 def _only(samples: dict, name: str, **labels) -> float:
