@@ -108,6 +108,11 @@ def _find(value: object, key: str) -> float | None:
 
 
 # (figure, goal as text, the test of the goal or None for a figure without one, how bench.json gives it)
+def _line(bench: dict, key: str) -> float | None:
+    """A term of the line server-fp32 cut its batches by (bench.json `batch_cost`; None: cut by padding)."""
+    return (bench.get("targets", {}).get(analysis.SERVER, {}).get("batch_cost") or {}).get(key)
+
+
 FIGURES: list[tuple[str, str, Callable[[float], bool] | None, Callable[[dict], float | None]]] = [
     (
         f"server-fp16, single-input callers at c={SINGLE_CONCURRENCY} / fp16 in-process ceiling",
@@ -179,14 +184,7 @@ FIGURES: list[tuple[str, str, Callable[[float], bool] | None, Callable[[dict], f
         lambda b: b.get("targets", {}).get(analysis.SERVER, {}).get("gpu_memory_mib"),
     ),
     *(
-        (
-            f"server-fp32 batch cost line, {what} (batch_cut cost)",
-            "",
-            None,
-            lambda b, key=key: (b.get("targets", {}).get(analysis.SERVER, {}).get("batch_cost") or {}).get(
-                key
-            ),
-        )
+        (f"server-fp32 batch cost line, {what} (batch_cut cost)", "", None, lambda b, key=key: _line(b, key))
         for what, key in (("ms per batch", "fixed_ms"), ("us per padded token", "token_us"))
     ),
     ("front CPU ms per single-input call", "", None, lambda b: _find(b, "front_cpu_ms_per_call")),
