@@ -107,12 +107,12 @@ def _find(value: object, key: str) -> float | None:
     return next((found for child in children if (found := _find(child, key)) is not None), None)
 
 
+def _server(bench: dict, key: str) -> object:
+    """server-fp32's own figure `key` in bench.json (None where that bench did not record it)."""
+    return bench.get("targets", {}).get(analysis.SERVER, {}).get(key)
+
+
 # (figure, goal as text, the test of the goal or None for a figure without one, how bench.json gives it)
-def _line(bench: dict, key: str) -> float | None:
-    """A term of the line server-fp32 cut its batches by (bench.json `batch_cost`; None: cut by padding)."""
-    return (bench.get("targets", {}).get(analysis.SERVER, {}).get("batch_cost") or {}).get(key)
-
-
 FIGURES: list[tuple[str, str, Callable[[float], bool] | None, Callable[[dict], float | None]]] = [
     (
         f"server-fp16, single-input callers at c={SINGLE_CONCURRENCY} / fp16 in-process ceiling",
@@ -181,10 +181,15 @@ FIGURES: list[tuple[str, str, Callable[[float], bool] | None, Callable[[dict], f
         "server-fp32 GPU memory MiB (its processes, after its phases)",
         "",
         None,
-        lambda b: b.get("targets", {}).get(analysis.SERVER, {}).get("gpu_memory_mib"),
+        lambda b: _server(b, "gpu_memory_mib"),
     ),
     *(
-        (f"server-fp32 batch cost line, {what} (batch_cut cost)", "", None, lambda b, key=key: _line(b, key))
+        (
+            f"server-fp32 batch cost line, {what} (batch_cut cost)",
+            "",
+            None,
+            lambda b, key=key: (_server(b, "batch_cost") or {}).get(key),  # None: cut by padding
+        )
         for what, key in (("ms per batch", "fixed_ms"), ("us per padded token", "token_us"))
     ),
     ("front CPU ms per single-input call", "", None, lambda b: _find(b, "front_cpu_ms_per_call")),

@@ -51,13 +51,12 @@ class ShapeBuckets:
         batcher asks for up to a few hundred shapes per batch it cuts)."""
         row_steps = sorted({r for r, _ in self._by_area})
         length_steps = sorted({n for _, n in self._by_area})
-        exact = set(self._by_area)
         best: list[list[tuple[int, int] | None]] = [[None] * (len(length_steps) + 1) for _ in row_steps]
         best.append([None] * (len(length_steps) + 1))
         for i in reversed(range(len(row_steps))):
             for j in reversed(range(len(length_steps))):
                 here = (row_steps[i], length_steps[j])
-                options = [here] if here in exact else []
+                options = [here] if here in self._set else []
                 options += [b for b in (best[i + 1][j], best[i][j + 1]) if b is not None]
                 best[i][j] = min(options, key=lambda b: (b[0] * b[1], b), default=None)
         return row_steps, length_steps, best

@@ -5,8 +5,8 @@ from the loaded ONNX session) after a wall time spent in `time.sleep`, which rel
 CPU: what a GPU's batch looks like to the server. The time is fixed per batch, plus
 `simulated_device_us_per_token` per padded token where set (a GPU's batch grows with its padded shape).
 So the server's capacity beside its device (the fronts, the batcher, tokenization, replies) can be
-measured on any machine. The real session stays loaded
-(the repository's checks and the graph's metadata hold as for a real run) but is never run.
+measured on any machine. The real session stays loaded (the repository's checks and the graph's metadata
+hold as for a real run) but is never run.
 
 Values are constant (1 / the output's last axis): embeddings normalize without NaN, attention rows sum to
 1, and a real head fed these hidden states computes real logits.
