@@ -32,7 +32,7 @@ class WorkItem:
     ids: np.ndarray  # (T,) int64
     type_ids: np.ndarray  # (T,) int64
     options: TaskOptions
-    future: asyncio.Future
+    future: asyncio.Future  # or the engine's ResultSlot (service/engine/unary_calls.py)
     deadline: float | None = None  # time.monotonic() seconds
     mask_positions: np.ndarray | None = None  # fill_mask only
     model: Any = None  # the model whose head this row needs (ServedModel); None: the compute's only model

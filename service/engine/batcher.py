@@ -82,6 +82,12 @@ INTERACTIVE_RECENT_S = 1.0  # interactive calls count as active this long after 
 # Batches handed to the workers beyond one per instance: the next batch waits in the executor and starts
 # the moment an instance is free, without a round trip through the event loop (which is busy with calls).
 PREFETCH_BATCHES = 1
+DEAD_SCAN_S = 0.002  # the queue is read through for inputs whose caller left at least this often
+
+
+def _resolve(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _timed(fn: Callable[..., Any], *args) -> tuple[Any, float, float]:
@@ -138,7 +144,10 @@ class Batcher:
         self._interactive_streak = 0  # interactive batches run in a row while bulk inputs waited
         self._interactive_seen = -float("inf")  # time.monotonic() an interactive call last arrived or ended
         self._exclusive: deque[ExclusiveJob] = deque()
-        self._wakeup = asyncio.Event()
+        self._next_expiry = float("inf")  # no queued input's deadline is earlier (`_drop_dead`)
+        self._dead_scan_at = 0.0  # time.monotonic() of the next read through the queue for dead inputs
+        self._depth_pending = False  # a write of the queue-depth gauge is scheduled
+        self._waiter: asyncio.Future | None = None  # what the owner awaits while it waits (`_wake`)
         self._closing = False
         self._batches = 0
         # (rows, length) a batch is computed at, for counting its padded tokens (EncoderGroup's shape buckets)
@@ -245,7 +254,7 @@ class Batcher:
         deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
         if permit is None:
             self._check_admission(len(items), tokens, deadline, bulk)
-            self._room[bulk].take(len(items)).hand_over()
+            self._room[bulk].used += len(items)  # queued now: freed when they leave the queue
         else:
             if self._closing:
                 raise ShuttingDown(f"model {self.name}: the server is shutting down")
@@ -254,12 +263,14 @@ class Batcher:
             permit.hand_over()
         if not bulk:
             self._interactive_seen = time.monotonic()
+        if deadline is not None and deadline < self._next_expiry:
+            self._next_expiry = deadline
         self._incoming.extend(items)
         self._lanes[bulk].tokens += tokens
         self._lanes[bulk].inputs += len(items)
-        self._observer.queue_depth(self.depth)
+        self._depth_changed()
         if len(self._running) < self.concurrency + self._ahead(self._lanes[bulk]):
-            self._wakeup.set()
+            self._wake()
         # else the owner can start nothing until a batch finishes, and that wakes it: a turn per call
         # under load would cost the event loop about 30 us and change nothing
 
@@ -275,18 +286,22 @@ class Batcher:
         permit.release()  # its place becomes the queued job's
         job = ExclusiveJob(run, tokens, asyncio.get_running_loop().create_future(), deadline)
         self._exclusive.append(job)
-        self._observer.queue_depth(self.depth)
-        self._wakeup.set()
+        if deadline is not None and deadline < self._next_expiry:
+            self._next_expiry = deadline
+        self._depth_changed()
+        self._wake()
         try:
             return await job.future
         finally:
-            job.future.cancel()  # the owner skips a job whose caller went away
+            if not job.future.done():
+                self.note_dead()  # the owner skips a job whose caller went away
+            job.future.cancel()
 
     async def close(self) -> None:
         """Refuses new inputs, finishes the queued ones, then stops the owner."""
         self._closing = True
         self._fail_waiting_room()
-        self._wakeup.set()
+        self._wake()
         if self._owner is not None:
             await self._owner
 
@@ -319,7 +334,7 @@ class Batcher:
             self._unqueue(lane, lane.items)
             lane.items = []
         self._exclusive.clear()
-        self._observer.queue_depth(self.depth)
+        self._depth_changed()
 
     async def _run(self) -> None:
         while True:
@@ -387,7 +402,7 @@ class Batcher:
 
     def _batch_finished(self, task: asyncio.Task) -> None:
         self._running.pop(task, None)
-        self._wakeup.set()
+        self._wake()
         if not task.cancelled() and (error := task.exception()) is not None:  # a bug: futures unanswered
             log.error("model %s: a batch failed outside the compute", self.name, exc_info=error)
 
@@ -432,11 +447,35 @@ class Batcher:
         return min(limit, self.limits.max_bulk_batch_tokens) if self._interactive_active() else limit
 
     async def _wait_for_wakeup(self, timeout: float | None) -> None:
-        self._wakeup.clear()
+        """Until `_wake` (an input, a finished batch, a close) or `timeout` seconds. One future and at most
+        one timer: a wake-up resumes the owner in the event loop's next turn (an Event awaited through
+        `wait_for` took three, each behind the fronts' frames of a busy loop)."""
         if self._incoming or (self._closing and not self._running):
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def _wake(self) -> None:
+        """Resumes the owner if it waits (one that is not waiting reads the queue again before it does)."""
+        if self._waiter is not None:
+            _resolve(self._waiter)
+
+    def _depth_changed(self) -> None:
+        """The queue-depth gauge is written once per turn of the event loop, after what changed it."""
+        if not self._depth_pending:
+            self._depth_pending = True
+            asyncio.get_running_loop().call_soon(self._report_depth)
+
+    def _report_depth(self) -> None:
+        self._depth_pending = False
+        self._observer.queue_depth(self.depth)
 
     def _take_incoming(self) -> None:
         while self._incoming:
@@ -446,7 +485,7 @@ class Batcher:
     def _unqueue(self, lane: Lane, items: list[WorkItem]) -> None:
         lane.inputs -= len(items)
         lane.tokens -= sum(item.length for item in items)
-        self._observer.queue_depth(self.depth)
+        self._depth_changed()
         self._room[lane.bulk].free(len(items))  # streams waiting for room may take it now
 
     def _classify_dead(self, waiting: list, now: float) -> tuple[list, list, list]:
@@ -462,8 +501,18 @@ class Batcher:
                 live.append(one)
         return live, cancelled, expired
 
+    def note_dead(self) -> None:
+        """A caller left with inputs still queued: the next turn looks for them."""
+        self._dead_scan_at = 0.0
+
     def _drop_dead(self) -> None:
+        """Drops the queued inputs and jobs whose caller left or whose deadline passed. The queue is read
+        through at a deadline's time, after `note_dead`, and otherwise at most every DEAD_SCAN_S (a caller
+        may leave unannounced); an input cut into a batch in between is skipped there and counted there."""
         now = time.monotonic()
+        if now < self._dead_scan_at and now < self._next_expiry:
+            return
+        self._dead_scan_at = now + DEAD_SCAN_S
         cancelled, expired = [], []
         for lane in self._lanes.values():
             live, lane_cancelled, lane_expired = self._classify_dead(lane.items, now)
@@ -478,8 +527,11 @@ class Batcher:
                 self._exclusive = deque(live_jobs)
                 cancelled += cancelled_jobs
                 expired += expired_jobs
-                self._observer.queue_depth(self.depth)
+                self._depth_changed()
         self._count_dropped(cancelled, expired)
+        queued = (item for lane in self._lanes.values() for item in lane.items)
+        deadlines = [one.deadline for one in (*queued, *self._exclusive) if one.deadline is not None]
+        self._next_expiry = min(deadlines, default=float("inf"))
 
     def _count_dropped(self, cancelled: list, expired: list) -> None:
         for reason, dropped in (("cancelled", cancelled), ("deadline", expired)):
@@ -550,7 +602,7 @@ class Batcher:
         self._observer.batch_done(BatchStats(len(batch), padded, real, queue_s, inference_s, origins=origins))
 
     async def _execute_exclusive(self, job: ExclusiveJob) -> None:
-        self._observer.queue_depth(self.depth)
+        self._depth_changed()
         self._batches += 1
         batch_id = self._batches
         timed = await self._in_worker([job], _timed, job.run)

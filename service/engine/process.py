@@ -22,6 +22,7 @@ from bertserve.service.engine.encoders import EncoderGroup, attach_batchers
 from bertserve.service.engine.frame_link import FrameLink
 from bertserve.service.engine.messages import array, options_in, small
 from bertserve.service.engine.model_registry import ModelRegistry
+from bertserve.service.engine.unary_calls import UnaryCall
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
 from bertserve.service.thread_names import name_this_thread, naming
@@ -40,7 +41,7 @@ class Engine:
         self.metrics.export_limits(settings)
         self.registry: ModelRegistry | None = None
         self._groups: dict[str, EncoderGroup] = {}  # by encoder name, once loaded
-        self._calls: dict[tuple[FrameLink, int], asyncio.Task] = {}  # (front, call id) -> its task
+        self._calls: dict[tuple[FrameLink, int], asyncio.Task | UnaryCall] = {}  # (front, call id) -> it
         self._cpu = ThreadPoolExecutor(1, "bertserve-engine-load", naming("bs-engine-load"))
         self._server: asyncio.AbstractServer | None = None
         self._stopping = asyncio.Event()
@@ -111,51 +112,50 @@ class Engine:
         self, front: FrameLink, call: int, encoder: str, bulk: bool, deadline: float | None, items: list
     ) -> None:
         """A unary call's items queued now (or its refusal sent); answered when the last result is in."""
+
+        def end(results: list | None, error: BaseException | None) -> None:
+            if self._calls.pop((front, call), None) is None:
+                return  # answered already (a failure in `_handle`)
+            if results is None:
+                batcher.note_dead()  # its other inputs may still be queued
+            if error is not None:
+                self._send(front, _error(call, error))
+            elif results is None:
+                self._send(front, ("cancelled", call))  # the front frees the call's room on this
+            else:
+                self._send(front, ("done", call, [_result(r) for r in results]))
+
+        batcher = self._group(encoder).batcher
+        unary = UnaryCall(len(items), end)
         try:
-            work = self._work(front, items, deadline, bulk)
-            self._group(encoder).batcher.submit(work)  # room and deadline checked once, taken at once
+            work = self._work(front, items, deadline, bulk, unary.slots())
+            batcher.submit(work)  # room and deadline checked once, taken at once
         except errors.ServiceError as exc:
             self._send(front, _error(call, exc))
             return
-        futures = [w.future for w in work]
-        waiting = len(futures)
+        self._calls[(front, call)] = unary
 
-        def one_done(future: asyncio.Future) -> None:
-            nonlocal waiting
-            waiting -= 1
-            if (future.cancelled() or future.exception() is None) and waiting:
-                return
-            if self._calls.pop((front, call), None) is None:
-                return  # answered (an error came first) or cancelled by the front
-            for other in futures:
-                other.cancel()  # the owner skips what is still queued
-            if future.cancelled():
-                self._send(front, ("cancelled", call))  # the front frees the call's room on this
-                return
-            if future.exception() is not None:
-                self._send(front, _error(call, future.exception()))
-                return
-            self._send(front, ("done", call, [_result(f.result()) for f in futures]))
-
-        self._calls[(front, call)] = _Cancel(futures)
-        for future in futures:
-            future.add_done_callback(one_done)
-
-    def _work(self, front: FrameLink, items: list, deadline: float | None, bulk: bool) -> list[WorkItem]:
-        loop = asyncio.get_running_loop()
+    def _work(
+        self, front: FrameLink, items: list, deadline: float | None, bulk: bool, slots: list | None = None
+    ) -> list[WorkItem]:
+        """The calls' inputs as queued work; each answered on its slot (`slots`) or on a new future."""
+        if slots is None:
+            loop = asyncio.get_running_loop()
+            slots = [loop.create_future() for _ in items]
+        by_name = self.registry.by_name
         return [
             WorkItem(
                 array(ids),
                 array(type_ids),
                 options_in(options),
-                loop.create_future(),
+                slot,
                 deadline,
                 array(masks),
-                model=self.registry.by_name[model],
+                model=by_name[model],
                 bulk=bulk,
                 origin=front,
             )
-            for model, options, ids, type_ids, masks in items
+            for (model, options, ids, type_ids, masks), slot in zip(items, slots, strict=True)
         ]
 
     def _answer(self, front: FrameLink, call: int, task: asyncio.Task) -> None:
@@ -231,14 +231,3 @@ def main(settings: Settings, address: str) -> int:
     """The engine process's entry (spawned by the supervisor)."""
     name_this_thread("bs-engine")  # its loop: the fronts' frames, admission, batching
     return asyncio.run(_run(settings, address))
-
-
-class _Cancel:
-    """What a front's cancel does to a unary call queued by `_submit_now`: its items are skipped."""
-
-    def __init__(self, futures: list[asyncio.Future]):
-        self.futures = futures
-
-    def cancel(self) -> None:
-        for future in self.futures:
-            future.cancel()

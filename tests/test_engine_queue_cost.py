@@ -1,0 +1,205 @@
+"""What the engine's loop spends per queued input: a unary call's result slots, the queue read through for dead
+inputs only when one may be there, the queue-depth gauge written once per turn, a batch's feeds filled at once."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from bertserve.service.engine import batcher as batcher_module
+from bertserve.service.engine.batcher import Batcher, BatchLimits, BatchObserver, WorkItem
+from bertserve.service.engine.encoders import padded_feeds
+from bertserve.service.engine.tasks import Task, TaskOptions
+from bertserve.service.engine.unary_calls import UnaryCall
+
+EMBED = TaskOptions(Task.EMBED)
+
+
+def item(length: int, tag: int, future, deadline: float | None = None) -> WorkItem:
+    ids = np.full(length, tag, dtype=np.int64)
+    return WorkItem(ids, np.zeros(length, dtype=np.int64), EMBED, future=future, deadline=deadline)
+
+
+def limits(**kw) -> BatchLimits:
+    base = dict(max_batch_size=4, max_batch_tokens=10_000, max_queue_delay_s=0.001, max_queue_inputs=1000)
+    return BatchLimits(**(base | kw))
+
+
+class Tally(BatchObserver):
+    def __init__(self):
+        self.depths: list[int] = []
+        self.dropped_counts: dict[str, int] = {}
+
+    def queue_depth(self, depth):
+        self.depths.append(depth)
+
+    def dropped(self, reason, count):
+        self.dropped_counts[reason] = self.dropped_counts.get(reason, 0) + count
+
+
+def test_a_unary_call_ends_once_with_its_results_in_order():
+    ends = []
+    call = UnaryCall(3, lambda results, error: ends.append((results, error)))
+    slots = call.slots()
+    slots[2].set_result("c")
+    slots[0].set_result("a")
+    assert [s.done() for s in slots] == [True, False, True] and not ends
+    slots[1].set_result("b")
+    assert ends == [(["a", "b", "c"], None)]
+    slots[1].set_result("late")  # dropped: the call has ended
+    call.cancel()
+    assert len(ends) == 1
+
+
+def test_an_error_or_a_cancel_ends_the_call_and_every_slot():
+    ends = []
+    failed = UnaryCall(2, lambda results, error: ends.append(("failed", results, error)))
+    slots = failed.slots()
+    error = RuntimeError("boom")
+    slots[0].set_exception(error)
+    assert slots[1].done()  # the batcher skips the call's other inputs
+    slots[1].set_result("late")
+    cancelled = UnaryCall(2, lambda results, error: ends.append(("cancelled", results, error)))
+    other = cancelled.slots()
+    cancelled.cancel()
+    assert all(s.done() for s in other)
+    assert ends == [("failed", None, error), ("cancelled", None, None)]
+
+
+def test_a_unary_call_and_its_slots_are_freed_without_the_cycle_collector():
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(100):
+            UnaryCall(4, lambda results, error: None).slots()[0].set_result(1)
+        alive = sum(isinstance(o, UnaryCall) for o in gc.get_objects())
+    finally:
+        gc.enable()
+    assert alive == 0
+
+
+def test_the_queue_depth_gauge_is_written_once_per_turn():
+    async def main():
+        tally = Tally()
+        gate = threading.Event()
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(
+                "m", lambda b: (gate.wait(5), [0] * len(b))[1], limits(), pool, tally, prefetch=0
+            )
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            batcher.submit([item(4, 0, loop.create_future())])
+            while not batcher._running:  # computing, held by the gate: the owner waits for it
+                await asyncio.sleep(0.001)
+            tally.depths.clear()
+            for tag in range(50):  # one turn of the loop
+                batcher.submit([item(4, tag, loop.create_future())])
+            await asyncio.sleep(0)
+            assert tally.depths == [50]
+            gate.set()
+            await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_an_input_whose_caller_left_unannounced_waits_for_the_next_read_through(monkeypatch):
+    """Cancelled without `note_dead`, an input stays queued until the queue is read through again; announced,
+    it is dropped at the owner's next turn (and counted)."""
+    monkeypatch.setattr(batcher_module, "DEAD_SCAN_S", 30.0)
+
+    async def main():
+        tally = Tally()
+        gate = threading.Event()
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(
+                "m",
+                lambda b: (gate.wait(5), [0] * len(b))[1],
+                limits(max_batch_size=1),
+                pool,
+                tally,
+                prefetch=0,
+            )
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            first = [item(4, 0, loop.create_future())]
+            batcher.submit(first)
+            while not batcher._running:  # the first input computes (held by the gate)
+                await asyncio.sleep(0.001)
+            queued = [item(4, tag, loop.create_future()) for tag in (1, 2)]
+            batcher.submit(queued[:1])
+            batcher.submit(queued[1:])
+            await asyncio.sleep(0.05)  # the owner has turned (the queue read through once, nothing dead)
+            queued[0].future.cancel()
+            batcher._wake()
+            await asyncio.sleep(0.05)
+            assert batcher.depth == 2 and not tally.dropped_counts
+            batcher.note_dead()
+            batcher._wake()
+            deadline = time.monotonic() + 5
+            while batcher.depth != 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            assert batcher.depth == 1 and tally.dropped_counts == {"cancelled": 1}
+            gate.set()
+            assert (await queued[1].future).value == 0
+            await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_a_deadline_passing_is_noticed_without_waiting_for_the_read_through(monkeypatch):
+    monkeypatch.setattr(batcher_module, "DEAD_SCAN_S", 30.0)
+
+    async def main():
+        tally = Tally()
+        gate = threading.Event()
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(
+                "m",
+                lambda b: (gate.wait(5), [0] * len(b))[1],
+                limits(max_batch_size=1),
+                pool,
+                tally,
+                prefetch=0,
+            )
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            batcher.submit([item(4, 0, loop.create_future())])
+            while not batcher._running:
+                await asyncio.sleep(0.001)
+            late = item(4, 1, loop.create_future(), deadline=time.monotonic() + 0.05)
+            batcher.submit([late])
+            await asyncio.sleep(0.2)
+            batcher._wake()
+            with pytest.raises(Exception, match="deadline passed"):
+                await asyncio.wait_for(late.future, 1)  # the first batch holds the instance 5 s
+            assert tally.dropped_counts == {"deadline": 1} and batcher.depth == 0
+            gate.set()
+            await batcher.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("shape_extra", [(0, 0), (3, 5)])
+def test_padded_feeds_match_a_row_by_row_fill(shape_extra):
+    rng = np.random.default_rng(7)
+    batch = []
+    for n in rng.integers(1, 30, size=9):
+        ids = rng.integers(100, 30_000, size=n)
+        batch.append(WorkItem(ids, rng.integers(0, 2, size=n), EMBED, None))
+    longest = max(i.length for i in batch)
+    shape = (len(batch) + shape_extra[0], longest + shape_extra[1])
+    input_ids, mask, type_ids = padded_feeds(batch, shape, pad_id=0)
+    expected = np.zeros(shape, np.int64), np.zeros(shape, np.int64), np.zeros(shape, np.int64)
+    expected[1][len(batch) :, 0] = 1  # spare rows attend to one pad token
+    for row, one in enumerate(batch):
+        expected[0][row, : one.length] = one.ids
+        expected[1][row, : one.length] = 1
+        expected[2][row, : one.length] = one.type_ids
+    for got, want in zip((input_ids, mask, type_ids), expected, strict=True):
+        assert got.dtype == np.int64 and np.array_equal(got, want)
