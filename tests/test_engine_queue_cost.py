@@ -1,5 +1,5 @@
 """What the engine's loop spends per queued input: a unary call's result slots, the queue read through for dead
-inputs only when one may be there, the queue-depth gauge written once per turn, a batch's feeds filled at once."""
+inputs only when one may be there, the queue-depth gauge written once per turn."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import pytest
 
 from bertserve.service.engine import batcher as batcher_module
 from bertserve.service.engine.batcher import Batcher, BatchLimits, BatchObserver, WorkItem
-from bertserve.service.engine.encoders import padded_feeds
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.unary_calls import UnaryCall
 
@@ -183,23 +182,3 @@ def test_a_deadline_passing_is_noticed_without_waiting_for_the_read_through(monk
             await batcher.close()
 
     asyncio.run(main())
-
-
-@pytest.mark.parametrize("shape_extra", [(0, 0), (3, 5)])
-def test_padded_feeds_match_a_row_by_row_fill(shape_extra):
-    rng = np.random.default_rng(7)
-    batch = []
-    for n in rng.integers(1, 30, size=9):
-        ids = rng.integers(100, 30_000, size=n)
-        batch.append(WorkItem(ids, rng.integers(0, 2, size=n), EMBED, None))
-    longest = max(i.length for i in batch)
-    shape = (len(batch) + shape_extra[0], longest + shape_extra[1])
-    input_ids, mask, type_ids = padded_feeds(batch, shape, pad_id=0)
-    expected = np.zeros(shape, np.int64), np.zeros(shape, np.int64), np.zeros(shape, np.int64)
-    expected[1][len(batch) :, 0] = 1  # spare rows attend to one pad token
-    for row, one in enumerate(batch):
-        expected[0][row, : one.length] = one.ids
-        expected[1][row, : one.length] = 1
-        expected[2][row, : one.length] = one.type_ids
-    for got, want in zip((input_ids, mask, type_ids), expected, strict=True):
-        assert got.dtype == np.int64 and np.array_equal(got, want)

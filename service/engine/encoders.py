@@ -73,9 +73,15 @@ class EncoderGroup:
         size, longest = len(batch), max(item.length for item in batch)
         shape = self.buckets.shape(size, longest) if self.buckets else (size, longest)
         captured = self.buckets is not None and self.buckets.holds(shape)  # a CUDA graph where it can be
-        input_ids, attention_mask, token_type_ids = padded_feeds(batch, shape, self.pad_id)
+        input_ids = np.full(shape, self.pad_id, dtype=np.int64)  # (B, T)
+        attention_mask = np.zeros(shape, dtype=np.int64)  # (B, T)
+        attention_mask[size:, 0] = 1  # a bucket's spare rows attend to one pad token (no empty softmax)
+        token_type_ids = np.zeros(shape, dtype=np.int64)  # (B, T)
         rows: dict[tuple[ServedModel, Task], list[int]] = {}
         for row, item in enumerate(batch):
+            input_ids[row, : item.length] = item.ids
+            attention_mask[row, : item.length] = 1
+            token_type_ids[row, : item.length] = item.type_ids
             model = item.model if item.model is not None else self.models[0]
             rows.setdefault((model, item.options.task), []).append(row)
         # the union of what the rows need: a row's options say which outputs (embed: dense, tokens, sparse)
@@ -174,20 +180,6 @@ class EncoderGroup:
                 captured.frozen = True
             if getattr(session, "graphs_required", False) and not captured:
                 raise StartupError(f"encoder {self.name}: cuda_graphs on, but no batch shape was captured")
-
-
-def padded_feeds(batch: list[WorkItem], shape: tuple[int, int], pad_id: int) -> tuple[np.ndarray, ...]:
-    """input_ids, attention_mask and token_type_ids (B, T) int64 of the batch's rows, padded to `shape`: each
-    filled in one vectorized write (a row's tokens are the leading True cells of its mask, row-major)."""
-    lengths = np.fromiter((item.length for item in batch), np.int64, len(batch))
-    mask = np.zeros(shape, dtype=bool)
-    mask[: len(batch)] = np.arange(shape[1]) < lengths[:, None]
-    input_ids = np.full(shape, pad_id, dtype=np.int64)
-    input_ids[mask] = np.concatenate([item.ids for item in batch])
-    token_type_ids = np.zeros(shape, dtype=np.int64)
-    token_type_ids[mask] = np.concatenate([item.type_ids for item in batch])
-    mask[len(batch) :, 0] = True  # a bucket's spare rows attend to one pad token (no empty softmax)
-    return input_ids, mask.astype(np.int64), token_type_ids
 
 
 def batch_limits(settings: Settings) -> BatchLimits:
