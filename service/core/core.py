@@ -474,5 +474,7 @@ class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
                 return [await futures[0]]
             return await asyncio.gather(*futures)
         finally:
-            for future in futures:  # after a failure, the owner skips what is still queued
+            if not all(future.done() for future in futures):  # the caller left, or an input failed
+                model.encoder.batcher.note_dead()
+            for future in futures:  # the owner skips what is still queued
                 future.cancel()

@@ -130,6 +130,7 @@ class EmbedGroups:
             if failed:
                 for item in items:  # the owner skips what is still queued
                     item.future.cancel()
+                served.encoder.batcher.note_dead()
                 on_done(ShuttingDown("the call was cancelled") if future.cancelled() else future.exception())
             elif not left[0]:
                 try:

@@ -191,6 +191,9 @@ class RemoteBatcher:
             )
         return self._exclusive.take(1)
 
+    def note_dead(self) -> None:
+        """Nothing: the engine hears of a call that left by its `cancel` message."""
+
     def submit(self, items: list[WorkItem], permit: Permit) -> None:
         """Sends the call's items to the engine; each future gets its result (or the call's error). The
         permit's room is held until the answer (or a cancellation)."""

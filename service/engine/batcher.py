@@ -82,7 +82,7 @@ INTERACTIVE_RECENT_S = 1.0  # interactive calls count as active this long after 
 # Batches handed to the workers beyond one per instance: the next batch waits in the executor and starts
 # the moment an instance is free, without a round trip through the event loop (which is busy with calls).
 PREFETCH_BATCHES = 1
-DEAD_SCAN_S = 0.002  # the queue is read through for inputs whose caller left at least this often
+DEAD_SCAN_S = 0.01  # the queue is read through this often for inputs whose caller left unannounced
 
 
 def _resolve(waiter: asyncio.Future) -> None:

@@ -189,6 +189,8 @@ class Engine:
         try:
             done = [await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures)
         finally:
+            if not all(future.done() for future in futures):
+                batcher.note_dead()
             for future in futures:  # cancelled: the owner skips what is still queued
                 future.cancel()
         return [_result(r) for r in done]
