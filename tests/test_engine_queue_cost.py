@@ -7,6 +7,7 @@ import asyncio
 import gc
 import threading
 import time
+import types
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 from bertserve.service.engine import batcher as batcher_module
 from bertserve.service.engine.batcher import Batcher, BatchLimits, BatchObserver, WorkItem
+from bertserve.service.engine.process import Engine
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.unary_calls import UnaryCall
 
@@ -182,3 +184,108 @@ def test_a_deadline_passing_is_noticed_without_waiting_for_the_read_through(monk
             await batcher.close()
 
     asyncio.run(main())
+
+
+def cancelled_attention_job(announce: bool) -> tuple[Tally, list, int]:
+    """An attention job queued behind a batch (held by a gate), its caller cancelled: (the tally, the job's
+    runs, the queue depth one second after the cancel). `announce` False: the cancel goes unannounced."""
+
+    async def main():
+        tally = Tally()
+        gate = threading.Event()
+        ran = []
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(
+                "m",
+                lambda b: (gate.wait(5), [0] * len(b))[1],
+                limits(max_batch_size=1),
+                pool,
+                tally,
+                prefetch=0,
+            )
+            if not announce:
+                batcher.note_dead = lambda: None
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            first = item(4, 0, loop.create_future())
+            batcher.submit([first])
+            while not batcher._running:
+                await asyncio.sleep(0.001)
+            job = asyncio.ensure_future(batcher.submit_exclusive(lambda: ran.append(1), 4, None))
+            await asyncio.sleep(0.01)
+            assert batcher.depth == 1
+            job.cancel()
+            await asyncio.sleep(0)
+            batcher._wake()
+            deadline = time.monotonic() + 1
+            while batcher.depth and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            depth = batcher.depth
+            gate.set()
+            await first.future
+            await batcher.close()
+        return tally, ran, depth
+
+    return asyncio.run(main())
+
+
+def test_a_cancelled_attention_job_is_dropped_at_the_next_turn(monkeypatch):
+    monkeypatch.setattr(batcher_module, "DEAD_SCAN_S", 30.0)
+    tally, ran, depth = cancelled_attention_job(announce=True)
+    assert depth == 0 and not ran and tally.dropped_counts == {"cancelled": 1}
+
+
+def test_an_attention_job_whose_caller_left_unannounced_never_runs(monkeypatch):
+    monkeypatch.setattr(batcher_module, "DEAD_SCAN_S", 30.0)
+    tally, ran, depth = cancelled_attention_job(announce=False)
+    assert depth == 1  # still queued: no read-through yet
+    assert not ran and tally.dropped_counts == {"cancelled": 1}  # skipped when its turn came
+
+
+def test_every_engine_call_is_answered_once():
+    """Through `Engine._handle`: a call split over batches whose compute fails, one whose deadline passes
+    while queued, one cancelled by its front, one naming a model the engine lacks: one answer each, and
+    nothing left held."""
+    sent: list[tuple] = []
+
+    class Front:
+        def post(self, message):
+            sent.append(message)
+
+    async def main():
+        gate = threading.Event()
+        failing = []
+
+        def compute(batch):
+            gate.wait(5)
+            if failing:
+                raise RuntimeError("boom")
+            return [0] * len(batch)
+
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher("m", compute, limits(max_batch_size=2), pool, prefetch=0)
+            batcher.start()
+            engine = Engine.__new__(Engine)  # its message handling alone: no models loaded
+            engine._calls = {}
+            engine._groups = {"enc": types.SimpleNamespace(batcher=batcher)}
+            engine.registry = types.SimpleNamespace(by_name={"m": None})
+            front, ids = Front(), np.zeros(4, np.int64)
+            one = ("m", (Task.EMBED.value,), ids, ids, None)
+            engine._handle(front, ("submit", 1, "enc", False, None, [one, one, one]))  # 2 compute, 1 queued
+            while not batcher._running:
+                await asyncio.sleep(0.001)
+            engine._handle(front, ("submit", 2, "enc", False, time.monotonic() + 0.03, [one]))
+            engine._handle(front, ("submit", 3, "enc", False, None, [one]))
+            engine._handle(front, ("cancel", 3))
+            engine._handle(front, ("submit", 4, "enc", False, None, [one, ("absent", *one[1:])]))
+            await asyncio.sleep(0.1)
+            failing.append(True)
+            gate.set()
+            await asyncio.sleep(0.3)
+            await batcher.close()
+            await asyncio.sleep(0.01)
+            assert not engine._calls and batcher.depth == 0 and batcher._room[False].used == 0
+
+    asyncio.run(main())
+    answers = sorted((message[1], message[0]) for message in sent)
+    assert answers == [(1, "error"), (2, "error"), (3, "cancelled"), (4, "error")]

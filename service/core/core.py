@@ -474,7 +474,7 @@ class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
                 return [await futures[0]]
             return await asyncio.gather(*futures)
         finally:
-            if not all(future.done() for future in futures):  # the caller left, or an input failed
+            if any(future.cancelled() or not future.done() for future in futures):  # left, or failed
                 model.encoder.batcher.note_dead()
             for future in futures:  # the owner skips what is still queued
                 future.cancel()

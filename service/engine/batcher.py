@@ -293,7 +293,7 @@ class Batcher:
         try:
             return await job.future
         finally:
-            if not job.future.done():
+            if job.future.cancelled() or not job.future.done():
                 self.note_dead()  # the owner skips a job whose caller went away
             job.future.cancel()
 
@@ -603,6 +603,10 @@ class Batcher:
 
     async def _execute_exclusive(self, job: ExclusiveJob) -> None:
         self._depth_changed()
+        _, cancelled, expired = self._classify_dead([job], time.monotonic())
+        if cancelled or expired:  # its caller left since the queue was last read through
+            self._count_dropped(cancelled, expired)
+            return
         self._batches += 1
         batch_id = self._batches
         timed = await self._in_worker([job], _timed, job.run)

@@ -118,12 +118,16 @@ class Engine:
                 return  # answered already (a failure in `_handle`)
             if results is None:
                 batcher.note_dead()  # its other inputs may still be queued
-            if error is not None:
-                self._send(front, _error(call, error))
-            elif results is None:
-                self._send(front, ("cancelled", call))  # the front frees the call's room on this
-            else:
-                self._send(front, ("done", call, [_result(r) for r in results]))
+            try:  # runs inside the batcher's loops over a batch: it must not raise into them
+                if error is not None:
+                    self._send(front, _error(call, error))
+                elif results is None:
+                    self._send(front, ("cancelled", call))  # the front frees the call's room on this
+                else:
+                    self._send(front, ("done", call, [_result(r) for r in results]))
+            except Exception as exc:
+                log.exception("engine: answering call %d failed", call)
+                self._send(front, _error(call, exc))
 
         batcher = self._group(encoder).batcher
         unary = UnaryCall(len(items), end)
@@ -189,7 +193,7 @@ class Engine:
         try:
             done = [await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures)
         finally:
-            if not all(future.done() for future in futures):
+            if any(future.cancelled() or not future.done() for future in futures):  # left, or failed
                 batcher.note_dead()
             for future in futures:  # cancelled: the owner skips what is still queued
                 future.cancel()
