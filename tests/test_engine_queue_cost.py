@@ -153,7 +153,7 @@ def test_an_input_whose_caller_left_unannounced_waits_for_the_next_read_through(
     asyncio.run(main())
 
 
-def test_a_deadline_passing_is_noticed_without_waiting_for_the_read_through(monkeypatch):
+def test_a_passed_deadline_is_dropped_at_the_next_turn_without_the_read_through(monkeypatch):
     monkeypatch.setattr(batcher_module, "DEAD_SCAN_S", 30.0)
 
     async def main():

@@ -116,8 +116,8 @@ class Engine:
         def end(results: list | None, error: BaseException | None) -> None:
             if self._calls.pop((front, call), None) is None:
                 return  # answered already (a failure in `_handle`)
-            if results is None:
-                batcher.note_dead()  # its other inputs may still be queued
+            if results is None and (error is None or len(items) > 1):
+                batcher.note_dead()  # its (other) inputs may still be queued
             try:  # runs inside the batcher's loops over a batch: it must not raise into them
                 if error is not None:
                     self._send(front, _error(call, error))
