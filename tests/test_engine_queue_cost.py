@@ -4,6 +4,7 @@ inputs only when one may be there, the queue-depth gauge written once per turn."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
 import time
@@ -42,6 +43,26 @@ class Tally(BatchObserver):
 
     def dropped(self, reason, count):
         self.dropped_counts[reason] = self.dropped_counts.get(reason, 0) + count
+
+
+@contextlib.asynccontextmanager
+async def held_batcher(**kw):
+    """(batcher, tally, gate, first): a batcher cutting no batch ahead whose compute waits for `gate` (5 s
+    at most), with one input (`first`) computing, so what comes next stays queued until the gate opens."""
+    tally, gate = Tally(), threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        compute = lambda b: (gate.wait(5), [0] * len(b))[1]  # noqa: E731
+        batcher = Batcher("m", compute, limits(**kw), pool, tally, prefetch=0)
+        batcher.start()
+        first = item(4, 0, asyncio.get_running_loop().create_future())
+        batcher.submit([first])
+        while not batcher._running:
+            await asyncio.sleep(0.001)
+        try:
+            yield batcher, tally, gate, first
+        finally:
+            gate.set()
+            await batcher.close()
 
 
 def test_a_unary_call_ends_once_with_its_results_in_order():
@@ -87,24 +108,13 @@ def test_a_unary_call_and_its_slots_are_freed_without_the_cycle_collector():
 
 def test_the_queue_depth_gauge_is_written_once_per_turn():
     async def main():
-        tally = Tally()
-        gate = threading.Event()
-        with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(
-                "m", lambda b: (gate.wait(5), [0] * len(b))[1], limits(), pool, tally, prefetch=0
-            )
-            batcher.start()
+        async with held_batcher() as (batcher, tally, _, _):
             loop = asyncio.get_running_loop()
-            batcher.submit([item(4, 0, loop.create_future())])
-            while not batcher._running:  # computing, held by the gate: the owner waits for it
-                await asyncio.sleep(0.001)
             tally.depths.clear()
             for tag in range(50):  # one turn of the loop
                 batcher.submit([item(4, tag, loop.create_future())])
             await asyncio.sleep(0)
             assert tally.depths == [50]
-            gate.set()
-            await batcher.close()
 
     asyncio.run(main())
 
@@ -115,23 +125,8 @@ def test_an_input_whose_caller_left_unannounced_waits_for_the_next_read_through(
     monkeypatch.setattr(batcher_module, "DEAD_SCAN_S", 30.0)
 
     async def main():
-        tally = Tally()
-        gate = threading.Event()
-        with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(
-                "m",
-                lambda b: (gate.wait(5), [0] * len(b))[1],
-                limits(max_batch_size=1),
-                pool,
-                tally,
-                prefetch=0,
-            )
-            batcher.start()
+        async with held_batcher(max_batch_size=1) as (batcher, tally, gate, _):
             loop = asyncio.get_running_loop()
-            first = [item(4, 0, loop.create_future())]
-            batcher.submit(first)
-            while not batcher._running:  # the first input computes (held by the gate)
-                await asyncio.sleep(0.001)
             queued = [item(4, tag, loop.create_future()) for tag in (1, 2)]
             batcher.submit(queued[:1])
             batcher.submit(queued[1:])
@@ -148,7 +143,6 @@ def test_an_input_whose_caller_left_unannounced_waits_for_the_next_read_through(
             assert batcher.depth == 1 and tally.dropped_counts == {"cancelled": 1}
             gate.set()
             assert (await queued[1].future).value == 0
-            await batcher.close()
 
     asyncio.run(main())
 
@@ -157,22 +151,8 @@ def test_a_passed_deadline_is_dropped_at_the_next_turn_without_the_read_through(
     monkeypatch.setattr(batcher_module, "DEAD_SCAN_S", 30.0)
 
     async def main():
-        tally = Tally()
-        gate = threading.Event()
-        with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(
-                "m",
-                lambda b: (gate.wait(5), [0] * len(b))[1],
-                limits(max_batch_size=1),
-                pool,
-                tally,
-                prefetch=0,
-            )
-            batcher.start()
+        async with held_batcher(max_batch_size=1) as (batcher, tally, _, _):
             loop = asyncio.get_running_loop()
-            batcher.submit([item(4, 0, loop.create_future())])
-            while not batcher._running:
-                await asyncio.sleep(0.001)
             late = item(4, 1, loop.create_future(), deadline=time.monotonic() + 0.05)
             batcher.submit([late])
             await asyncio.sleep(0.2)
@@ -180,8 +160,6 @@ def test_a_passed_deadline_is_dropped_at_the_next_turn_without_the_read_through(
             with pytest.raises(Exception, match="deadline passed"):
                 await asyncio.wait_for(late.future, 1)  # the first batch holds the instance 5 s
             assert tally.dropped_counts == {"deadline": 1} and batcher.depth == 0
-            gate.set()
-            await batcher.close()
 
     asyncio.run(main())
 
@@ -191,26 +169,10 @@ def cancelled_attention_job(announce: bool) -> tuple[Tally, list, int]:
     runs, the queue depth one second after the cancel). `announce` False: the cancel goes unannounced."""
 
     async def main():
-        tally = Tally()
-        gate = threading.Event()
         ran = []
-        with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(
-                "m",
-                lambda b: (gate.wait(5), [0] * len(b))[1],
-                limits(max_batch_size=1),
-                pool,
-                tally,
-                prefetch=0,
-            )
+        async with held_batcher(max_batch_size=1) as (batcher, tally, gate, first):
             if not announce:
                 batcher.note_dead = lambda: None
-            batcher.start()
-            loop = asyncio.get_running_loop()
-            first = item(4, 0, loop.create_future())
-            batcher.submit([first])
-            while not batcher._running:
-                await asyncio.sleep(0.001)
             job = asyncio.ensure_future(batcher.submit_exclusive(lambda: ran.append(1), 4, None))
             await asyncio.sleep(0.01)
             assert batcher.depth == 1
@@ -223,7 +185,6 @@ def cancelled_attention_job(announce: bool) -> tuple[Tally, list, int]:
             depth = batcher.depth
             gate.set()
             await first.future
-            await batcher.close()
         return tally, ran, depth
 
     return asyncio.run(main())
