@@ -142,7 +142,7 @@ class Engine:
     def _work(
         self, front: FrameLink, items: list, deadline: float | None, bulk: bool, slots: list | None = None
     ) -> list[WorkItem]:
-        """The calls' inputs as queued work; each answered on its slot (`slots`) or on a new future."""
+        """The call's inputs as queued work; each answered on its slot (`slots`) or on a new future."""
         if slots is None:
             loop = asyncio.get_running_loop()
             slots = [loop.create_future() for _ in items]
