@@ -449,7 +449,7 @@ class Batcher:
     async def _wait_for_wakeup(self, timeout: float | None) -> None:
         """Until `_wake` (an input, a finished batch, a close) or `timeout` seconds. One future and at most
         one timer: a wake-up resumes the owner in the event loop's next turn (an Event awaited through
-        `wait_for` took three, each behind the fronts' frames of a busy loop)."""
+        `wait_for` took two, three with a timeout, each behind the fronts' frames of a busy loop)."""
         if self._incoming or (self._closing and not self._running):
             return
         loop = asyncio.get_running_loop()
