@@ -67,7 +67,7 @@ from bertserve.service.core.validation import (
     check_texts,
     check_top_k,
 )
-from bertserve.service.engine.batcher import ItemResult, Permit, WorkItem
+from bertserve.service.engine.batcher import ItemResult, Permit, WorkItem, abandon
 from bertserve.service.engine.encoders import EncoderGroup, attach_batchers, batch_limits
 from bertserve.service.engine.model_registry import ModelRegistry
 from bertserve.service.engine.pair_truncation import check_strategy
@@ -474,7 +474,4 @@ class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
                 return [await futures[0]]
             return await asyncio.gather(*futures)
         finally:
-            if any(future.cancelled() or not future.done() for future in futures):  # left, or failed
-                model.encoder.batcher.note_dead()
-            for future in futures:  # the owner skips what is still queued
-                future.cancel()
+            abandon(model.encoder.batcher, futures)  # after a failure or a cancel

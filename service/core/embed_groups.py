@@ -18,7 +18,7 @@ from bertserve.service.core.prompts import call_prompt
 from bertserve.service.core.results import EmbedResult, call_meta
 from bertserve.service.core.task_calls import EmbedCall
 from bertserve.service.core.validation import check_texts
-from bertserve.service.engine.batcher import Permit, WorkItem
+from bertserve.service.engine.batcher import Permit, WorkItem, abandon
 from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tokenization import EncodedInput
@@ -128,9 +128,7 @@ class EmbedGroups:
             failed = future.cancelled() or future.exception() is not None
             left[0] = 0 if failed else left[0] - 1
             if failed:
-                for item in items:  # the owner skips what is still queued
-                    item.future.cancel()
-                served.encoder.batcher.note_dead()
+                abandon(served.encoder.batcher, [item.future for item in items])
                 on_done(ShuttingDown("the call was cancelled") if future.cancelled() else future.exception())
             elif not left[0]:
                 try:

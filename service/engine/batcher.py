@@ -62,6 +62,7 @@ from bertserve.service.errors import DeadlineTooShort, InferenceFailed, Overload
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "abandon",
     "Batcher",
     "BatchLimits",
     "BatchObserver",
@@ -83,6 +84,16 @@ INTERACTIVE_RECENT_S = 1.0  # interactive calls count as active this long after 
 # the moment an instance is free, without a round trip through the event loop (which is busy with calls).
 PREFETCH_BATCHES = 1
 DEAD_SCAN_S = 0.01  # the queue is read through this often for inputs whose caller left unannounced
+
+
+def abandon(batcher: Any, futures: list[asyncio.Future]) -> None:
+    """The caller is done with its inputs' `futures`: each still pending is cancelled, so the owner skips its
+    input, and `batcher.note_dead()` is called if any was pending or cancelled (a cancelled task's awaited
+    futures read done, cancelled)."""
+    if any(future.cancelled() or not future.done() for future in futures):
+        batcher.note_dead()
+    for future in futures:
+        future.cancel()
 
 
 def _resolve(waiter: asyncio.Future) -> None:
@@ -293,9 +304,7 @@ class Batcher:
         try:
             return await job.future
         finally:
-            if job.future.cancelled() or not job.future.done():
-                self.note_dead()  # the owner skips a job whose caller went away
-            job.future.cancel()
+            abandon(self, [job.future])  # the owner skips a job whose caller went away
 
     async def close(self) -> None:
         """Refuses new inputs, finishes the queued ones, then stops the owner."""

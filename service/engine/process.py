@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bertserve.service import errors
 from bertserve.service.engine import model_registry
-from bertserve.service.engine.batcher import ItemResult, WorkItem
+from bertserve.service.engine.batcher import ItemResult, WorkItem, abandon
 from bertserve.service.engine.encoders import EncoderGroup, attach_batchers
 from bertserve.service.engine.frame_link import FrameLink
 from bertserve.service.engine.messages import array, options_in, small
@@ -193,10 +193,7 @@ class Engine:
         try:
             done = [await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures)
         finally:
-            if any(future.cancelled() or not future.done() for future in futures):  # left, or failed
-                batcher.note_dead()
-            for future in futures:  # cancelled: the owner skips what is still queued
-                future.cancel()
+            abandon(batcher, futures)  # after a failure or a cancel
         return [_result(r) for r in done]
 
     async def _attention(
