@@ -233,11 +233,13 @@ class Metrics:
 
     def export_limits(self, settings) -> None:
         """bertserve_limit{name} for every `max_*` setting (service/settings.py), and `workers` (the front
-        processes: limits that are per front hold that many times over)."""
+        processes: limits that are per front hold that many times over) and `engines` (the engine processes:
+        the engine's queue limits hold that many times over)."""
         for name, value in settings.model_dump().items():
             if name.startswith("max_") and isinstance(value, int | float):
                 self.limit.labels(name).set(value)
         self.limit.labels("workers").set(settings.worker_count())
+        self.limit.labels("engines").set(settings.engines)
 
     def serve_http(self, host: str, port: int) -> int:
         """Starts /metrics on a thread of its own; returns the bound port. Raises OSError if it cannot bind."""

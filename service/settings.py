@@ -174,6 +174,10 @@ class Settings(BaseSettings):
     # process that owns the sessions and the batchers (service/supervisor/). 1: one process does it all.
     # auto: 1 where at most 2 CPUs are usable, else one per usable CPU but one, at most AUTO_WORKERS_MAX.
     workers: int | Literal["auto"] = Field("auto", union_mode="left_to_right")
+    # Engine processes (with workers > 1): each owns its own sessions and batchers and serves the fronts
+    # i % engines == its index, so the engines' event loops and GILs add up where one engine's loop limits
+    # the device (docs/architecture.md, Processes). Each holds the models (and its GPU memory) once more.
+    engines: int = Field(1, ge=1, le=WORKERS_MAX)
     # Above 0: a simulated device (service/engine/simulated_device.py). Encoder graphs are loaded but never run;
     # each batch is answered with correctly shaped constant outputs after this many milliseconds of sleep
     # (no CPU), and models report provider "simulated". For measuring the server's capacity beside a
@@ -241,6 +245,16 @@ class Settings(BaseSettings):
         """0 becomes twice max_queue_inputs, so every reader (Info, bertserve_limit) sees the bound in force."""
         if self.max_concurrent_rpcs == 0:
             self.max_concurrent_rpcs = 2 * self.max_queue_inputs
+        return self
+
+    @model_validator(mode="after")
+    def _check_engines(self) -> Settings:
+        """Every engine needs a front of its own to feed it."""
+        if self.engines > 1 and self.engines > self.worker_count():
+            raise ValueError(
+                f"engines {self.engines} needs at least as many front processes; workers is "
+                f"{self.workers} ({self.worker_count()} fronts)"
+            )
         return self
 
     @field_validator("workers", mode="before")

@@ -118,7 +118,8 @@ def test_one_scrape_sums_every_process_and_a_dead_front_leaves_its_live_gauges(p
         }
         assert limits["max_queue_inputs"] == 300 and limits["max_batch_size"] == Settings().max_batch_size
         assert set(limits) == {name for name in Settings.model_fields if name.startswith("max_")} | {
-            "workers"
+            "workers",
+            "engines",
         }
         assert not [key for key in samples if "pid" in dict(key[1])], "a series carries the pid label"
         # process_* for the supervisor and each child, told apart by `process`

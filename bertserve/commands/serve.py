@@ -63,7 +63,8 @@ SETTING_HELP = {
     "http_keep_alive_s": "seconds an idle HTTP keep-alive connection stays open",
     "simulated_device_ms": "above 0: encoder batches answered with constant outputs after this many ms, without computing (bertserve bench only)",
     "simulated_device_us_per_token": "with simulated_device_ms: this many microseconds more per padded token of a batch",
-    "workers": "front processes sharing the ports and feeding one engine process (auto: 1 on 2 CPUs or fewer, else one per CPU but one, at most 8)",
+    "workers": "front processes sharing the ports and feeding the engine processes (auto: 1 on 2 CPUs or fewer, else one per CPU but one, at most 8)",
+    "engines": "engine processes (workers > 1, at most workers): each owns its own sessions and batchers and serves front i when i % engines is its index",
 }
 
 

@@ -1,10 +1,12 @@
 """The engine process (`bertserve serve --workers N`, N > 1): owns the ONNX Runtime sessions and one batcher
 per encoder; the fronts send it tokenized inputs over a Unix socket (service/engine/frame_link.py) and get each
-call's results back. Inputs from every front share the same queue, so they share batches.
+call's results back. Inputs from every front it serves share the same queue, so they share batches.
 
 Admission of batch inputs (`max_queue_inputs`, deadlines) and of Attention calls (`max_queue_attention`)
-happens here, against the one queue every front feeds: the bounds are global. A front that goes away
-leaves its calls to finish; their answers are dropped (posted to a closed connection).
+happens here, against the one queue its fronts feed: the bounds are per engine (`engines` of them). A front
+that goes away leaves its calls to finish; their answers are dropped (posted to a closed connection).
+With several engines, each listens only once every one is warm (a barrier), so no front reports serving
+while another still waits for its engine.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,10 +36,18 @@ log = logging.getLogger("bertserve.engine")
 class Engine:
     """Loads the models, warms them up, then answers fronts on `address` until `stop`."""
 
-    def __init__(self, settings: Settings, address: str, metrics: Metrics | None = None):
-        """`metrics`: by default those of a child of the supervisor, which serves one scrape of them all."""
+    def __init__(
+        self,
+        settings: Settings,
+        address: str,
+        metrics: Metrics | None = None,
+        all_warm: threading.Barrier | None = None,
+    ):
+        """`metrics`: by default those of a child of the supervisor, which serves one scrape of them all.
+        `all_warm`: the engines' barrier (several engines), passed once this one is warm."""
         self.settings = settings
         self.address = address
+        self._all_warm = all_warm
         self.metrics = metrics or Metrics(multiprocess=True)
         self.metrics.export_limits(settings)
         self.registry: ModelRegistry | None = None
@@ -58,6 +69,14 @@ class Engine:
         for group in self.registry.encoders:
             group.batcher.start()
             await loop.run_in_executor(group.executor, group.warm_up)
+        if self._all_warm is not None:
+            log.info("engine warm in %.1fs; waiting for the other engines", time.perf_counter() - started)
+            try:
+                await loop.run_in_executor(self._cpu, self._all_warm.wait)
+            except threading.BrokenBarrierError:
+                if self._stopping.is_set():
+                    return  # stopped while waiting: serve() finds it stopped
+                raise errors.StartupError("another engine failed to start") from None
         # fronts connect only now (they retry until the socket is there): a hello answered means ready. What
         # a front has in flight is bounded by its own admission (service/core/remote_engine.py); answers it
         # has not read yet wait in its connection's transport, never dropped.
@@ -68,13 +87,16 @@ class Engine:
 
     def stop(self) -> None:
         self._stopping.set()
+        if self._all_warm is not None and self._server is None:
+            self._all_warm.abort()  # not serving yet: neither this engine nor the others wait any longer
 
     async def serve(self) -> None:
         await self._stopping.wait()
         # the fronts have drained (the supervisor stops the engine last): finish what is queued
         for group in self.registry.encoders:
             await group.batcher.close()
-        self._server.close()
+        if self._server is not None:
+            self._server.close()
         for group in self.registry.encoders:
             group.executor.shutdown(wait=False, cancel_futures=True)
 
@@ -217,8 +239,8 @@ def _error(call: int, exc: BaseException) -> tuple:
     return ("error", call, "InferenceFailed", f"the engine failed: {exc}")
 
 
-async def _run(settings: Settings, address: str) -> int:
-    engine = Engine(settings, address)
+async def _run(settings: Settings, address: str, all_warm: threading.Barrier | None) -> int:
+    engine = Engine(settings, address, all_warm=all_warm)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, engine.stop)  # the supervisor's, once the fronts have drained
     try:
@@ -230,7 +252,7 @@ async def _run(settings: Settings, address: str) -> int:
     return 0
 
 
-def main(settings: Settings, address: str) -> int:
-    """The engine process's entry (spawned by the supervisor)."""
+def main(settings: Settings, address: str, all_warm: threading.Barrier | None = None) -> int:
+    """The engine process's entry (spawned by the supervisor); `all_warm`: the engines' barrier, if several."""
     name_this_thread("bs-engine")  # its loop: the fronts' frames, admission, batching
-    return asyncio.run(_run(settings, address))
+    return asyncio.run(_run(settings, address, all_warm))

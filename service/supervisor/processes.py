@@ -1,13 +1,14 @@
-"""`bertserve serve --workers N` (N > 1): a supervisor, one engine process and N front processes.
+"""`bertserve serve --workers N` (N > 1): a supervisor, `engines` engine processes (1 by default) and N front
+processes.
 
-The supervisor claims the ports (service/supervisor/ports.py), starts the engine (the sessions and
+The supervisor claims the ports (service/supervisor/ports.py), starts the engines (the sessions and
 batchers: service/engine/process.py) and the fronts (each a full gRPC + HTTP server whose core sends its
-tokenized inputs to the engine), then watches them:
+tokenized inputs to engine i % engines, i the front's index), then watches them:
 - a front that dies after it was ready is started again; its callers saw their connections close
   (UNAVAILABLE), the other fronts' callers see nothing;
-- the engine dying ends every front's calls in flight with UNAVAILABLE at once (the fronts notice
-  the socket closing) and the supervisor stops the fronts and exits 1: the pod restarts;
-- SIGTERM, SIGINT or SIGHUP: every front drains as one server does; then the engine stops; exit 0.
+- an engine dying ends its fronts' calls in flight with UNAVAILABLE at once (the fronts notice the
+  socket closing) and the supervisor stops every process and exits 1: the pod restarts;
+- SIGTERM, SIGINT or SIGHUP: every front drains as one server does; then the engines stop; exit 0.
 Children are spawned (no forked copies of the supervisor's state) and die with it (PR_SET_PDEATHSIG).
 """
 
@@ -34,7 +35,7 @@ from bertserve.service.thread_names import name_this_thread
 
 log = logging.getLogger("bertserve.supervisor")
 RESTARTS_PER_MINUTE = 5  # a front failing faster than this is not restarted: the server exits 1
-ENGINE_STOP_S = 10.0  # after the fronts drained: the engine finishes what is queued, then exits
+ENGINE_STOP_S = 10.0  # after the fronts drained: each engine finishes what is queued, then exits
 FRONT_STOP_AFTER_GRACE_S = 5.0  # beyond the grace period: a front still running is killed
 
 
@@ -53,11 +54,11 @@ def _become_child(settings: Settings, parent: int) -> None:
     configure_process(settings, several=True)
 
 
-def _engine_main(settings: Settings, address: str, parent: int) -> None:
+def _engine_main(settings: Settings, address: str, parent: int, all_warm) -> None:
     from bertserve.service.engine import process
 
     _become_child(settings, parent)
-    raise SystemExit(process.main(settings, address))
+    raise SystemExit(process.main(settings, address, all_warm))
 
 
 def _front_main(settings: Settings, address: str, index: int, ready: Connection, parent: int) -> None:
@@ -78,10 +79,15 @@ class Supervisor:
         self._claims: list[PortClaim] = []
         self._scratch = ScratchDir("run")  # 0700: only this user reaches the engine
         self._run_dir = self._scratch.path
-        self.address = f"{self._run_dir}/engine"  # the engine's Unix socket
+        # "engine" alone, else engine-0, engine-1, ...: the processes' names and their Unix sockets' files
+        count = settings.engines
+        self.engine_names = ["engine"] if count == 1 else [f"engine-{k}" for k in range(count)]
+        self.addresses = [f"{self._run_dir}/{name}" for name in self.engine_names]
+        # several engines listen only once all are warm (an engine stopped before then breaks it)
+        self._all_warm = self._context.Barrier(count) if count > 1 else None
         self._metrics_dir = f"{self._run_dir}/metrics"  # every child's metric files (one scrape)
         self._metrics_server = None
-        self.engine: BaseProcess | None = None
+        self.engines: dict[str, BaseProcess] = {}
         self.fronts: dict[int, BaseProcess] = {}
         self._restarts: list[float] = []
         self._ready: set[int] = set()  # fronts that served once
@@ -120,7 +126,7 @@ class Supervisor:
         self.metrics_port = self._metrics_server.port
 
     def _children(self) -> dict[str, int]:
-        live = {"engine": self.engine, **{f"front-{i}": p for i, p in self.fronts.items()}}
+        live = {**self.engines, **{f"front-{i}": p for i, p in self.fronts.items()}}
         return {name: p.pid for name, p in live.items() if p is not None and p.is_alive()}
 
     def _start(self, name: str, target, *args) -> BaseProcess:
@@ -132,8 +138,9 @@ class Supervisor:
 
     def _start_front(self, settings: Settings, index: int) -> None:
         self.fronts[index] = self._start(
-            f"front-{index}", _front_main, settings, self.address, index, self._ready_sender, os.getpid()
-        )
+            f"front-{index}", _front_main, settings, self.addresses[index % len(self.addresses)], index,
+            self._ready_sender, os.getpid(),
+        )  # fmt: skip
 
     def _front_ready(self) -> None:
         index = self._ready_receiver.recv()
@@ -151,8 +158,8 @@ class Supervisor:
         metrics_multiprocess.mark_dead(process.pid, self._metrics_dir)
         if self._draining:
             return
-        if process is self.engine:
-            log.error("the engine process exited (code %s): stopping the server", process.exitcode)
+        if process in self.engines.values():
+            log.error("the %s process exited (code %s): stopping the server", process.name, process.exitcode)
             self._failed.set()
             return
         index = next(i for i, p in self.fronts.items() if p is process)
@@ -177,13 +184,16 @@ class Supervisor:
         self._front_settings = self.claim_ports()
         self._serve_metrics()
         loop.add_reader(self._ready_receiver.fileno(), self._front_ready)
-        self.engine = self._start("engine", _engine_main, self.settings, self.address, os.getpid())
+        for name, address in zip(self.engine_names, self.addresses, strict=True):
+            self.engines[name] = self._start(
+                name, _engine_main, self.settings, address, os.getpid(), self._all_warm
+            )
         for index in range(self.workers):
             self._start_front(self._front_settings, index)
         s = self._front_settings
         log.info(
-            "supervising %d fronts on gRPC port %s, HTTP port %s, native port %s; engine at %s",
-            self.workers, s.port, s.http_port, s.native_port, self.address,
+            "supervising %d fronts on gRPC port %s, HTTP port %s, native port %s; %s at %s",
+            self.workers, s.port, s.http_port, s.native_port, ", ".join(self.engine_names), self._run_dir,
         )  # fmt: skip
         waits = [asyncio.ensure_future(e.wait()) for e in (stop, self._failed)]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -194,7 +204,7 @@ class Supervisor:
         return 0 if clean and not failed else 1
 
     async def _stop(self, drain: bool) -> bool:
-        """Fronts first (each drains within the grace period), then the engine. True when every one of
+        """Fronts first (each drains within the grace period), then the engines. True when every one of
         them stopped by itself, with exit code 0."""
         self._draining = True
         fronts = [p for p in self.fronts.values() if p.is_alive()]
@@ -202,9 +212,10 @@ class Supervisor:
             process.terminate()  # SIGTERM: the front drains
         limit = self.settings.grace_period_s + FRONT_STOP_AFTER_GRACE_S if drain else FRONT_STOP_AFTER_GRACE_S
         clean = await _wait_for(fronts, limit)
-        if self.engine is not None and self.engine.is_alive():
-            self.engine.terminate()
-            clean = await _wait_for([self.engine], ENGINE_STOP_S) and clean
+        engines = [p for p in self.engines.values() if p.is_alive()]
+        for process in engines:
+            process.terminate()
+        clean = await _wait_for(engines, ENGINE_STOP_S) and clean
         for claim in self._claims:
             claim.close()
         if self._metrics_server is not None:
@@ -232,7 +243,7 @@ async def _wait_for(processes: list[BaseProcess], seconds: float) -> bool:
 
 
 def supervise(settings: Settings, workers: int) -> int:
-    """Runs the server as `workers` fronts and an engine until a drain signal; the exit code."""
+    """Runs the server as `workers` fronts and `engines` engines until a drain signal; the exit code."""
 
     async def main() -> int:
         try:
