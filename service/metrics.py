@@ -112,11 +112,12 @@ class Metrics:
         # an encoder share its batches. inputs_total and model_info name the model a call asked for.
         self.queue_depth = Gauge(
             "bertserve_queue_depth",
-            "inputs queued (batch inputs and attention calls)",
+            "inputs queued (batch inputs and attention calls); with several engines, the fullest one's",
             ["model"],
             registry=r,
-            # set by the queue owner (the engine) only, the fronts' series stay 0; gone with the engine
-            multiprocess_mode="livesum",
+            # set by the queue owners (the engines) only, the fronts' series stay 0; gone with the engine. The
+            # fullest engine's, as max_queue_inputs bounds each engine's queue (alerts compare the two)
+            multiprocess_mode="livemax",
         )
         self.batch_cost = Gauge(
             "bertserve_batch_cost_seconds",

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bertserve.repository import MODEL_SPEC, parse_model_spec
@@ -247,15 +247,18 @@ class Settings(BaseSettings):
             self.max_concurrent_rpcs = 2 * self.max_queue_inputs
         return self
 
-    @model_validator(mode="after")
-    def _check_engines(self) -> Settings:
-        """Every engine needs a front of its own to feed it."""
-        if self.engines > 1 and self.engines > self.worker_count():
+    @field_validator("engines")
+    @classmethod
+    def _check_engines(cls, value: int, info: ValidationInfo) -> int:
+        """Every engine needs a front of its own to feed it (`workers` is validated first)."""
+        workers = info.data.get("workers", 1)
+        fronts = auto_workers() if workers == "auto" else workers
+        if value > 1 and value > fronts:
+            plural = "s" if fronts != 1 else ""
             raise ValueError(
-                f"engines {self.engines} needs at least as many front processes; workers is "
-                f"{self.workers} ({self.worker_count()} fronts)"
+                f"must be at most the front processes: workers is {workers} ({fronts} front{plural})"
             )
-        return self
+        return value
 
     @field_validator("workers", mode="before")
     @classmethod

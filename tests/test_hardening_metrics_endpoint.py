@@ -50,7 +50,7 @@ def test_a_server_serves_its_metrics_limits_and_process_collectors_on_metrics_on
             limits["max_queue_inputs"] == 300 and limits["max_batch_size"] == server.settings.max_batch_size
         )
         maxima = {name for name in type(server.settings).model_fields if name.startswith("max_")}
-        assert set(limits) == maxima | {"workers"} and limits["workers"] == 1
+        assert set(limits) == maxima | {"workers", "engines"} and limits["workers"] == limits["engines"] == 1
         assert metric(samples, "process_resident_memory_bytes") > 0
         assert (
             metric(samples, "python_info") == 1 and metric(samples, "python_gc_objects_collected_total") > 0

@@ -48,6 +48,7 @@ class Engine:
         self.settings = settings
         self.address = address
         self._all_warm = all_warm
+        self._passed = False  # the barrier passed (an abort after that would break the others' wait)
         self.metrics = metrics or Metrics(multiprocess=True)
         self.metrics.export_limits(settings)
         self.registry: ModelRegistry | None = None
@@ -72,11 +73,12 @@ class Engine:
         if self._all_warm is not None:
             log.info("engine warm in %.1fs; waiting for the other engines", time.perf_counter() - started)
             try:
-                await loop.run_in_executor(self._cpu, self._all_warm.wait)
+                await loop.run_in_executor(self._cpu, self._pass_barrier)
             except threading.BrokenBarrierError:
-                if self._stopping.is_set():
-                    return  # stopped while waiting: serve() finds it stopped
-                raise errors.StartupError("another engine failed to start") from None
+                # an engine stopped or failed before all were warm: the supervisor stops every process, so
+                # this one waits for that stop without serving (serve() returns once it comes)
+                log.info("another engine stopped before serving: this one waits to be stopped")
+                return
         # fronts connect only now (they retry until the socket is there): a hello answered means ready. What
         # a front has in flight is bounded by its own admission (service/core/remote_engine.py); answers it
         # has not read yet wait in its connection's transport, never dropped.
@@ -85,10 +87,18 @@ class Engine:
         )
         log.info("engine ready in %.1fs", time.perf_counter() - started)
 
+    def _pass_barrier(self) -> None:
+        self._all_warm.wait()
+        self._passed = True
+
     def stop(self) -> None:
         self._stopping.set()
-        if self._all_warm is not None and self._server is None:
-            self._all_warm.abort()  # not serving yet: neither this engine nor the others wait any longer
+        self.leave_barrier()
+
+    def leave_barrier(self) -> None:
+        """Before passing the barrier (stopped, or failed to start): the other engines stop waiting."""
+        if self._all_warm is not None and not self._passed:
+            self._all_warm.abort()
 
     async def serve(self) -> None:
         await self._stopping.wait()
@@ -245,7 +255,10 @@ async def _run(settings: Settings, address: str, all_warm: threading.Barrier | N
     loop.add_signal_handler(signal.SIGTERM, engine.stop)  # the supervisor's, once the fronts have drained
     try:
         await engine.start()
-    except errors.StartupError as exc:
+    except BaseException as exc:
+        engine.leave_barrier()  # failed to start: no other engine waits for this one
+        if not isinstance(exc, errors.StartupError):
+            raise
         log.error("cannot start: %s", exc)
         return 1
     await engine.serve()
