@@ -26,6 +26,7 @@ from bertserve.service.engine.pair_truncation import (
     pair_tokenizers,
     shortened,
 )
+from bertserve.service.engine.plain_text import PlainText
 from bertserve.service.engine.token_counts import TokenCounts, chunks
 from bertserve.service.engine.token_windows import token_windows
 from bertserve.service.engine.tokenizer_variants import TokenizerVariants
@@ -96,11 +97,15 @@ def _encoded(encoding: Encoding, truncated: bool, detailed: bool, shift: int = 0
 
 class ModelTokenizer:
     def __init__(self, path: Path, spec: TokenizerSpec, max_length: int):
-        def cutting(tokenizer: Tokenizer, direction: str) -> None:
+        def cutting(tokenizer: Tokenizer, key: str) -> None:
+            direction, _, plain = key.partition("-")
             tokenizer.no_padding()
             tokenizer.enable_truncation(max_length, direction=direction)
+            if plain:
+                tokenizer.normalizer = None  # its texts come normalized (service/engine/plain_text.py)
 
-        # by the direction they cut ("right": keep the first tokens); "left" made when first asked for
+        # by the direction they cut ("right": keep the first tokens), and "right-plain", "left-plain" for
+        # plain texts, normalized before; each made when first asked for
         self._cutting = TokenizerVariants(path, cutting)
         try:
             self._whole = Tokenizer.from_file(str(path))
@@ -116,6 +121,7 @@ class ModelTokenizer:
         self.vocab_size = self._whole.get_vocab_size(with_added_tokens=True)
         added = [t.content for t in self._whole.get_added_tokens_decoder().values()]
         self._boundaries = WordBoundaries(added) if supports_prefixes(self._whole.to_str()) else None
+        self._plain = PlainText.of(self._whole.to_str(), added)
         for token, expected in ((spec.pad_token, spec.pad_token_id), (spec.mask_token, spec.mask_token_id)):
             actual = self._whole.token_to_id(token)
             if actual is not None and actual != expected:
@@ -248,10 +254,34 @@ class ModelTokenizer:
         text, at most max_length tokens each (`special`: special tokens included), `cut` when the text has
         more, `start` the piece's first character. `needed(i)` False: text i is given up (its call is
         refused anyway). `left`: bounded suffixes instead, cut on the left (tokens kept: the last ones)."""
-        tokenizer = self._cutting["left" if left else "right"]
-        # encode_batch_fast: the same ids, type ids and cuts, without token strings and offsets (0.20+)
-        fast = None if detailed else getattr(tokenizer, "encode_batch_fast", None)
-        encode_batch = fast or tokenizer.encode_batch
+        side = "left" if left else "right"
+
+        def through(key: str, pieces: list[str]) -> list[Encoding]:
+            if not pieces:
+                return []
+            tokenizer = self._cutting[key]
+            # encode_batch_fast: the same ids, type ids and cuts, without token strings and offsets (0.20+)
+            fast = None if detailed else getattr(tokenizer, "encode_batch_fast", None)
+            return (fast or tokenizer.encode_batch)(pieces, add_special_tokens=special)
+
+        def encode_batch(pieces: list[str]) -> list[Encoding]:
+            """Plain pieces normalized here, through the tokenizer without a normalizer; the rest as they are."""
+            if self._plain is None:
+                return through(side, pieces)
+            plain = [k for k, piece in enumerate(pieces) if self._plain.plain(piece)]
+            if len(plain) == len(pieces):
+                return through(f"{side}-plain", [self._plain.normalize(piece) for piece in pieces])
+            encodings: list[Encoding | None] = [None] * len(pieces)
+            others = sorted(set(range(len(pieces))).difference(plain))
+            normalized = [self._plain.normalize(pieces[k]) for k in plain]
+            for where, done in (
+                (plain, through(f"{side}-plain", normalized)),
+                (others, through(side, [pieces[k] for k in others])),
+            ):
+                for k, encoding in zip(where, done, strict=True):
+                    encodings[k] = encoding
+            return encodings
+
         piece_chars = {i: PREFIX_CHARS_PER_TOKEN * self.max_length for i in range(len(texts))}
         while piece_chars:
             # each text's piece: [start, end), a prefix (start 0) or a suffix (end the text's length)
@@ -264,7 +294,7 @@ class ModelTokenizer:
             longer: dict[int, int] = {}
             for chunk in chunks({i: end - start for i, (start, end) in spans.items()}):
                 pieces = [texts[i][spans[i][0] : spans[i][1]] for i in chunk]
-                encodings = encode_batch(pieces, add_special_tokens=special)
+                encodings = encode_batch(pieces)
                 del pieces
                 for i, encoding in zip(chunk, encodings, strict=True):
                     start, end = spans[i]
