@@ -1,6 +1,7 @@
 """Tokenizers made from one file, each configured once for one kind of cut and never reconfigured
 (tokenization runs on several threads). Each holds a whole copy of the vocabulary, so a variant is made
-when a call first needs it: a server that never cuts on the left or tokenizes pairs holds two, not six.
+when a call first needs it: a server that never cuts on the left or tokenizes pairs holds the right-cutting
+one and its plain-text twin (service/engine/plain_text.py), not every kind.
 """
 
 from __future__ import annotations
