@@ -176,6 +176,18 @@ def test_an_engine_that_fails_to_start_frees_the_other_at_once(tiny_repo):
         server.kill()
 
 
+def test_fronts_not_a_multiple_of_engines_are_warned_of(tiny_repo):
+    uneven = ServerProcess("--model-repo", str(tiny_repo), *MODELS, "--workers", "3", "--engines", "2")
+    even = engines(tiny_repo)
+    try:
+        uneven.start(timeout=120)
+        assert "3 fronts over 2 engines: engine-0 is fed by more fronts than the last" in uneven.output
+        assert "fronts over" not in even.output
+    finally:
+        uneven.kill()
+        even.kill()
+
+
 def test_more_engines_than_fronts_is_refused_at_start(tiny_repo):
     server = ServerProcess("--model-repo", str(tiny_repo), *MODELS, "--workers", "2", "--engines", "3")
     assert server.run_to_exit() == 2  # a settings error, as every other

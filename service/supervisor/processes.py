@@ -184,6 +184,12 @@ class Supervisor:
         self._front_settings = self.claim_ports()
         self._serve_metrics()
         loop.add_reader(self._ready_receiver.fileno(), self._front_ready)
+        if self.workers % len(self.addresses):
+            log.warning(
+                "%d fronts over %d engines: engine-0 is fed by more fronts than the last (the kernel spreads "
+                "connections over fronts, not engines); make workers a multiple of engines",
+                self.workers, len(self.addresses),
+            )  # fmt: skip
         for name, address in zip(self.engine_names, self.addresses, strict=True):
             self.engines[name] = self._start(
                 name, _engine_main, self.settings, address, os.getpid(), self._all_warm
