@@ -2,7 +2,8 @@
 
 Each engine batches and computes its own fronts' calls (one stopped holds only its fronts' callers); the
 server reports serving only once every engine is warm; an engine killed stops the server with exit 1;
-SIGTERM drains every process and exits 0; engines beyond the fronts are refused at start.
+SIGTERM drains every process and exits 0; engines beyond the fronts are refused at start, and fronts that
+are not a multiple of the engines are warned of.
 """
 
 from __future__ import annotations
