@@ -54,6 +54,11 @@ def auto_workers(cpus: int | None = None) -> int:
     return 1 if cpus <= 2 else min(cpus - 1, AUTO_WORKERS_MAX)
 
 
+def front_count(workers: int | str) -> int:
+    """The front processes a `workers` setting gives: auto resolved from the CPUs this process may use."""
+    return auto_workers() if workers == "auto" else int(workers)
+
+
 class SettingsError(ValueError):
     """One line per bad setting, each naming the setting and its environment variable."""
 
@@ -252,7 +257,7 @@ class Settings(BaseSettings):
     def _check_engines(cls, value: int, info: ValidationInfo) -> int:
         """Every engine needs a front of its own to feed it (`workers` is validated first)."""
         workers = info.data.get("workers", 1)
-        fronts = auto_workers() if workers == "auto" else workers
+        fronts = front_count(workers)
         if value > 1 and value > fronts:
             plural = "s" if fronts != 1 else ""
             raise ValueError(
@@ -276,9 +281,7 @@ class Settings(BaseSettings):
 
     def worker_count(self) -> int:
         """`workers` with auto resolved from the CPUs this process may use."""
-        if self.workers == "auto":
-            return auto_workers()
-        return self.workers
+        return front_count(self.workers)
 
     def concurrent_rpcs_limit(self) -> int:
         """`max_concurrent_rpcs` (0 was resolved to twice max_queue_inputs)."""

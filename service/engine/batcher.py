@@ -274,8 +274,7 @@ class Batcher:
             permit.hand_over()
         if not bulk:
             self._interactive_seen = time.monotonic()
-        if deadline is not None and deadline < self._next_expiry:
-            self._next_expiry = deadline
+        self._expires_at(deadline)
         self._incoming.extend(items)
         self._lanes[bulk].tokens += tokens
         self._lanes[bulk].inputs += len(items)
@@ -297,8 +296,7 @@ class Batcher:
         permit.release()  # its place becomes the queued job's
         job = ExclusiveJob(run, tokens, asyncio.get_running_loop().create_future(), deadline)
         self._exclusive.append(job)
-        if deadline is not None and deadline < self._next_expiry:
-            self._next_expiry = deadline
+        self._expires_at(deadline)
         self._depth_changed()
         self._wake()
         try:
@@ -509,6 +507,11 @@ class Batcher:
             else:
                 live.append(one)
         return live, cancelled, expired
+
+    def _expires_at(self, deadline: float | None) -> None:
+        """A queued input's or job's deadline: `_drop_dead` reads the queue through by then."""
+        if deadline is not None and deadline < self._next_expiry:
+            self._next_expiry = deadline
 
     def note_dead(self) -> None:
         """A caller left with inputs still queued: the next turn looks for them."""

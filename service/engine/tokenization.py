@@ -120,8 +120,9 @@ class ModelTokenizer:
         self.max_length = max_length
         self.vocab_size = self._whole.get_vocab_size(with_added_tokens=True)
         added = [t.content for t in self._whole.get_added_tokens_decoder().values()]
-        self._boundaries = WordBoundaries(added) if supports_prefixes(self._whole.to_str()) else None
-        self._plain = PlainText.of(self._whole.to_str(), added)
+        described = self._whole.to_str()  # the tokenizer's JSON, read by both
+        self._boundaries = WordBoundaries(added) if supports_prefixes(described) else None
+        self._plain = PlainText.of(described, added)
         for token, expected in ((spec.pad_token, spec.pad_token_id), (spec.mask_token, spec.mask_token_id)):
             actual = self._whole.token_to_id(token)
             if actual is not None and actual != expected:
@@ -268,12 +269,14 @@ class ModelTokenizer:
             """Plain pieces normalized here, through the tokenizer without a normalizer; the rest as they are."""
             if self._plain is None:
                 return through(side, pieces)
-            plain = [k for k, piece in enumerate(pieces) if self._plain.plain(piece)]
-            if len(plain) == len(pieces):
-                return through(f"{side}-plain", [self._plain.normalize(piece) for piece in pieces])
-            encodings: list[Encoding | None] = [None] * len(pieces)
-            others = sorted(set(range(len(pieces))).difference(plain))
+            plain: list[int] = []
+            others: list[int] = []
+            for k, piece in enumerate(pieces):
+                (plain if self._plain.plain(piece) else others).append(k)
             normalized = [self._plain.normalize(pieces[k]) for k in plain]
+            if not others:
+                return through(f"{side}-plain", normalized)
+            encodings: list[Encoding | None] = [None] * len(pieces)
             for where, done in (
                 (plain, through(f"{side}-plain", normalized)),
                 (others, through(side, [pieces[k] for k in others])),
