@@ -24,8 +24,9 @@ from pathlib import Path
 
 from bertserve.bench import analysis, gpu, native_loadgen
 from bertserve.bench.processes import BenchError
+from bertserve.service.engine import native_wordpiece
 from bertserve.service.grpc.native import transport
-from bertserve.service.grpc.native.build import NativeUnavailable
+from bertserve.service.native_build import NativeUnavailable
 
 NO_GPU = 3  # the exit code for "no usable GPU" (scripts/gpu-check.sh uses the same)
 RUN_PREFIX = "workers-"
@@ -277,10 +278,17 @@ def _cpu_figure(path: Path) -> dict | None:
 
 
 def native_code(into: Path) -> list[Path]:
-    """`native DIR`: the copies made (the transport's library, the gRPC and HTTP load generators)."""
+    """`native DIR`: the copies made (the transport's and the WordPiece's libraries, the gRPC and HTTP load
+    generators)."""
     try:
         transport.library()
-        built = [transport.library_file(), native_loadgen.find_binary(), native_loadgen.http_binary()]
+        native_wordpiece.library()
+        built = [
+            transport.library_file(),
+            native_wordpiece.library_file(),
+            native_loadgen.find_binary(),
+            native_loadgen.http_binary(),
+        ]
     except NativeUnavailable as why:
         raise BenchError(f"no native code: {why}") from None
     if built[-1] is None:

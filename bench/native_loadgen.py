@@ -33,7 +33,7 @@ from pathlib import Path
 import grpc
 
 from bertserve.bench.loadgen import PhaseResult, Request, poisson_offsets, record_reply
-from bertserve.service.grpc.native.build import NativeUnavailable, built, cached
+from bertserve.service.native_build import NativeUnavailable, built, cached
 
 SOURCE = Path(__file__).parent / "native" / "loadgen.cc"
 HTTP_SOURCE = Path(__file__).parent / "native" / "http_loadgen.cc"  # the same protocol with this module

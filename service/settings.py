@@ -150,6 +150,11 @@ class Settings(BaseSettings):
     # 1,024 characters (service/core/token_slices.py). 0 = auto: the usable CPUs, at most
     # AUTO_TOKENIZE_THREADS; 1 = one thread a call.
     tokenize_threads: int = Field(0, ge=0, le=64)
+    # Plain ASCII texts of a BERT WordPiece tokenizer, on the embed path (ids only), are tokenized by a small
+    # C++ library built on first use (service/engine/native_wordpiece/; the same ids as the tokenizers
+    # library, several times faster); without a C++ compiler, by the library, with a warning. false: always
+    # the library.
+    native_tokenizer: bool = True
     # Embed calls cut every input longer than max_length (at the side the call names), as if each set
     # truncate, instead of refusing it (TEI's --auto-truncate).
     auto_truncate: bool = False

@@ -142,8 +142,9 @@ def test_a_bundles_native_code_and_libraries_are_what_every_step_finds(tmp_path)
 
 
 def test_gpu_bundle_carries_the_native_code_and_the_libraries_it_loads(tmp_path):
-    """With a stand-in pip (no download here), the bundle's native/ holds the transport and both load
-    generators under the names the checkout's sources give them, and gRPC's libraries, not glibc's."""
+    """With a stand-in pip (no download here), the bundle's native/ holds the transport, the WordPiece and
+    both load generators under the names the checkout's sources give them, and gRPC's libraries, not
+    glibc's."""
     tools = tmp_path / "bin"
     tools.mkdir()
     (tools / "pip").write_text("#!/bin/sh\nexit 0\n")
@@ -160,10 +161,12 @@ def test_gpu_bundle_carries_the_native_code_and_the_libraries_it_loads(tmp_path)
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     from bertserve.bench import native_loadgen
+    from bertserve.service.engine import native_wordpiece
     from bertserve.service.grpc.native import transport
 
     expected = [
         transport.library_file(),
+        native_wordpiece.library_file(),
         native_loadgen.cached_binary(),
         native_loadgen.cached_binary(native_loadgen.HTTP_SOURCE),
     ]

@@ -22,7 +22,16 @@ from pathlib import Path
 
 SERVICE = Path(__file__).resolve().parents[1] / "service"
 PACKAGE = "bertserve.service"
-SHARED = {"settings", "errors", "memory", "metrics", "metrics_http", "metrics_multiprocess", "thread_names"}
+SHARED = {
+    "settings",
+    "errors",
+    "memory",
+    "metrics",
+    "metrics_http",
+    "metrics_multiprocess",
+    "native_build",
+    "thread_names",
+}
 LAYERS = {"engine", "core", "grpc", "http", "kserve", "supervisor"}
 # layer -> the layers it may import (besides itself and the shared modules)
 MAY_IMPORT = {

@@ -2,7 +2,8 @@
 equal the library's own tokenization with its normalizer (ids, type ids, tokens, offsets, special mask, cuts
 on either side, pairs), for random texts of printable ASCII, tabs and line breaks in every case, and texts
 that must not take the path (added tokens written in the text, control characters, non-ASCII) take the
-tokenizer's own normalizer."""
+tokenizer's own normalizer. The library's twin without a normalizer is what is checked here (`native` off);
+tests/test_native_wordpiece.py checks the C++ WordPiece that the embed path's plain texts take by default."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def assert_same(got, expected, text: str, detailed: bool, max_length: int, whole
 @pytest.mark.parametrize("vocab", ["minilm", "tiny"])
 def test_plain_texts_tokenize_as_the_library_does(make_tiny_checkpoint, vocab, max_length, detailed, left):
     path = tokenizer_files(make_tiny_checkpoint)[vocab]
-    ours = ModelTokenizer(path, spec(path), max_length)
+    ours = ModelTokenizer(path, spec(path), max_length, native=False)
     assert ours._plain is not None, "BERT's tokenizers take the plain path"
     sample = texts(max_length + 2 * detailed + left)
     cutting = reference(path, max_length)
@@ -63,7 +64,7 @@ def test_plain_texts_tokenize_as_the_library_does(make_tiny_checkpoint, vocab, m
 
 def test_pairs_of_plain_texts_tokenize_as_through_the_normalizer(make_tiny_checkpoint):
     path = tokenizer_files(make_tiny_checkpoint)["minilm"]
-    ours, through = ModelTokenizer(path, spec(path), 24), ModelTokenizer(path, spec(path), 24)
+    ours, through = ModelTokenizer(path, spec(path), 24, False), ModelTokenizer(path, spec(path), 24, False)
     through._plain = None
     firsts, seconds = texts(1, 60), texts(2, 60)  # many over max_length: cut, longest first
     got = ours.encode_pairs(firsts, seconds, True, detailed=True)
@@ -81,7 +82,7 @@ def test_pairs_of_plain_texts_tokenize_as_through_the_normalizer(make_tiny_check
 @pytest.mark.parametrize("text", ["a [MASK] b", "bell\x07", "tab\x0bstop", "café", "über 中文"])
 def test_texts_the_normalizer_would_change_otherwise_keep_it(make_tiny_checkpoint, text):
     path = tokenizer_files(make_tiny_checkpoint)["minilm"]
-    ours = ModelTokenizer(path, spec(path), 32)
+    ours = ModelTokenizer(path, spec(path), 32, native=False)
     got = ours.encode([text], truncate=True)[0]
     expected = reference(path, 32).encode(text)
     assert (got.ids.tolist(), got.tokens, got.offsets) == (expected.ids, expected.tokens, expected.offsets)
@@ -94,7 +95,7 @@ def test_a_normalizer_that_keeps_case_keeps_it(make_tiny_checkpoint, tmp_path):
     tokenizer["normalizer"]["lowercase"] = False
     cased = tmp_path / "tokenizer.json"
     cased.write_text(json.dumps(tokenizer))
-    ours = ModelTokenizer(cased, spec(cased), 40)
+    ours = ModelTokenizer(cased, spec(cased), 40, native=False)
     sample = texts(5, 80)
     got = ours.encode(sample, truncate=True)
     for text, one, expected in zip(sample, got, reference(cased, 40).encode_batch(sample), strict=True):

@@ -165,7 +165,9 @@ def load(settings: Settings, front: bool = False) -> ModelRegistry:
         spec, max_length = files.manifest.tokenizer, files.manifest.max_length
         tokenizer_key = (spec, max_length)  # the spec holds the file's sha256
         if tokenizer_key not in tokenizers:
-            tokenizers[tokenizer_key] = ModelTokenizer(files.tokenizer_path, spec, max_length)
+            tokenizers[tokenizer_key] = ModelTokenizer(
+                files.tokenizer_path, spec, max_length, settings.native_tokenizer
+            )
         tied = files.manifest.tasks.tied_decoder
         table = tables[tied.sha256] if tied is not None else None
         model = ServedModel(files, session, group, attention, tokenizers[tokenizer_key], table)

@@ -17,6 +17,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from bertserve.manifest import TokenizerSpec
+from bertserve.service.engine.native_wordpiece import NativeWordPiece, PlainEncoding
 from bertserve.service.engine.pair_truncation import (
     INPUT_PAIRS,
     PairNames,
@@ -96,7 +97,7 @@ def _encoded(encoding: Encoding, truncated: bool, detailed: bool, shift: int = 0
 
 
 class ModelTokenizer:
-    def __init__(self, path: Path, spec: TokenizerSpec, max_length: int):
+    def __init__(self, path: Path, spec: TokenizerSpec, max_length: int, native: bool = True):
         def cutting(tokenizer: Tokenizer, key: str) -> None:
             direction, _, plain = key.partition("-")
             tokenizer.no_padding()
@@ -123,6 +124,9 @@ class ModelTokenizer:
         described = self._whole.to_str()  # the tokenizer's JSON, read by both
         self._boundaries = WordBoundaries(added) if supports_prefixes(described) else None
         self._plain = PlainText.of(described, added)
+        # the embed path's plain texts in C++ (ids only), where the tokenizer is BERT's and it builds here
+        self._native = NativeWordPiece.of(described) if self._plain is not None and native else None
+        self._room = max_length - self._whole.num_special_tokens_to_add(is_pair=False)
         for token, expected in ((spec.pad_token, spec.pad_token_id), (spec.mask_token, spec.mask_token_id)):
             actual = self._whole.token_to_id(token)
             if actual is not None and actual != expected:
@@ -274,11 +278,15 @@ class ModelTokenizer:
             for k, piece in enumerate(pieces):
                 (plain if self._plain.plain(piece) else others).append(k)
             normalized = [self._plain.normalize(pieces[k]) for k in plain]
+            if self._native is not None and special and not detailed and normalized:
+                plain_done = self._native.encode(normalized, self._room, left)
+            else:
+                plain_done = through(f"{side}-plain", normalized)
             if not others:
-                return through(f"{side}-plain", normalized)
-            encodings: list[Encoding | None] = [None] * len(pieces)
+                return plain_done
+            encodings: list[Encoding | PlainEncoding | None] = [None] * len(pieces)
             for where, done in (
-                (plain, through(f"{side}-plain", normalized)),
+                (plain, plain_done),
                 (others, through(side, [pieces[k] for k in others])),
             ):
                 for k, encoding in zip(where, done, strict=True):

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertserve.service.grpc.native.build import NativeUnavailable, built, cached
+from bertserve.service.native_build import NativeUnavailable, built, cached
 
 SOURCE = Path(__file__).with_name("transport.cc")
 _HEAD = struct.Struct("<QdiI")  # call id, seconds to its deadline (-1: none), method index, request size

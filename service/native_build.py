@@ -1,6 +1,7 @@
-"""Builds a C++ source against gRPC's C++ library into a cache keyed by the source's hash (the native gRPC
-transport here, the bench's native load generator). Needs a C++ compiler, pkg-config and gRPC's C++ library
-(Debian: g++ pkg-config libgrpc++-dev; scripts/system-packages.sh installs them)."""
+"""Builds a C++ source, against the libraries pkg-config names (gRPC's C++ library by default), into a cache
+keyed by the source's hash: the native gRPC transport, the plain-text WordPiece, the bench's native load
+generators. Needs a C++ compiler, and for gRPC pkg-config and its C++ library (Debian: g++ pkg-config
+libgrpc++-dev; scripts/system-packages.sh installs them)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -35,20 +36,30 @@ def cached(source: Path, name: str, suffix: str = "") -> Path:
 
 
 def built(
-    source: Path, target: Path, works: Callable[[Path], bool], shared: bool = False
-) -> Path:  # fmt: skip
+    source: Path,
+    target: Path,
+    works: Callable[[Path], bool],
+    shared: bool = False,
+    packages: Sequence[str] = ("grpc++",),
+) -> Path:
     """`target` compiled from `source` unless a cached one `works` (one built against a gRPC library since
-    removed or upgraded is built again); `shared`: a shared library, not a program."""
+    removed or upgraded is built again); `shared`: a shared library, not a program; `packages`: what
+    pkg-config gives the flags of."""
     if works(target):
         return target
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if not compiler or not shutil.which("pkg-config"):
-        raise NativeUnavailable("no C++ compiler or pkg-config (Debian: g++ pkg-config libgrpc++-dev)")
-    flags = subprocess.run(
-        ["pkg-config", "--cflags", "--libs", "grpc++"], capture_output=True, text=True, check=False
-    )
-    if flags.returncode != 0:
-        raise NativeUnavailable("gRPC's C++ library is not installed (Debian: libgrpc++-dev)")
+    if not compiler:
+        raise NativeUnavailable("no C++ compiler (Debian: g++)")
+    libraries = []
+    if packages:
+        if not shutil.which("pkg-config"):
+            raise NativeUnavailable("no pkg-config (Debian: pkg-config libgrpc++-dev)")
+        flags = subprocess.run(
+            ["pkg-config", "--cflags", "--libs", *packages], capture_output=True, text=True, check=False
+        )
+        if flags.returncode != 0:
+            raise NativeUnavailable("gRPC's C++ library is not installed (Debian: libgrpc++-dev)")
+        libraries = flags.stdout.split()
     kind = ["-shared", "-fPIC"] if shared else []
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -62,7 +73,7 @@ def built(
                 str(source),
                 "-o",
                 str(made),
-                *flags.stdout.split(),
+                *libraries,
             ]
             compiled = subprocess.run(command, capture_output=True, text=True, check=False)
             if compiled.returncode != 0:
@@ -71,5 +82,5 @@ def built(
     except OSError as error:  # an unwritable cache, a compiler that cannot start
         raise NativeUnavailable(f"cannot build in {target.parent}: {error}") from None
     if not works(target):
-        raise NativeUnavailable(f"{target.name} was built but does not load (its gRPC library?)")
+        raise NativeUnavailable(f"{target.name} was built but does not load (its libraries?)")
     return target

@@ -1,0 +1,141 @@
+"""The C++ WordPiece of the embed path (service/engine/native_wordpiece/): for plain texts, tokenized for the
+graph alone (ids), every result must equal the library's own tokenization with its normalizer (ids, type
+ids, whether it was cut, on either side), for random printable ASCII (punctuation runs, words of 100 and 101
+characters, words the vocabulary cannot spell), and a call's other texts keep the library's path in their
+places. Tokenizers it does not know, and a machine where it cannot be built, keep the library."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import string
+
+import pytest
+
+from bertserve.service.engine import native_wordpiece
+from bertserve.service.engine.model_registry import load
+from bertserve.service.engine.native_wordpiece import NativeUnavailable, NativeWordPiece
+from bertserve.service.engine.tokenization import ModelTokenizer
+from bertserve.service.errors import InvalidInput
+from bertserve.service.settings import Settings
+from tests.test_plain_text import texts
+from tests.test_tokenization_bounded import reference, spec, tokenizer_files
+
+# printable ASCII but "[" (the first character of the added tokens), with spaces, tabs and line breaks
+CHARACTERS = string.ascii_letters + string.digits + string.punctuation.replace("[", "") + " \t\n\r" + " " * 20
+
+
+def ascii_texts(seed: int, count: int = 150) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        text = "".join(rng.choice(CHARACTERS) for _ in range(rng.choice([0, 1, 5, 40, 300])))
+        if rng.random() < 0.2:  # a long word: at max_input_chars_per_word (100), one over, far over
+            text += " " + rng.choice(string.ascii_lowercase) * rng.choice([100, 101, 250]) + " end"
+        out.append(text)
+    return out
+
+
+def counted(tokenizer: ModelTokenizer) -> list[int]:
+    """How many texts each of `tokenizer`'s native calls took (wraps its native WordPiece)."""
+    calls: list[int] = []
+    native = tokenizer._native
+    assert native is not None, "BERT's tokenizers take the native path"
+    encode = native.encode
+    native.encode = lambda texts, keep, left: calls.append(len(texts)) or encode(texts, keep, left)
+    return calls
+
+
+@pytest.mark.parametrize("left", [False, True])
+@pytest.mark.parametrize("max_length", [8, 40, 512])
+@pytest.mark.parametrize("vocab", ["minilm", "tiny"])
+def test_plain_texts_get_the_library_ids(make_tiny_checkpoint, vocab, max_length, left):
+    path = tokenizer_files(make_tiny_checkpoint)[vocab]
+    ours = ModelTokenizer(path, spec(path), max_length)
+    calls = counted(ours)
+    sample = ascii_texts(max_length + left) + texts(
+        max_length + left, 100
+    )  # the second: one in ten not plain
+    cutting = reference(path, max_length)
+    cutting.enable_truncation(max_length, direction="left" if left else "right")
+    lengths = [len(e.ids) for e in reference(path, None).encode_batch(sample)]
+    got = ours.encode(sample, truncate=True, detailed=False, left=left)
+    for text, one, expected, length in zip(sample, got, cutting.encode_batch(sample), lengths, strict=True):
+        assert (one.ids.tolist(), one.type_ids.tolist()) == (expected.ids, expected.type_ids), repr(text)
+        assert one.truncated == (length > max_length), repr(text)
+        assert one.ids.dtype == one.type_ids.dtype == "int64"
+    plain = sum(ours._plain.plain(text) for text in sample)
+    assert 0 < plain < len(sample) and sum(calls) >= plain, "every plain text went native, the others not"
+    assert not any(key.endswith("-plain") for key in ours._cutting.made), "no library twin was needed"
+
+
+def test_detailed_calls_and_pairs_keep_the_library(make_tiny_checkpoint):
+    path = tokenizer_files(make_tiny_checkpoint)["minilm"]
+    ours = ModelTokenizer(path, spec(path), 32)
+    calls = counted(ours)
+    one = ours.encode(["Hello, world!"], truncate=True, detailed=True)[0]
+    assert one.tokens == ["[CLS]", "hello", ",", "world", "!", "[SEP]"] and one.offsets[1] == (0, 5)
+    ours.encode_pairs(["a question"], ["an answer"], truncate=True)
+    assert calls == [], "tokens, offsets and pairs need the library's encodings"
+
+
+def test_a_text_too_long_without_truncate_is_refused_with_its_count(make_tiny_checkpoint):
+    path = tokenizer_files(make_tiny_checkpoint)["minilm"]
+    ours = ModelTokenizer(path, spec(path), 16)
+    calls = counted(ours)
+    text = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen"
+    with pytest.raises(InvalidInput, match=r"inputs\[1\]: 17 tokens is more than the model's max_length 16"):
+        ours.encode(["short", text], truncate=False, detailed=False)
+    assert calls, "the cut was seen by the native path"
+
+
+def test_a_piece_holds_only_its_own_ids(make_tiny_checkpoint):
+    """Rows share one buffer sized by the texts' characters, not texts x max_length."""
+    path = tokenizer_files(make_tiny_checkpoint)["minilm"]
+    got = ModelTokenizer(path, spec(path), 512).encode(["a"] * 1000, truncate=True, detailed=False)
+    assert got[0].ids.base is got[-1].ids.base
+    assert got[0].ids.base.nbytes == 1000 * 3 * 8
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"pre_tokenizer": {"type": "Whitespace"}},
+        {"model": {"type": "BPE"}},
+        {"post_processor": None},
+        {"post_processor": {"type": "ByteLevel"}},
+        {
+            "post_processor": {
+                "type": "TemplateProcessing",
+                "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+            }
+        },
+    ],
+    ids=["pre-tokenizer", "model", "no post-processor", "other post-processor", "no special tokens"],
+)
+def test_other_tokenizers_take_no_native_path(make_tiny_checkpoint, change):
+    described = json.loads(tokenizer_files(make_tiny_checkpoint)["minilm"].read_text())
+    for key, value in change.items():
+        described[key] = value if key != "model" else described[key] | value
+    assert NativeWordPiece.of(json.dumps(described)) is None
+
+
+def test_without_a_compiler_the_library_tokenizes(make_tiny_checkpoint, monkeypatch, caplog):
+    def unavailable():
+        raise NativeUnavailable("no C++ compiler (Debian: g++)")
+
+    monkeypatch.setattr(native_wordpiece, "library", unavailable)
+    path = tokenizer_files(make_tiny_checkpoint)["minilm"]
+    with caplog.at_level(logging.WARNING, "bertserve.tokenizer"):
+        ours = ModelTokenizer(path, spec(path), 32)
+    assert ours._native is None and "no C++ compiler" in caplog.text
+    got = ours.encode(["Hello, world!"], truncate=True, detailed=False)[0]
+    assert got.ids.tolist() == reference(path, 32).encode("Hello, world!").ids
+
+
+def test_the_setting_turns_it_off(tiny_repo):
+    settings = Settings(model_repo=tiny_repo, models=["tiny-embed"], provider="cpu")
+    on = load(settings, front=True).resolve("tiny-embed", None).tokenizer
+    off = load(settings.model_copy(update={"native_tokenizer": False}), front=True)
+    assert on._native is not None and off.resolve("tiny-embed", None).tokenizer._native is None
