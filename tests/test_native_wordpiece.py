@@ -139,3 +139,34 @@ def test_the_setting_turns_it_off(tiny_repo):
     on = load(settings, front=True).resolve("tiny-embed", None).tokenizer
     off = load(settings.model_copy(update={"native_tokenizer": False}), front=True)
     assert on._native is not None and off.resolve("tiny-embed", None).tokenizer._native is None
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_added_tokens_in_either_case_keep_the_library(make_tiny_checkpoint, tmp_path, native):
+    """Tokens added as normalized (transformers' add_tokens) match the lowercased text: "COVID" is the added
+    "covid", and "qzx" the added "QZX"; neither plain path may split them into word pieces."""
+    tokenizer = reference(tokenizer_files(make_tiny_checkpoint)["minilm"], 32)
+    tokenizer.add_tokens(["covid", "QZX"])
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    sample = ["COVID 19", "qzx", "QZX here", "Covid and covid", "nothing added"]
+    got = ModelTokenizer(path, spec(path), 32, native).encode(sample, truncate=True, detailed=False)
+    assert [one.ids.tolist() for one in got] == [e.ids for e in tokenizer.encode_batch(sample)]
+
+
+def test_a_word_limit_past_32_bits_reads_as_no_limit(make_tiny_checkpoint, tmp_path):
+    described = json.loads(tokenizer_files(make_tiny_checkpoint)["minilm"].read_text())
+    described["model"]["max_input_chars_per_word"] = 2**32 + 3
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(described))
+    ours = ModelTokenizer(path, spec(path), 512)
+    assert ours._native is not None
+    sample = ["abcdef", "x" * 300 + " y"]
+    got = ours.encode(sample, truncate=True, detailed=False)
+    assert [one.ids.tolist() for one in got] == [e.ids for e in reference(path, 512).encode_batch(sample)]
+
+
+def test_a_subword_prefix_with_a_nul_takes_no_native_path(make_tiny_checkpoint):
+    described = json.loads(tokenizer_files(make_tiny_checkpoint)["minilm"].read_text())
+    described["model"]["continuing_subword_prefix"] = "#\x00"
+    assert NativeWordPiece.of(json.dumps(described)) is None

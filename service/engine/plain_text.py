@@ -5,8 +5,9 @@ CJK spacing and the alignment of every character; docs/performance/history.md, R
 printable ASCII, tabs and line breaks only, that normalizer changes nothing but the case (when it
 lowercases) and the three whitespace characters (to spaces): `normalize` does that in one C call, keeping
 every character where it was, so a tokenizer without a normalizer gives the same ids, tokens and offsets.
-Texts that hold a character an added token starts with ([CLS], [MASK]: matched before normalization)
-take the tokenizer's own normalizer, as does every text of any other tokenizer.
+Texts that hold a character an added token starts with, in either case ([CLS], [MASK]; a token added as
+normalized, such as transformers' `add_tokens`, is matched in the normalized text: its normalized spelling
+counts too) take the tokenizer's own normalizer, as does every text of any other tokenizer.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ class PlainText:
 
     def __init__(self, lowercase: bool, added: Sequence[str]):
         self._lowercase = lowercase
-        starts = sorted({token[0] for token in added if token})
+        # an added token is matched before (or, when normalized, after) the normalizer: either case excludes it
+        starts = sorted(
+            {c for token in added if token for c in (token[0], token[0].lower(), token[0].upper())}
+        )
         self._added = re.compile("[" + "".join(re.escape(c) for c in starts) + "]") if starts else None
 
     @classmethod

@@ -120,10 +120,15 @@ class ModelTokenizer:
         self.spec = spec
         self.max_length = max_length
         self.vocab_size = self._whole.get_vocab_size(with_added_tokens=True)
-        added = [t.content for t in self._whole.get_added_tokens_decoder().values()]
+        tokens = list(self._whole.get_added_tokens_decoder().values())
+        added = [t.content for t in tokens]
         described = self._whole.to_str()  # the tokenizer's JSON, read by both
         self._boundaries = WordBoundaries(added) if supports_prefixes(described) else None
-        self._plain = PlainText.of(described, added)
+        normalizer = (
+            self._whole.normalizer
+        )  # normalized added tokens are matched as the normalizer spells them
+        spelled = [normalizer.normalize_str(t.content) for t in tokens if t.normalized] if normalizer else []
+        self._plain = PlainText.of(described, added + spelled)
         # the embed path's plain texts in C++ (ids only), where the tokenizer is BERT's and it builds here
         self._native = NativeWordPiece.of(described) if self._plain is not None and native else None
         self._room = max_length - self._whole.num_special_tokens_to_add(is_pair=False)

@@ -41,14 +41,12 @@ def library() -> ctypes.CDLL:
     global _LIBRARY
     with _LOCK:
         if _LIBRARY is None:
-            lib = ctypes.CDLL(
-                str(built(SOURCE, library_file(), _loads, True, ()))
-            )
+            lib = ctypes.CDLL(str(built(SOURCE, library_file(), _loads, True, ())))
             lib.wordpiece_new.restype = ctypes.c_void_p
             lib.wordpiece_new.argtypes = [ctypes.c_char_p, _I64, _I64, ctypes.c_int64, ctypes.c_char_p]
             lib.wordpiece_new.argtypes += [ctypes.c_int64] * 4
             lib.wordpiece_free.argtypes = [ctypes.c_void_p]
-            lib.wordpiece_encode.restype = None
+            lib.wordpiece_encode.restype = ctypes.c_int
             lib.wordpiece_encode.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _I64, ctypes.c_int64]
             lib.wordpiece_encode.argtypes += [ctypes.c_int64, ctypes.c_int32, _I64, _I64, _I64]
             _LIBRARY = lib
@@ -83,10 +81,14 @@ class NativeWordPiece:
         ids = np.array(list(vocab.values()), dtype=np.int64)
         self._lib = library()
         self._shared_zeros = np.zeros(0, dtype=np.int64)
-        self._handle = self._lib.wordpiece_new(
+        self._handle = None
+        handle = self._lib.wordpiece_new(
             b"".join(tokens), lengths.ctypes.data, ids.ctypes.data, len(tokens), prefix.encode(),
-            unknown, cls, sep, max_word_chars,
+            unknown, cls, sep, min(max(max_word_chars, 0), 2**32 - 1),  # no text holds a longer word
         )  # fmt: skip
+        if not handle:
+            raise MemoryError("the native WordPiece's vocabulary table")
+        self._handle = handle
 
     def __del__(self) -> None:
         handle, self._handle = getattr(self, "_handle", None), None
@@ -106,11 +108,14 @@ class NativeWordPiece:
             return None
         ends = _single_template(described.get("post_processor") or {})
         vocab = model.get("vocab") or {}
-        if ends is None or model.get("unk_token") not in vocab:
+        prefix = model.get("continuing_subword_prefix") or ""
+        if (
+            ends is None or model.get("unk_token") not in vocab or "\0" in prefix
+        ):  # the C side reads it to a NUL
             return None
         try:
             return cls(
-                vocab, model.get("continuing_subword_prefix") or "", vocab[model["unk_token"]], *ends,
+                vocab, prefix, vocab[model["unk_token"]], *ends,
                 int(model.get("max_input_chars_per_word", 100)),
             )  # fmt: skip
         except NativeUnavailable as why:
@@ -130,9 +135,10 @@ class NativeWordPiece:
         starts[:] = rows[:-1]
         out = np.empty(rows[-1], dtype=np.int64)
         at, zeros = counts.ctypes.data, self._zeros(keep + 2)  # the three arrays' addresses: at, +8n, +16n
-        self._lib.wordpiece_encode(
+        if self._lib.wordpiece_encode(
             self._handle, data, at, count, keep, left, out.ctypes.data, at + 8 * count, at + 16 * count
-        )
+        ):
+            raise MemoryError("the native WordPiece ran out of memory")
         encodings = []
         for start, total in zip(rows[:-1], totals.tolist(), strict=True):
             kept = min(total, keep) + 2

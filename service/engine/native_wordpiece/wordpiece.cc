@@ -27,6 +27,9 @@ class Vocabulary {
         size_t size = 16;
         while (size < 2 * entries_.size()) size *= 2;
         slots_.assign(size, Slot{});
+        size_t bytes = 0;
+        for (const auto& entry : entries_) bytes += entry.length;
+        text_.reserve(bytes);
         for (const auto& [token, length, id] : entries_) {
             uint32_t start = static_cast<uint32_t>(text_.size());
             text_.append(token, length);
@@ -141,46 +144,56 @@ void pieces(const WordPiece& wp, const char* text, int64_t length, std::vector<i
 
 extern "C" {
 
-// tokens: the vocabulary's tokens back to back, lengths[i] bytes each, ids[i] the id of token i.
+// tokens: the vocabulary's tokens back to back, lengths[i] bytes each, ids[i] the id of token i. Null when
+// it cannot be made (out of memory).
 void* wordpiece_new(const char* tokens, const int64_t* lengths, const int64_t* ids, int64_t count,
                     const char* prefix, int64_t unknown, int64_t cls, int64_t sep, int64_t max_word_chars) {
-    auto* wp = new WordPiece{};
-    const char* at = tokens;
-    for (int64_t i = 0; i < count; ++i) {
-        wp->vocabulary.add(at, static_cast<uint32_t>(lengths[i]), ids[i]);
-        at += lengths[i];
+    try {
+        auto* wp = new WordPiece{};
+        const char* at = tokens;
+        for (int64_t i = 0; i < count; ++i) {
+            wp->vocabulary.add(at, static_cast<uint32_t>(lengths[i]), ids[i]);
+            at += lengths[i];
+        }
+        wp->vocabulary.index();
+        wp->prefix = prefix;
+        wp->unknown = unknown;
+        wp->cls = cls;
+        wp->sep = sep;
+        wp->max_word_chars = static_cast<uint32_t>(max_word_chars);  // at most 2^32 - 1 (the caller clamps)
+        return wp;
+    } catch (...) {
+        return nullptr;
     }
-    wp->vocabulary.index();
-    wp->prefix = prefix;
-    wp->unknown = unknown;
-    wp->cls = cls;
-    wp->sep = sep;
-    wp->max_word_chars = static_cast<uint32_t>(max_word_chars);
-    return wp;
 }
 
 void wordpiece_free(void* handle) { delete static_cast<WordPiece*>(handle); }
 
 // For each of `count` texts (texts[ends[i-1]:ends[i]]): [CLS], its first (or with `left`, last) `keep` word
 // pieces, [SEP] into out[starts[i]:], and in totals[i] how many word pieces the whole text has. Each row needs
-// at most min(its bytes, keep) + 2 ids: every piece takes at least one character.
-void wordpiece_encode(const void* handle, const char* texts, const int64_t* ends, int64_t count, int64_t keep,
-                      int32_t left, int64_t* out, const int64_t* starts, int64_t* totals) {
+// at most min(its bytes, keep) + 2 ids: every piece takes at least one character. 0, or -1 out of memory.
+int wordpiece_encode(const void* handle, const char* texts, const int64_t* ends, int64_t count, int64_t keep,
+                     int32_t left, int64_t* out, const int64_t* starts, int64_t* totals) {
     const auto& wp = *static_cast<const WordPiece*>(handle);
-    std::vector<int64_t> ids;
-    std::string scratch;
-    int64_t start = 0;
-    for (int64_t i = 0; i < count; ++i) {
-        ids.clear();
-        pieces(wp, texts + start, ends[i] - start, ids, scratch);
-        start = ends[i];
-        int64_t total = static_cast<int64_t>(ids.size()), kept = total < keep ? total : keep;
-        int64_t* row = out + starts[i];
-        row[0] = wp.cls;
-        std::memcpy(row + 1, ids.data() + (left ? total - kept : 0), kept * sizeof(int64_t));
-        row[kept + 1] = wp.sep;
-        totals[i] = total;
+    try {
+        std::vector<int64_t> ids;
+        std::string scratch;
+        int64_t start = 0;
+        for (int64_t i = 0; i < count; ++i) {
+            ids.clear();
+            pieces(wp, texts + start, ends[i] - start, ids, scratch);
+            start = ends[i];
+            int64_t total = static_cast<int64_t>(ids.size()), kept = total < keep ? total : keep;
+            int64_t* row = out + starts[i];
+            row[0] = wp.cls;
+            if (kept > 0) std::memcpy(row + 1, ids.data() + (left ? total - kept : 0), kept * sizeof(int64_t));
+            row[kept + 1] = wp.sep;
+            totals[i] = total;
+        }
+    } catch (...) {
+        return -1;
     }
+    return 0;
 }
 
 }  // extern "C"
