@@ -20,7 +20,7 @@ MIB = 1024 * 1024
 # task at max_batch_tokens (docs/reliability.md, "Worst-case memory"): the single process; the engine of
 # several holds a little less (754 MiB with `--workers 2`). 778 MiB measured, plus what was measured since for
 # the tokenizer's plain-text twin (2.3 MiB, service/engine/plain_text.py) and its C++ WordPiece's vocabulary
-# table (2.7 MiB, service/engine/native_wordpiece/), rounded up.
+# table (2.6 MiB, service/engine/native_wordpiece/), rounded up.
 DEFAULT_MODELS_RSS = 783 * MIB
 # The same on CUDA (the gpu overlay): host memory of the CUDA context, cuDNN and the sessions. Not measured:
 # the 4 GiB the overlay gave its single process, less the worst case of that process's bounds (960 MiB).
