@@ -45,6 +45,7 @@ SETTING_HELP = {
     "max_stream_batch_tokens": "padded tokens of a batch of stream inputs while unary calls are active",
     "max_input_chars": "most characters in one input (INVALID_ARGUMENT beyond)",
     "tokenize_threads": "threads that tokenize one large call's texts at once (0: the usable CPUs, at most 8)",
+    "native_tokenizer": "plain ASCII texts tokenized for the graph by the C++ WordPiece (false: always the tokenizers library)",
     "auto_truncate": "embedding calls cut every input longer than max_length as if they set truncate",
     "max_masks_per_input": "most mask tokens in one FillMask input (INVALID_ARGUMENT beyond)",
     "max_message_bytes": "largest gRPC request or reply, in bytes",
