@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -29,6 +30,7 @@ from bertserve.client import Client
 from bertserve.v1 import inference_pb2 as v1
 from bertserve.v1 import inference_pb2_grpc as v1_grpc
 from tests.helpers.server import ServerProcess, ServerThread, metric, scrape, wait_for
+from tests.test_repository_loading import _copy_version
 
 MODELS = ("--model", "tiny-embed", "--model", "tiny-classifier", "--model", "tiny-mlm")
 TEXTS = ["the cat sat on the mat", "a b c", "workers share one engine"]
@@ -501,5 +503,30 @@ def test_a_cancelled_call_holds_its_room_until_the_engine_lets_go(tiny_repo):
                     return False
 
             wait_for(answered, timeout=60)
+    finally:
+        server.kill()
+
+
+def test_a_front_started_again_loads_the_versions_the_server_started_with(tiny_repo, tmp_path):
+    """A version exported while the server runs is not what a front started again loads: the supervisor
+    resolved every model's version once (else that front's models differ from its engine's, it exits at
+    start, and after RESTARTS_PER_MINUTE tries the server stops)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo / "tiny-embed", repo / "tiny-embed")
+    server = ServerProcess("--model-repo", str(repo), "--model", "tiny-embed", "--workers", "2").start(
+        timeout=120
+    )
+    try:
+        first = pids(server)
+        serving = re.compile(r"front 0 serving on")  # logged once its engine answered with the same models
+        assert len(serving.findall(server.output)) == 1
+        _copy_version(repo, "tiny-embed", repo / "tiny-embed" / "1", 2)  # a new version, complete
+        os.kill(first["front-0"], signal.SIGKILL)
+        wait_for(lambda: len(serving.findall(server.output)) == 2, timeout=60)
+        assert pids(server)["engine"] == first["engine"] and server.process.poll() is None
+        assert "the repository changed" not in server.output
+        for _ in range(10):  # every connection, whichever front takes it, is served version 1
+            with Client(server.address, timeout=30) as client:
+                assert client.embed(TEXTS, model="tiny-embed").metadata.model_version == 1
     finally:
         server.kill()

@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from bertserve.service import metrics_multiprocess
+from bertserve.service.engine import repository
 from bertserve.service.errors import StartupError
 from bertserve.service.settings import Settings
 from bertserve.service.supervisor.ports import PortClaim
@@ -71,9 +72,17 @@ def _front_main(settings: Settings, address: str, index: int, ready: Connection,
     raise SystemExit(asyncio.run(main))
 
 
+def pinned_models(settings: Settings) -> Settings:
+    """`settings` with `models` as NAME:VERSION, each version resolved here once (the newest complete, as a
+    process would), so every engine and every front, one started again included, loads the same versions
+    however the repository changes while the server runs."""
+    found = repository.discover(settings.model_repo, settings.model_specs(), settings.precision)
+    return settings.model_copy(update={"models": [f"{files.name}:{files.version}" for files in found]})
+
+
 class Supervisor:
     def __init__(self, settings: Settings, workers: int):
-        self.settings = settings
+        self.settings = settings = pinned_models(settings)
         self.workers = workers
         self._context = multiprocessing.get_context("spawn")
         self._claims: list[PortClaim] = []
