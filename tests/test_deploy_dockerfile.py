@@ -211,8 +211,9 @@ def test_dockerignore_lets_in_what_the_stages_copy(dockerfile):
 
 @pytest.mark.parametrize("name", RUNTIME_STAGES)
 def test_runtime_stages_build_the_native_transport_where_the_server_finds_it(dockerfile, name):
-    """The native port needs its transport compiled: each runtime image builds it at build time into the
-    cache folder the server reads (BERTSERVE_CACHE_DIR), as root, before the image's user is set."""
+    """The native port needs its transport compiled, plain texts the C++ WordPiece: each runtime image
+    builds both at build time into the cache folder the server reads (BERTSERVE_CACHE_DIR), as root, before
+    the image's user is set."""
     _, stages = dockerfile
     stage = stages[name]
     env = " ".join(stage.all("ENV"))
@@ -220,7 +221,8 @@ def test_runtime_stages_build_the_native_transport_where_the_server_finds_it(doc
     order = [kw if "image-native-transport.sh" not in args else "BUILD" for kw, args in stage.instructions]
     assert "BUILD" in order and order.index("BUILD") < order.index("USER")
     script = (ROOT / "scripts" / "image-native-transport.sh").read_text()
-    assert "library()" in script and "apt-mark manual" in script and "purge" in script
+    assert "transport.library()" in script and "native_wordpiece.library()" in script
+    assert "apt-mark manual" in script and "purge" in script
 
 
 def test_exporter_installs_the_export_extra(dockerfile):
