@@ -21,6 +21,17 @@ MODEL = "all-minilm-l6-v2"
 ROUNDS, CALLERS = 3, 32
 
 
+async def measured(phase: NativePhase, pid: int):
+    """`phase` warmed up, measured and closed: its result, and the CPU seconds of process `pid` and its
+    children meanwhile."""
+    await phase.warm_up()
+    before = tree_cpu_seconds(pid)
+    result = await phase.measure()
+    cpu_s = tree_cpu_seconds(pid) - before
+    await phase.close()
+    return result, cpu_s
+
+
 def embed(options: pb.EmbedOptions | None = None) -> NativeMethod:
     def payload(request: Request) -> bytes:
         return pb.EmbedRequest(
@@ -80,11 +91,7 @@ async def main(calls: int, workers: str) -> None:
                         single[:64],
                         connections=CALLERS,
                     )
-                    await phase.warm_up()
-                    before = tree_cpu_seconds(server.process.pid)
-                    result = await phase.measure()
-                    cpu_s = tree_cpu_seconds(server.process.pid) - before
-                    await phase.close()
+                    result, cpu_s = await measured(phase, server.process.pid)
                     answered = len(result.latencies)
                     row = (
                         round(answered / result.seconds),

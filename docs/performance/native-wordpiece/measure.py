@@ -17,13 +17,12 @@ from pathlib import Path
 from bertserve.bench import gpu
 from bertserve.bench.loadgen import Request
 from bertserve.bench.native_loadgen import NativePhase, choose
-from bertserve.bench.process_tree import tree_cpu_seconds
 from bertserve.bench.processes import bertserve_process, child_pythonpath, free_port
 from bertserve.repository import read_manifest
 from bertserve.service.engine.tokenization import ModelTokenizer
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "native-unary"))
-from unary_cost import METHODS  # noqa: E402
+from unary_cost import METHODS, measured  # noqa: E402
 
 MODEL = "all-minilm-l6-v2"
 REPO = Path("model_repository")
@@ -78,11 +77,7 @@ async def server_phase(native: bool, size: int, callers: int, calls: int) -> dic
             requests[:64],
             connections=callers,
         )
-        await phase.warm_up()
-        before = tree_cpu_seconds(server.process.pid)
-        result = await phase.measure()
-        cpu_s = tree_cpu_seconds(server.process.pid) - before
-        await phase.close()
+        result, cpu_s = await measured(phase, server.process.pid)
     finally:
         await server.stop()
     n = len(result.latencies)
