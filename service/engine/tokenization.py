@@ -124,9 +124,8 @@ class ModelTokenizer:
         added = [t.content for t in tokens]
         described = self._whole.to_str()  # the tokenizer's JSON, read by both
         self._boundaries = WordBoundaries(added) if supports_prefixes(described) else None
-        normalizer = (
-            self._whole.normalizer
-        )  # normalized added tokens are matched as the normalizer spells them
+        # normalized added tokens are matched as the normalizer spells them
+        normalizer = self._whole.normalizer
         spelled = [normalizer.normalize_str(t.content) for t in tokens if t.normalized] if normalizer else []
         self._plain = PlainText.of(described, added + spelled)
         # the embed path's plain texts in C++ (ids only), where the tokenizer is BERT's and it builds here

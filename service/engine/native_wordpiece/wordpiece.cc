@@ -1,5 +1,5 @@
 // BERT's pre-tokenizer and WordPiece for normalized plain ASCII text (service/engine/plain_text.py), loaded
-// with ctypes by native_wordpiece.py. Same ids as the `tokenizers` library's BertPreTokenizer + WordPiece +
+// with ctypes by __init__.py beside it. Same ids as the `tokenizers` library's BertPreTokenizer + WordPiece +
 // [CLS] ... [SEP]: words split at whitespace, every ASCII punctuation character a word of its own, each word
 // matched greedily longest-first against the vocabulary (continuations with the subword prefix), a word
 // longer than max_word_chars or with an unmatched rest one unknown token.
