@@ -54,9 +54,7 @@ def test_plain_texts_get_the_library_ids(make_tiny_checkpoint, vocab, max_length
     path = tokenizer_files(make_tiny_checkpoint)[vocab]
     ours = ModelTokenizer(path, spec(path), max_length)
     calls = counted(ours)
-    sample = ascii_texts(max_length + left) + texts(
-        max_length + left, 100
-    )  # the second: one in ten not plain
+    sample = ascii_texts(max_length + left) + texts(max_length + left, 100)  # the second: 1 in 10 not plain
     cutting = reference(path, max_length)
     cutting.enable_truncation(max_length, direction="left" if left else "right")
     lengths = [len(e.ids) for e in reference(path, None).encode_batch(sample)]
