@@ -38,8 +38,8 @@ usage: scripts/gpu-check.sh [--workers LIST] [--out DIR] [--repo DIR] [--python 
   --workers LIST  runs to bench, comma-separated, each a workers setting (an integer >= 1, auto, or
                   native-N: workers N, the gRPC Embed calls to the native port of every front; N an
                   integer or auto, native is native-1) and :NAME=VALUE settings of that run alone
-                  (default native-auto,native-auto:native_tokenizer=false,native-auto:engines=2,
-                  native-auto:engines=2:cuda_sync=blocking; environment GPU_CHECK_WORKERS)
+                  (default native-auto,native-auto:native_tokenizer=false,native-auto:engines=2;
+                  environment GPU_CHECK_WORKERS)
   --out DIR       where the results go (default docs/performance/gpu-<device>, after the GPU's model)
   --repo DIR      model repository; the default model is exported into it unless it is there
                   (default model_repository; environment REPO)
@@ -206,7 +206,7 @@ if [ "${1:-}" = __phase ]; then
 fi
 
 # ---- the command line ----
-WORKERS="${GPU_CHECK_WORKERS:-native-auto,native-auto:native_tokenizer=false,native-auto:engines=2,native-auto:engines=2:cuda_sync=blocking}"
+WORKERS="${GPU_CHECK_WORKERS:-native-auto,native-auto:native_tokenizer=false,native-auto:engines=2}"
 OUT=""
 REPO_GIVEN=""  # --repo: with --bundle, the bundle's model otherwise (the environment's REPO aside)
 REPO="${REPO:-model_repository}"
