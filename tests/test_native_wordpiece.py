@@ -6,6 +6,7 @@ places. Tokenizers it does not know, and a machine where it cannot be built, kee
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -16,9 +17,11 @@ import pytest
 from bertserve.service.engine import native_wordpiece
 from bertserve.service.engine.model_registry import load
 from bertserve.service.engine.native_wordpiece import NativeUnavailable, NativeWordPiece
+from bertserve.service.engine.process import Engine
 from bertserve.service.engine.tokenization import ModelTokenizer
 from bertserve.service.errors import InvalidInput
-from bertserve.service.settings import Settings
+from bertserve.service.metrics import Metrics
+from bertserve.service.settings import Settings, load_settings
 from tests.test_plain_text import texts
 from tests.test_tokenization_bounded import reference, spec, tokenizer_files
 
@@ -119,15 +122,24 @@ def test_other_tokenizers_take_no_native_path(make_tiny_checkpoint, change):
     assert NativeWordPiece.of(json.dumps(described)) is None
 
 
-def test_without_a_compiler_the_library_tokenizes(make_tiny_checkpoint, monkeypatch, caplog):
+@pytest.mark.parametrize(
+    "error",
+    [
+        NativeUnavailable("no C++ compiler (Debian: g++)"),
+        RuntimeError("Could not determine home directory."),  # the cache's folder, with no HOME
+        FileNotFoundError("wordpiece.cc"),
+    ],
+    ids=["no compiler", "no home", "no source"],
+)
+def test_without_a_compiler_the_library_tokenizes(make_tiny_checkpoint, monkeypatch, caplog, error):
     def unavailable():
-        raise NativeUnavailable("no C++ compiler (Debian: g++)")
+        raise error
 
     monkeypatch.setattr(native_wordpiece, "library", unavailable)
     path = tokenizer_files(make_tiny_checkpoint)["minilm"]
     with caplog.at_level(logging.WARNING, "bertserve.tokenizer"):
         ours = ModelTokenizer(path, spec(path), 32)
-    assert ours._native is None and "no C++ compiler" in caplog.text
+    assert ours._native is None and str(error) in caplog.text
     got = ours.encode(["Hello, world!"], truncate=True, detailed=False)[0]
     assert got.ids.tolist() == reference(path, 32).encode("Hello, world!").ids
 
@@ -168,3 +180,20 @@ def test_a_subword_prefix_with_a_nul_takes_no_native_path(make_tiny_checkpoint):
     described = json.loads(tokenizer_files(make_tiny_checkpoint)["minilm"].read_text())
     described["model"]["continuing_subword_prefix"] = "#\x00"
     assert NativeWordPiece.of(json.dumps(described)) is None
+
+
+def test_an_engine_of_several_holds_no_native_table(tiny_repo, tmp_path):
+    """The fronts tokenize; an engine process's tokenizers only warm its graphs up (with tokens and offsets,
+    the library's path), so it neither builds nor holds the WordPiece's table."""
+
+    async def started() -> list:
+        engine = Engine(settings, f"{tmp_path}/engine", Metrics())
+        await engine.start()
+        try:
+            return [model.tokenizer for model in engine.registry.ordered]
+        finally:
+            engine.stop()
+
+    settings = load_settings(model_repo=tiny_repo, models=["tiny-embed"], metrics_port=-1, http_port=-1)
+    assert settings.native_tokenizer
+    assert [tokenizer._native for tokenizer in asyncio.run(started())] == [None]

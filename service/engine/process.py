@@ -61,7 +61,9 @@ class Engine:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        self.registry = await loop.run_in_executor(self._cpu, model_registry.load, self.settings)
+        # the fronts tokenize; the engine's tokenizers only warm its graphs up (tokens and offsets: the library)
+        settings = self.settings.model_copy(update={"native_tokenizer": False})
+        self.registry = await loop.run_in_executor(self._cpu, model_registry.load, settings)
         self._groups = {group.name: group for group in self.registry.encoders}  # looked up per call
         # no batch cut ahead but a full one: the next batch is cut as soon as an instance is free, with every
         # input that came while the last one computed; one that cannot grow waits for the instance instead,

@@ -118,7 +118,7 @@ class NativeWordPiece:
                 vocab, prefix, vocab[model["unk_token"]], *ends,
                 int(model.get("max_input_chars_per_word", 100)),
             )  # fmt: skip
-        except NativeUnavailable as why:
+        except (NativeUnavailable, OSError, RuntimeError) as why:  # also: no home for its cache, no source
             log.warning("plain texts tokenized by the library: the native WordPiece is unavailable (%s)", why)
             return None
 
