@@ -46,7 +46,7 @@ def counted(tokenizer: ModelTokenizer) -> list[int]:
     native = tokenizer._native
     assert native is not None, "BERT's tokenizers take the native path"
     encode = native.encode
-    native.encode = lambda texts, keep, left: calls.append(len(texts)) or encode(texts, keep, left)
+    native.encode = lambda texts, left: calls.append(len(texts)) or encode(texts, left)
     return calls
 
 
@@ -119,7 +119,7 @@ def test_other_tokenizers_take_no_native_path(make_tiny_checkpoint, change):
     described = json.loads(tokenizer_files(make_tiny_checkpoint)["minilm"].read_text())
     for key, value in change.items():
         described[key] = value if key != "model" else described[key] | value
-    assert NativeWordPiece.of(json.dumps(described)) is None
+    assert NativeWordPiece.of(described, 30) is None
 
 
 @pytest.mark.parametrize(
@@ -179,7 +179,7 @@ def test_a_word_limit_past_32_bits_reads_as_no_limit(make_tiny_checkpoint, tmp_p
 def test_a_subword_prefix_with_a_nul_takes_no_native_path(make_tiny_checkpoint):
     described = json.loads(tokenizer_files(make_tiny_checkpoint)["minilm"].read_text())
     described["model"]["continuing_subword_prefix"] = "#\x00"
-    assert NativeWordPiece.of(json.dumps(described)) is None
+    assert NativeWordPiece.of(described, 30) is None
 
 
 def test_an_engine_of_several_holds_no_native_table(tiny_repo, tmp_path):

@@ -113,4 +113,4 @@ def test_a_normalizer_that_keeps_case_keeps_it(make_tiny_checkpoint, tmp_path):
     [None, {"type": "NFKC"}, {"type": "BertNormalizer", "clean_text": False, "lowercase": True}],
 )
 def test_other_normalizers_take_no_plain_path(normalizer):
-    assert PlainText.of(json.dumps({"normalizer": normalizer}), ["[CLS]"]) is None
+    assert PlainText.of({"normalizer": normalizer}, ["[CLS]"]) is None

@@ -12,7 +12,6 @@ counts too) take the tokenizer's own normalizer, as does every text of any other
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
@@ -32,9 +31,10 @@ class PlainText:
         self._added = re.compile("[" + "".join(re.escape(c) for c in starts) + "]") if starts else None
 
     @classmethod
-    def of(cls, tokenizer_json: str, added: Sequence[str]) -> PlainText | None:
-        """For a tokenizer (its JSON) normalized by a BertNormalizer that cleans text; None otherwise."""
-        normalizer = json.loads(tokenizer_json).get("normalizer") or {}
+    def of(cls, config: dict, added: Sequence[str]) -> PlainText | None:
+        """For a tokenizer (its tokenizer.json, parsed) normalized by a BertNormalizer that cleans text; None
+        otherwise."""
+        normalizer = config.get("normalizer") or {}
         if normalizer.get("type") != "BertNormalizer" or not normalizer.get("clean_text", True):
             return None
         return cls(bool(normalizer.get("lowercase", True)), added)

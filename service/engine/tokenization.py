@@ -9,6 +9,7 @@ the length of the text (see `ModelTokenizer.encode`).
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,15 +123,15 @@ class ModelTokenizer:
         self.vocab_size = self._whole.get_vocab_size(with_added_tokens=True)
         tokens = list(self._whole.get_added_tokens_decoder().values())
         added = [t.content for t in tokens]
-        described = self._whole.to_str()  # the tokenizer's JSON, read by both
-        self._boundaries = WordBoundaries(added) if supports_prefixes(described) else None
+        config = json.loads(self._whole.to_str())  # the tokenizer's JSON, parsed once for the three below
+        self._boundaries = WordBoundaries(added) if supports_prefixes(config) else None
         # normalized added tokens are matched as the normalizer spells them
         normalizer = self._whole.normalizer
         spelled = [normalizer.normalize_str(t.content) for t in tokens if t.normalized] if normalizer else []
-        self._plain = PlainText.of(described, added + spelled)
+        self._plain = PlainText.of(config, added + spelled)
         # the embed path's plain texts in C++ (ids only), where the tokenizer is BERT's and it builds here
-        self._native = NativeWordPiece.of(described) if self._plain is not None and native else None
-        self._room = max_length - self._whole.num_special_tokens_to_add(is_pair=False)
+        room = max_length - self._whole.num_special_tokens_to_add(is_pair=False)
+        self._native = NativeWordPiece.of(config, room) if self._plain is not None and native else None
         for token, expected in ((spec.pad_token, spec.pad_token_id), (spec.mask_token, spec.mask_token_id)):
             actual = self._whole.token_to_id(token)
             if actual is not None and actual != expected:
@@ -283,7 +284,7 @@ class ModelTokenizer:
                 (plain if self._plain.plain(piece) else others).append(k)
             normalized = [self._plain.normalize(pieces[k]) for k in plain]
             if self._native is not None and special and not detailed and normalized:
-                plain_done = self._native.encode(normalized, self._room, left)
+                plain_done = self._native.encode(normalized, left)
             else:
                 plain_done = through(f"{side}-plain", normalized)
             if not others:

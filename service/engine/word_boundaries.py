@@ -13,7 +13,6 @@ that pipeline, so a cut through one of them is not a word boundary: `WordBoundar
 
 from __future__ import annotations
 
-import json
 import re
 import string
 import unicodedata
@@ -41,11 +40,10 @@ BOUNDARY_CHARACTER = re.compile(_char_class())
 PREVIOUS_CUT_WINDOW = 64  # characters `previous_cut` looks back through first
 
 
-def supports_prefixes(tokenizer_json: str) -> bool:
-    """Whether a tokenizer (its tokenizer.json) is the BERT pipeline this module reasons about: BERT's
-    normalizer (or none), BERT's pre-tokenizer, WordPiece, and added tokens matched literally (not
+def supports_prefixes(config: dict) -> bool:
+    """Whether a tokenizer (its tokenizer.json, parsed) is the BERT pipeline this module reasons about:
+    BERT's normalizer (or none), BERT's pre-tokenizer, WordPiece, and added tokens matched literally (not
     normalized, no stripping of the whitespace around them, not restricted to single words)."""
-    config = json.loads(tokenizer_json)
     normalizer = (config.get("normalizer") or {}).get("type", "BertNormalizer")
     pre_tokenizer = (config.get("pre_tokenizer") or {}).get("type")
     model = (config.get("model") or {}).get("type")

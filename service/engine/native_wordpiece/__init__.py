@@ -10,7 +10,6 @@ that wants tokens or offsets, goes through the library as before.
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import threading
 from collections.abc import Sequence
@@ -74,13 +73,23 @@ class NativeWordPiece:
     """A tokenizer JSON's BertPreTokenizer + WordPiece + [CLS] ... [SEP], over normalized plain text."""
 
     def __init__(
-        self, vocab: dict[str, int], prefix: str, unknown: int, cls: int, sep: int, max_word_chars: int
+        self,
+        vocab: dict[str, int],
+        prefix: str,
+        unknown: int,
+        cls: int,
+        sep: int,
+        max_word_chars: int,
+        keep: int,
     ):
+        """`keep`: the word pieces a text keeps (the model's max_length less [CLS] and [SEP])."""
         tokens = [token.encode() for token in vocab]
         lengths = np.array([len(t) for t in tokens], dtype=np.int64)
         ids = np.array(list(vocab.values()), dtype=np.int64)
         self._lib = library()
-        self._shared_zeros = np.zeros(0, dtype=np.int64)
+        self._keep = keep
+        self._zeros = np.zeros(keep + 2, dtype=np.int64)  # every encoding's segment ids: views of it
+        self._zeros.setflags(write=False)
         self._handle = None
         handle = self._lib.wordpiece_new(
             b"".join(tokens), lengths.ctypes.data, ids.ctypes.data, len(tokens), prefix.encode(),
@@ -96,34 +105,31 @@ class NativeWordPiece:
             self._lib.wordpiece_free(handle)
 
     @classmethod
-    def of(cls, tokenizer_json: str) -> NativeWordPiece | None:
-        """For a tokenizer (its JSON) that pre-tokenizes as BERT, matches by WordPiece and wraps a text in
-        two special tokens ([CLS] $A [SEP], segment 0); None for any other, or where the library cannot be
-        built here (logged)."""
-        described = json.loads(tokenizer_json)
-        model = described.get("model") or {}
-        if (described.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer" or model.get(
-            "type"
-        ) != "WordPiece":
-            return None
-        ends = _single_template(described.get("post_processor") or {})
+    def of(cls, config: dict, keep: int) -> NativeWordPiece | None:
+        """For a tokenizer (its tokenizer.json, parsed) that pre-tokenizes as BERT, matches by WordPiece and
+        wraps a text in two special tokens ([CLS] $A [SEP], segment 0), each text keeping `keep` word pieces;
+        None for any other, or where the library cannot be built here (logged)."""
+        model = config.get("model") or {}
+        pre_tokenizer = (config.get("pre_tokenizer") or {}).get("type")
+        ends = _single_template(config.get("post_processor") or {})
         vocab = model.get("vocab") or {}
         prefix = model.get("continuing_subword_prefix") or ""
-        if (
-            ends is None or model.get("unk_token") not in vocab or "\0" in prefix
-        ):  # the C side reads it to a NUL
+        bert = pre_tokenizer == "BertPreTokenizer" and model.get("type") == "WordPiece"
+        # the C side reads the prefix up to a NUL
+        if not bert or ends is None or model.get("unk_token") not in vocab or "\0" in prefix:
             return None
         try:
             return cls(
                 vocab, prefix, vocab[model["unk_token"]], *ends,
-                int(model.get("max_input_chars_per_word", 100)),
+                int(model.get("max_input_chars_per_word", 100)), keep,
             )  # fmt: skip
         except (NativeUnavailable, OSError, RuntimeError) as why:  # also: no home for its cache, no source
             log.warning("plain texts tokenized by the library: the native WordPiece is unavailable (%s)", why)
             return None
 
-    def encode(self, texts: Sequence[str], keep: int, left: bool) -> list[PlainEncoding]:
+    def encode(self, texts: Sequence[str], left: bool) -> list[PlainEncoding]:
         """Each normalized plain text as [CLS], its first (`left`: last) `keep` word pieces, [SEP]."""
+        keep, zeros = self._keep, self._zeros
         data = "".join(texts).encode("ascii")
         count = len(texts)
         sizes = [len(text) for text in texts]
@@ -134,7 +140,7 @@ class NativeWordPiece:
         rows = list(accumulate((min(size, keep) + 2 for size in sizes), initial=0))
         starts[:] = rows[:-1]
         out = np.empty(rows[-1], dtype=np.int64)
-        at, zeros = counts.ctypes.data, self._zeros(keep + 2)  # the three arrays' addresses: at, +8n, +16n
+        at = counts.ctypes.data  # the three arrays' addresses: at, +8n, +16n
         if self._lib.wordpiece_encode(
             self._handle, data, at, count, keep, left, out.ctypes.data, at + 8 * count, at + 16 * count
         ):
@@ -144,14 +150,6 @@ class NativeWordPiece:
             kept = min(total, keep) + 2
             encodings.append(PlainEncoding(out[start : start + kept], zeros[:kept], total > keep))
         return encodings
-
-    def _zeros(self, size: int) -> np.ndarray:
-        """Read-only segment ids shared by every encoding (views of one array)."""
-        if self._shared_zeros.shape[0] < size:
-            zeros = np.zeros(size, dtype=np.int64)
-            zeros.setflags(write=False)
-            self._shared_zeros = zeros
-        return self._shared_zeros
 
 
 def _single_template(post: dict) -> tuple[int, int] | None:
