@@ -19,7 +19,7 @@ from collections.abc import Callable
 from bertserve.service import errors
 from bertserve.service.engine.batch_items import BatchLimits, ItemResult, WorkItem
 from bertserve.service.engine.frame_link import FrameLink
-from bertserve.service.engine.messages import array, options_out, small
+from bertserve.service.engine.messages import array, options_out, small, tokens_out, type_ids_out
 from bertserve.service.engine.queue_room import LaneRoom, Permit
 
 log = logging.getLogger("bertserve.front")
@@ -201,7 +201,13 @@ class RemoteBatcher:
         bulk = items[0].bulk
         deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
         payload = [
-            (i.model.name, options_out(i.options), small(i.ids), small(i.type_ids), small(i.mask_positions))
+            (
+                i.model.name,
+                options_out(i.options),
+                tokens_out(i.ids),
+                type_ids_out(i.type_ids),
+                small(i.mask_positions),
+            )
             for i in items
         ]
         futures = [item.future for item in items]

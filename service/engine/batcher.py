@@ -261,8 +261,11 @@ class Batcher:
         if not items:
             return
         bulk = items[0].bulk
-        tokens = sum(item.length for item in items)
-        deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
+        if len(items) == 1:  # most calls under load: no generators
+            tokens, deadline = items[0].length, items[0].deadline
+        else:
+            tokens = sum(item.length for item in items)
+            deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
         if permit is None:
             self._check_admission(len(items), tokens, deadline, bulk)
             self._room[bulk].used += len(items)  # queued now: freed when they leave the queue

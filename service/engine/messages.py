@@ -11,7 +11,8 @@ Engine -> front: ("hello", {encoder: (provider, device)}, {model: version}) | ("
 ("error", call, error class name, message) | ("cancelled", call): every call is answered exactly once, a
 cancelled one too, so a front frees a call's room only when the engine no longer holds its inputs.
 `items`: (model, options, ids, type_ids, mask positions) per input; `results`: (value, queue_s,
-inference_s, batch_id) per input. Small arrays travel as `small` tuples and options as `options_out`'s.
+inference_s, batch_id) per input. Ids travel as `tokens_out`'s bytes, type ids as `type_ids_out`'s (None:
+all 0), other small arrays as `small` tuples and options as `options_out`'s.
 """
 
 from __future__ import annotations
@@ -62,6 +63,38 @@ def array(value: object) -> object:
         data, dtype, shape = value
         return np.frombuffer(data, dtype).reshape(shape)
     return value
+
+
+def tokens_out(value: np.ndarray) -> object:
+    """A 1-D int64 array of token ids as its bytes alone (half `small`'s cost each way), else as `small`'s."""
+    if value.dtype == np.int64 and value.ndim == 1 and value.nbytes < IN_BAND_BYTES:
+        return value.tobytes()
+    return small(value)
+
+
+def tokens_in(value: object) -> object:
+    """`tokens_out`'s array back (read-only, viewing the message's bytes)."""
+    return np.frombuffer(value, np.int64) if isinstance(value, bytes) else array(value)
+
+
+def type_ids_out(value: np.ndarray) -> object:
+    """Token type ids as `tokens_out`'s, or None when all are 0 (a single text's)."""
+    return tokens_out(value) if value.any() else None
+
+
+_zeros = np.zeros(512, np.int64)  # grown when a longer input comes
+_zeros.flags.writeable = False
+
+
+def type_ids_in(value: object, length: int) -> np.ndarray:
+    """`type_ids_out`'s array back: None as `length` zeros (a read-only view of one shared array)."""
+    global _zeros
+    if value is not None:
+        return tokens_in(value)
+    if length > _zeros.shape[0]:
+        _zeros = np.zeros(max(length, 2 * _zeros.shape[0]), np.int64)
+        _zeros.flags.writeable = False
+    return _zeros[:length]
 
 
 @functools.lru_cache(maxsize=1024)

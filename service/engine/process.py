@@ -23,7 +23,7 @@ from bertserve.service.engine import model_registry
 from bertserve.service.engine.batcher import ItemResult, WorkItem, abandon
 from bertserve.service.engine.encoders import EncoderGroup, attach_batchers
 from bertserve.service.engine.frame_link import FrameLink
-from bertserve.service.engine.messages import array, options_in, small
+from bertserve.service.engine.messages import array, options_in, small, tokens_in, type_ids_in
 from bertserve.service.engine.model_registry import ModelRegistry
 from bertserve.service.engine.unary_calls import UnaryCall
 from bertserve.service.metrics import Metrics
@@ -180,21 +180,13 @@ class Engine:
         if slots is None:
             loop = asyncio.get_running_loop()
             slots = [loop.create_future() for _ in items]
-        by_name = self.registry.by_name
-        return [
-            WorkItem(
-                array(ids),
-                array(type_ids),
-                options_in(options),
-                slot,
-                deadline,
-                array(masks),
-                model=by_name[model],
-                bulk=bulk,
-                origin=front,
-            )
-            for (model, options, ids, type_ids, masks), slot in zip(items, slots, strict=True)
-        ]
+        by_name, now = self.registry.by_name, time.monotonic()
+        work = []
+        for (model, options, ids, type_ids, masks), slot in zip(items, slots, strict=True):
+            ids = tokens_in(ids)
+            fields = (type_ids_in(type_ids, ids.shape[0]), options_in(options), slot, deadline, array(masks))
+            work.append(WorkItem(ids, *fields, by_name[model], bulk, front, now))
+        return work
 
     def _answer(self, front: FrameLink, call: int, task: asyncio.Task) -> None:
         self._calls.pop((front, call), None)

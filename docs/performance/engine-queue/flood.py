@@ -28,7 +28,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, multiprocess
 
 from bertserve.service.engine.frame_link import FrameLink
-from bertserve.service.engine.messages import options_out, small
+from bertserve.service.engine.messages import options_out, tokens_out, type_ids_out
 from bertserve.service.engine.tasks import Task, TaskOptions
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -94,7 +94,13 @@ async def _flood(args: argparse.Namespace, address: str, pid: int, metrics_dir: 
     lengths = rng.integers(5, 60, size=4096) if args.length == 0 else np.full(4096, args.length)
     options = options_out(TaskOptions(Task.EMBED, normalize=True))
     items = [
-        (MODEL, options, small(np.arange(n, dtype=np.int64) + 1000), small(np.zeros(n, np.int64)), None)
+        (
+            MODEL,
+            options,
+            tokens_out(np.arange(n, dtype=np.int64) + 1000),
+            type_ids_out(np.zeros(n, np.int64)),
+            None,
+        )
         for n in lengths
     ]
     sent, answered = [0], [0]
