@@ -23,6 +23,7 @@ import numpy as np
 
 from bertserve.service.engine.batch_metrics import ModelObserver
 from bertserve.service.engine.batcher import Batcher, BatchLimits, WorkItem
+from bertserve.service.engine.feeds import batch_feeds
 from bertserve.service.engine.runtime import CUDA, GraphSession
 from bertserve.service.engine.shapes import ShapeBuckets, buckets
 from bertserve.service.engine.tasks import Task, TaskOptions
@@ -73,15 +74,9 @@ class EncoderGroup:
         size, longest = len(batch), max(item.length for item in batch)
         shape = self.buckets.shape(size, longest) if self.buckets else (size, longest)
         captured = self.buckets is not None and self.buckets.holds(shape)  # a CUDA graph where it can be
-        input_ids = np.full(shape, self.pad_id, dtype=np.int64)  # (B, T)
-        attention_mask = np.zeros(shape, dtype=np.int64)  # (B, T)
-        attention_mask[size:, 0] = 1  # a bucket's spare rows attend to one pad token (no empty softmax)
-        token_type_ids = np.zeros(shape, dtype=np.int64)  # (B, T)
+        feeds = batch_feeds(batch, shape, self.pad_id)  # (B, T) each
         rows: dict[tuple[ServedModel, Task], list[int]] = {}
         for row, item in enumerate(batch):
-            input_ids[row, : item.length] = item.ids
-            attention_mask[row, : item.length] = 1
-            token_type_ids[row, : item.length] = item.type_ids
             model = item.model if item.model is not None else self.models[0]
             rows.setdefault((model, item.options.task), []).append(row)
         # the union of what the rows need: a row's options say which outputs (embed: dense, tokens, sparse)
@@ -89,7 +84,6 @@ class EncoderGroup:
         wanted = list(
             dict.fromkeys(name for model, options in needs for name in model.encoder_outputs(options))
         )
-        feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         session = self._free.get_nowait()  # never empty: the batcher runs at most `instances` batches at once
         try:
             started = time.perf_counter()

@@ -136,7 +136,9 @@ class ServedModel:
         if dense_rows:
             normalize = np.array([batch[r].options.normalize for r in dense_rows])
             dimensions = np.array([batch[r].options.dimensions for r in dense_rows])
-            pooled = outputs["sentence_embedding"][dense_rows]  # (n, H)
+            first, last = dense_rows[0], dense_rows[-1]  # ascending: a slice when they follow each other
+            pooled = outputs["sentence_embedding"]
+            pooled = pooled[first : last + 1] if last - first + 1 == len(dense_rows) else pooled[dense_rows]
             dense.update(zip(dense_rows, finish_embeddings(pooled, normalize, dimensions), strict=True))
         sparse_rows = [r for r in rows if batch[r].options.sparse]
         weights = {}

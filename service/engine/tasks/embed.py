@@ -35,11 +35,16 @@ def finish_embeddings(
     vectors: list[np.ndarray | None] = [None] * len(out)
     for size in np.unique(sizes):
         chosen = np.flatnonzero(sizes == size)
-        cut = out[chosen, :size]  # (n, size), a copy
+        whole = len(chosen) == len(out)  # the usual batch: a view, no gathered copies
+        cut = out[:, :size] if whole else out[chosen, :size]  # (n, size)
         rows = normalize[chosen]
-        if rows.any():
+        if rows.all():  # in place, in few whole-array steps (each may let go of the GIL)
+            cut /= np.maximum(np.sqrt(np.einsum("ij,ij->i", cut, cut)), 1e-12)[:, None]
+        elif rows.any():
             norms = np.linalg.norm(cut[rows], axis=1, keepdims=True)
             cut[rows] = cut[rows] / np.maximum(norms, 1e-12)
+        if whole:
+            return list(cut)
         for i, row in enumerate(chosen):
             vectors[row] = cut[i]
     return vectors
