@@ -55,7 +55,8 @@ class TokenizingCalls:
         bertserve_tokenized_inputs_total, refused or not."""
         self.metrics.tokenized_of(model.name).inc(len(checked))
         encode = functools.partial(self.encode_texts, model, checked, truncate, detailed, left)
-        return await self._timed(encode, sum(len(text) for text in checked))
+        chars = sum(len(text) for text in checked) if detailed else model.tokenizer.cost_chars(checked)
+        return await self._timed(encode, chars)
 
     def encode_texts(
         self, model: ServedModel, texts: list[str], truncate: bool, detailed: bool = True, left: bool = False

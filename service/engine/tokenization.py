@@ -77,6 +77,9 @@ class EncodedInput:
 # The first prefix of a long text: this many characters per token the model can take (English averages
 # 4 to 5 characters a token, spaces included, so most texts that fit are tokenized whole at once).
 PREFIX_CHARS_PER_TOKEN = 6
+# The C++ WordPiece's CPU per character of an ASCII text, against the library's (measured 0.08-0.35x:
+# docs/performance/native-wordpiece): what callers weigh characters by to choose the loop, the pool or threads
+NATIVE_CHAR_COST = 0.125
 
 
 def _whole(counts: TokenCounts, text: str, piece: Encoding, cut: bool) -> int:
@@ -136,6 +139,15 @@ class ModelTokenizer:
             actual = self._whole.token_to_id(token)
             if actual is not None and actual != expected:
                 raise StartupError(f"{path}: token {token} has id {actual}, the manifest says {expected}")
+
+    def cost_chars(self, texts: list[str]) -> int:
+        """The texts' characters weighted by what tokenizing them for ids costs: a plain text's (the C++
+        WordPiece's) at NATIVE_CHAR_COST, any other at 1 (the library's: a text that only looks plain, such
+        as ASCII holding an added token's first character, must not pass for a cheap one)."""
+        if self._native is None:
+            return sum(len(text) for text in texts)
+        plain = self._plain.plain
+        return int(sum(len(text) * NATIVE_CHAR_COST if plain(text) else len(text) for text in texts))
 
     def encode(
         self, texts: list[str], truncate: bool, detailed: bool = True, left: bool = False
