@@ -1,8 +1,8 @@
 """The engine process alone, fed over its Unix socket by a lean stand-in front (Round 19).
 
 Starts `Engine` (service/engine/process.py) in a child process on the simulated device (`--device-ms` per
-batch, no CPU), then keeps `--in-flight` single-input unary calls queued through `--links` connections from
-this process, each answer sending the next call (after a random pause up to `--spread-ms` when set, so the
+batch, no CPU), then keeps `--in-flight` unary calls of `--inputs` inputs (one by default) queued through
+`--links` connections from this process, each answer sending the next call (after a random pause up to `--spread-ms` when set, so the
 calls come spread out as from real fronts). The calls are pre-built: this process costs the engine little of
 the two cores. Prints one JSON line: calls/s, batches/s, the mean batch, the compute and the run per batch
 (the metrics `bertserve_inference_duration_seconds` and `bertserve_encoder_run_duration_seconds`), and the
@@ -108,7 +108,8 @@ async def _flood(args: argparse.Namespace, address: str, pid: int, metrics_dir: 
     def send(link: FrameLink) -> None:
         call = sent[0]
         sent[0] += 1
-        link.post(("submit", call, MODEL, False, time.monotonic() + 60, [items[call % len(items)]]))
+        inputs = [items[(call * args.inputs + k) % len(items)] for k in range(args.inputs)]
+        link.post(("submit", call, MODEL, False, time.monotonic() + 60, inputs))
 
     def received(link: FrameLink, message: tuple) -> None:
         if message[0] == "hello":
@@ -153,6 +154,7 @@ def main() -> None:
     parser.add_argument("--device-ms", type=float, default=1.0)
     parser.add_argument("--length", type=int, default=0, help="tokens per input (0: 5-59 at random)")
     parser.add_argument("--spread-ms", type=float, default=0.0)
+    parser.add_argument("--inputs", type=int, default=1, help="inputs per call")
     parser.add_argument("--seconds", type=float, default=6.0)
     print(json.dumps(asyncio.run(measure(parser.parse_args()))))
 
