@@ -136,9 +136,12 @@ def test_short_calls_are_tokenized_on_the_loop_and_longer_ones_on_the_cpu_pool(t
     run(tiny_server, "embed", "tiny-embed", [long], truncate=True)
     # as long in plain ASCII: the C++ WordPiece's, at NATIVE_CHAR_COST a character (`cost_chars`)
     run(tiny_server, "embed", "tiny-embed", ["a " * INLINE_TOKENIZE_CHARS], truncate=True)
+    # one that does not truncate weighs its length: the library counts a cut text whole (one word: it fits)
+    run(tiny_server, "embed", "tiny-embed", ["a" * (INLINE_TOKENIZE_CHARS + 1)], truncate=False)
     assert on_loop[0] == loop_thread
     assert on_loop[1] != loop_thread
     assert on_loop[2] == loop_thread
+    assert on_loop[3] != loop_thread
 
 
 def test_only_tokenize_and_attention_ask_the_tokenizer_for_tokens_and_offsets(tiny_server, monkeypatch):

@@ -68,3 +68,15 @@ def test_vectors_equal_each_rows_own_cut_and_norm(normalize, dimensions):
         assert vector.dtype == np.float32
         np.testing.assert_allclose(vector, want, rtol=1e-6, atol=1e-7)
     assert np.all(pooled[0] == [3.0, 4.0, 0.0, 1.0])  # the graph's output is left as it was
+
+
+def test_a_vector_does_not_depend_on_whether_its_batch_mates_normalize():
+    pooled = np.random.default_rng(0).standard_normal((64, 384)).astype(np.float32)
+    all_rows = finish_embeddings(pooled, np.ones(64, bool))
+    mixed = np.ones(64, bool)
+    mixed[7] = False
+    one_left_out = finish_embeddings(pooled, mixed)
+    for row in range(64):
+        if row != 7:
+            assert np.array_equal(all_rows[row], one_left_out[row]), row  # bit for bit
+    assert np.array_equal(one_left_out[7], pooled[7])

@@ -144,17 +144,24 @@ async def _mismatches(tiny_repo, address: str) -> tuple[str, tuple]:
         message = ("submit", "tiny-embed", False, None, [item])
         link.call(message, lambda results, error: answered.set_result((results, error)))
         results, error = await asyncio.wait_for(answered, 30)  # answered, not left to hang
+        streamed = asyncio.get_running_loop().create_future()  # a stream's request: it waits for room first
+        link.call(("submit", "tiny-embed", True, None, [item]), lambda *answer: streamed.set_result(answer))
+        stream_error = (await asyncio.wait_for(streamed, 30))[1]
+        held = engine.registry.by_name["tiny-embed"].batcher._room[True].used  # its room given back
     finally:
         link.close()
         engine.stop()
         await serving
-    return str(refused.value), (results, error)
+    return str(refused.value), (results, error), (stream_error, held)
 
 
 def test_the_engine_answers_what_it_cannot_serve(tiny_repo, tmp_path):
-    refused, (results, error) = asyncio.run(_mismatches(tiny_repo, f"{tmp_path}/engine"))
+    refused, (results, error), (stream_error, held) = asyncio.run(
+        _mismatches(tiny_repo, f"{tmp_path}/engine")
+    )
     assert "this front loaded" in refused and "restart the server" in refused
     assert results is None and isinstance(error, InferenceFailed) and "no-such-model" in str(error)
+    assert isinstance(stream_error, InferenceFailed) and held == 0
 
 
 async def _before_the_engine_listens(settings, address: str) -> tuple[str, dict, int]:

@@ -224,10 +224,18 @@ def test_a_call_is_weighed_by_what_its_texts_cost(make_tiny_checkpoint, native):
     ours = ModelTokenizer(path, spec(path), 512, native=native)
     plain = ["the quick brown fox jumps over the lazy dog " * 5] * 32  # 7,040 characters
     crafted = ["[" * 220] * 32  # ASCII, not plain: "[" begins [CLS]
-    chars = sum(len(text) for text in plain)
-    assert ours.cost_chars(plain) == (int(chars * NATIVE_CHAR_COST) if native else chars)
-    assert ours.cost_chars(crafted) == sum(len(text) for text in crafted)
-    assert ours.cost_chars(["héllo wörld"]) == len("héllo wörld")
+    chars, no_limit = sum(len(text) for text in plain), 10**9
+    assert ours.cost_chars(plain, no_limit) == (int(chars * NATIVE_CHAR_COST) + 32 if native else chars)
+    assert ours.cost_chars(crafted, no_limit) == sum(len(text) for text in crafted)
+    assert ours.cost_chars(["héllo wörld"], no_limit) == len("héllo wörld")
+    assert ours.cost_chars(plain, no_limit, truncate=False) == chars  # the library counts cut texts whole
+    assert ours.cost_chars(["a"] * 3000, no_limit) >= 3000  # each text weighs one at least
+    if native:  # a call that weighs more than the limit anyway is not read (a scan of its texts on the loop)
+        read = []
+        ours._plain.plain = lambda text: read.append(text) or True
+        assert ours.cost_chars(plain, 800) == chars and not read
+        assert ours.cost_chars(plain, 1000) == int(chars * NATIVE_CHAR_COST) + 32 and len(read) == 32
+        del ours._plain.plain
     # a bulk call's texts: sliced over threads only where the library tokenizes them
     for call, sliced in ((plain, not native), (crafted, True)):
         pool = _Recording()

@@ -49,7 +49,8 @@ def encode_sliced(
     """Blocking: `tokenizer.encode(texts, truncate, detailed, left)`, in up to `threads` slices of at least
     MIN_SLICE_CHARS characters as the library costs them, all but the first offered to `pool`."""
     lengths = [len(text) for text in texts]
-    cost = sum(lengths) if detailed else tokenizer.cost_chars(texts)  # the C++ WordPiece: ids only
+    wanted = 2 * MIN_SLICE_CHARS  # what two slices need
+    cost = sum(lengths) if detailed else tokenizer.cost_chars(texts, wanted, truncate)  # C++: ids only
     slices = min(threads, len(texts), cost // MIN_SLICE_CHARS)
     if pool is None or slices < 2:
         return tokenizer.encode(texts, truncate, detailed, left)

@@ -55,7 +55,8 @@ class TokenizingCalls:
         bertserve_tokenized_inputs_total, refused or not."""
         self.metrics.tokenized_of(model.name).inc(len(checked))
         encode = functools.partial(self.encode_texts, model, checked, truncate, detailed, left)
-        chars = sum(len(text) for text in checked) if detailed else model.tokenizer.cost_chars(checked)
+        cost = functools.partial(model.tokenizer.cost_chars, checked, INLINE_TOKENIZE_CHARS, truncate)
+        chars = sum(len(text) for text in checked) if detailed else cost()
         return await self._timed(encode, chars)
 
     def encode_texts(

@@ -210,8 +210,8 @@ class Engine:
         """A stream's request: it waits for room in the streams' lane, as in one process."""
         batcher = self._group(encoder).batcher
         permit = await batcher.wait_room(len(items), True)
-        work = self._work(front, items, deadline, bulk)
         try:
+            work = self._work(front, items, deadline, bulk)
             batcher.submit(work, permit)
         finally:
             permit.release()

@@ -140,14 +140,18 @@ class ModelTokenizer:
             if actual is not None and actual != expected:
                 raise StartupError(f"{path}: token {token} has id {actual}, the manifest says {expected}")
 
-    def cost_chars(self, texts: list[str]) -> int:
-        """The texts' characters weighted by what tokenizing them for ids costs: a plain text's (the C++
-        WordPiece's) at NATIVE_CHAR_COST, any other at 1 (the library's: a text that only looks plain, such
-        as ASCII holding an added token's first character, must not pass for a cheap one)."""
-        if self._native is None:
-            return sum(len(text) for text in texts)
+    def cost_chars(self, texts: list[str], limit: int, truncate: bool = True) -> int:
+        """What tokenizing `texts` for ids costs, in the library's characters, for a caller that compares it
+        with `limit`: a plain text (the C++ WordPiece's) weighs NATIVE_CHAR_COST a character and one more
+        for itself, any other its length (a text that only looks plain, such as ASCII holding an added token's
+        first character, must not pass for a cheap one). The texts are read only when they could weigh
+        `limit` or less; a call that does not truncate weighs its length (its cut texts are counted whole by
+        the library)."""
+        chars = sum(len(text) for text in texts)
+        if self._native is None or not truncate or chars * NATIVE_CHAR_COST + len(texts) > limit:
+            return chars
         plain = self._plain.plain
-        return int(sum(len(text) * NATIVE_CHAR_COST if plain(text) else len(text) for text in texts))
+        return int(sum(len(t) * NATIVE_CHAR_COST + 1 if plain(t) else len(t) for t in texts))
 
     def encode(
         self, texts: list[str], truncate: bool, detailed: bool = True, left: bool = False

@@ -38,11 +38,13 @@ def finish_embeddings(
         whole = len(chosen) == len(out)  # the usual batch: a view, no gathered copies
         cut = out[:, :size] if whole else out[chosen, :size]  # (n, size)
         rows = normalize[chosen]
-        if rows.all():  # in place, in few whole-array steps (each may let go of the GIL)
-            cut /= np.maximum(np.sqrt(np.einsum("ij,ij->i", cut, cut)), 1e-12)[:, None]
-        elif rows.any():
-            norms = np.linalg.norm(cut[rows], axis=1, keepdims=True)
-            cut[rows] = cut[rows] / np.maximum(norms, 1e-12)
+        if rows.any():  # in place, in few whole-array steps (each may let go of the GIL); every row's norm
+            # taken alike, so a vector never depends on whether its batch-mates normalize
+            norms = np.maximum(np.sqrt(np.einsum("ij,ij->i", cut, cut)), 1e-12)[:, None]
+            if rows.all():
+                cut /= norms
+            else:
+                cut[rows] /= norms[rows]
         if whole:
             return list(cut)
         for i, row in enumerate(chosen):

@@ -222,7 +222,8 @@ class NativeFront:
             if isinstance(admitted, BaseException):
                 self._answer(call, started, admitted)
                 continue
-            chars = admitted.served.tokenizer.cost_chars(admitted.texts)
+            truncate = admitted.plain.truncate or self.settings.auto_truncate
+            chars = admitted.served.tokenizer.cost_chars(admitted.texts, budget, truncate)
             inline = chars <= budget
             budget -= chars if inline else 0
             group = short if inline else long
