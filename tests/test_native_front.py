@@ -516,7 +516,7 @@ def test_a_call_that_ends_while_tokenized_off_the_loop_is_never_queued(server):
     front._prepared = prepared_slowly
     try:
         call, channel = _call(  # more characters than a group tokenizes on the loop
-            native, pb.EmbedRequest(inputs=["a long text to tokenize, café " * 16] * 8, truncate=True)
+            native, pb.EmbedRequest(inputs=["a long text to tokenize " * 20] * 8, truncate=True)
         )
         assert tokenizing.wait(30)  # on the CPU pool
         call.cancel()
@@ -531,9 +531,14 @@ def test_a_call_that_ends_while_tokenized_off_the_loop_is_never_queued(server):
     assert len(_embed(native, pb.EmbedRequest(inputs=["next"])).embeddings) == 1
 
 
-def _where_tokenized(server, texts: list[str]) -> list[tuple[str, int]]:
-    """Three calls of `texts` taken in one turn of the loop: (thread, calls) of each `_prepared`."""
+def test_a_group_tokenizes_up_to_its_budget_on_the_loop_and_the_rest_on_the_pool(server):
+    """Three calls of 960 characters taken in one turn: the first two (within INLINE_GROUP_CHARS) are
+    tokenized on the event loop, the third in one hop to the CPU pool; each is answered."""
+    from bertserve.service.grpc.native.front import INLINE_GROUP_CHARS
+
     front, transport = server.server.native, server.server.native.transport
+    texts = ["a text of some length " * 20, "another text, as long " * 20]  # 480 characters each
+    assert 2 * 960 <= INLINE_GROUP_CHARS < 3 * 960
     where: list[tuple[str, int]] = []
     real_prepared = front._prepared
 
@@ -555,27 +560,8 @@ def _where_tokenized(server, texts: list[str]) -> list[tuple[str, int]]:
     finally:
         front._prepared = real_prepared
         loop_free.set()
-    return where
-
-
-def test_a_group_tokenizes_up_to_its_budget_on_the_loop_and_the_rest_on_the_pool(server):
-    """Three calls of 880 characters taken in one turn: the first two (within INLINE_GROUP_CHARS) are
-    tokenized on the event loop, the third in one hop to the CPU pool; each is answered."""
-    from bertserve.service.grpc.native.front import INLINE_GROUP_CHARS
-
-    # 440 characters each, not ASCII: the library tokenizes them, at its cost
-    texts = ["a text of some lèngth " * 20, "another téxt, as long " * 20]
-    assert 2 * 880 <= INLINE_GROUP_CHARS < 3 * 880
-    where = _where_tokenized(server, texts)
     assert where[0] == ("test-server", 2)  # the loop's thread
     assert where[1][0] != "test-server" and where[1][1] == 1
-
-
-def test_plain_texts_weigh_what_the_cpp_wordpiece_costs(server):
-    """The same calls in plain ASCII weigh NATIVE_CHAR_COST a character (`cost_chars`): all three are
-    tokenized on the loop, in one pass."""
-    where = _where_tokenized(server, ["a text of some length " * 20, "another text, as long " * 20])
-    assert where == [("test-server", 3)]
 
 
 def test_the_heap_goes_back_once_no_native_call_is_in_flight(tiny_repo, monkeypatch):

@@ -7,7 +7,6 @@ places. Tokenizers it does not know, and a machine where it cannot be built, kee
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 import random
@@ -15,12 +14,11 @@ import string
 
 import pytest
 
-from bertserve.service.core.token_slices import encode_sliced
 from bertserve.service.engine import native_wordpiece
 from bertserve.service.engine.model_registry import load
 from bertserve.service.engine.native_wordpiece import NativeUnavailable, NativeWordPiece
 from bertserve.service.engine.process import Engine
-from bertserve.service.engine.tokenization import NATIVE_CHAR_COST, ModelTokenizer
+from bertserve.service.engine.tokenization import ModelTokenizer
 from bertserve.service.errors import InvalidInput
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings, load_settings
@@ -199,48 +197,3 @@ def test_an_engine_of_several_holds_no_native_table(tiny_repo, tmp_path):
     settings = load_settings(model_repo=tiny_repo, models=["tiny-embed"], metrics_port=-1, http_port=-1)
     assert settings.native_tokenizer
     assert [tokenizer._native for tokenizer in asyncio.run(started())] == [None]
-
-
-class _Recording(concurrent.futures.Executor):
-    """An executor that records what it is offered and runs nothing (the caller encodes those slices)."""
-
-    def __init__(self):
-        self.offered = 0
-
-    def submit(self, fn, /, *args, **kwargs):
-        self.offered += 1
-        future = concurrent.futures.Future()
-        future.set_running_or_notify_cancel()
-        future.set_result(fn(*args, **kwargs))
-        return future
-
-
-@pytest.mark.parametrize("native", [True, False])
-def test_a_call_is_weighed_by_what_its_texts_cost(make_tiny_checkpoint, native):
-    """The C++ WordPiece's plain texts weigh NATIVE_CHAR_COST a character where callers choose the loop, the
-    pool or threads (tokenization's `cost_chars`); a text it would not take weighs what the library costs,
-    so ASCII full of an added token's first character cannot pass for a cheap one."""
-    path = tokenizer_files(make_tiny_checkpoint)["minilm"]
-    ours = ModelTokenizer(path, spec(path), 512, native=native)
-    plain = ["the quick brown fox jumps over the lazy dog " * 5] * 32  # 7,040 characters
-    crafted = ["[" * 220] * 32  # ASCII, not plain: "[" begins [CLS]
-    chars, no_limit = sum(len(text) for text in plain), 10**9
-    assert ours.cost_chars(plain, no_limit) == (int(chars * NATIVE_CHAR_COST) + 32 if native else chars)
-    assert ours.cost_chars(crafted, no_limit) == sum(len(text) for text in crafted)
-    assert ours.cost_chars(["héllo wörld"], no_limit) == len("héllo wörld")
-    assert ours.cost_chars(plain, no_limit, truncate=False) == chars  # the library counts cut texts whole
-    assert ours.cost_chars(["a"] * 3000, no_limit) >= 3000  # each text weighs one at least
-    if native:  # a call that weighs more than the limit anyway is not read (a scan of its texts on the loop)
-        read = []
-        ours._plain.plain = lambda text: read.append(text) or True
-        assert ours.cost_chars(plain, 800) == chars and not read
-        assert ours.cost_chars(plain, 1000) == int(chars * NATIVE_CHAR_COST) + 32 and len(read) == 32
-        del ours._plain.plain
-    # a bulk call's texts: sliced over threads only where the library tokenizes them
-    for call, sliced in ((plain, not native), (crafted, True)):
-        pool = _Recording()
-        encode_sliced(ours, call, True, False, False, pool, threads=4)
-        assert (pool.offered > 0) is sliced
-    pool = _Recording()  # tokens and offsets are the library's: weighed as such
-    encode_sliced(ours, plain, True, True, False, pool, threads=4)
-    assert pool.offered > 0

@@ -19,8 +19,7 @@ from tests.test_tokenization_bounded import random_texts, spec, tokenizer_files
 @pytest.fixture(scope="module")
 def minilm(make_tiny_checkpoint) -> ModelTokenizer:
     path = tokenizer_files(make_tiny_checkpoint)["minilm"]
-    # the library's path: a call weighs its characters (the C++ WordPiece's weigh less: test_native_wordpiece)
-    return ModelTokenizer(path, spec(path), 40, native=False)
+    return ModelTokenizer(path, spec(path), 40)
 
 
 def _same(got, expected, detailed: bool = False) -> None:

@@ -18,8 +18,7 @@ from concurrent.futures import Executor, Future
 
 from bertserve.service.engine.tokenization import EncodedInput, ModelTokenizer
 
-# A slice's least characters, as the library costs them (`cost_chars`): a hop to another thread costs about as
-# much as tokenizing a few dozen.
+# A slice's least characters: a hop to another thread costs about as much as tokenizing a few dozen.
 MIN_SLICE_CHARS = 1024
 
 
@@ -47,11 +46,9 @@ def encode_sliced(
     threads: int,
 ) -> list[EncodedInput]:
     """Blocking: `tokenizer.encode(texts, truncate, detailed, left)`, in up to `threads` slices of at least
-    MIN_SLICE_CHARS characters as the library costs them, all but the first offered to `pool`."""
+    MIN_SLICE_CHARS characters, all but the first offered to `pool`."""
     lengths = [len(text) for text in texts]
-    wanted = 2 * MIN_SLICE_CHARS  # what two slices need
-    cost = sum(lengths) if detailed else tokenizer.cost_chars(texts, wanted, truncate)  # C++: ids only
-    slices = min(threads, len(texts), cost // MIN_SLICE_CHARS)
+    slices = min(threads, len(texts), sum(lengths) // MIN_SLICE_CHARS)
     if pool is None or slices < 2:
         return tokenizer.encode(texts, truncate, detailed, left)
     bounds = slice_bounds(lengths, slices)

@@ -55,9 +55,7 @@ class TokenizingCalls:
         bertserve_tokenized_inputs_total, refused or not."""
         self.metrics.tokenized_of(model.name).inc(len(checked))
         encode = functools.partial(self.encode_texts, model, checked, truncate, detailed, left)
-        cost = functools.partial(model.tokenizer.cost_chars, checked, INLINE_TOKENIZE_CHARS, truncate)
-        chars = sum(len(text) for text in checked) if detailed else cost()
-        return await self._timed(encode, chars)
+        return await self._timed(encode, sum(len(text) for text in checked))
 
     def encode_texts(
         self, model: ServedModel, texts: list[str], truncate: bool, detailed: bool = True, left: bool = False

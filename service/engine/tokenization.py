@@ -77,9 +77,6 @@ class EncodedInput:
 # The first prefix of a long text: this many characters per token the model can take (English averages
 # 4 to 5 characters a token, spaces included, so most texts that fit are tokenized whole at once).
 PREFIX_CHARS_PER_TOKEN = 6
-# The C++ WordPiece's CPU per character of an ASCII text, against the library's (measured 0.08-0.35x:
-# docs/performance/native-wordpiece): what callers weigh characters by to choose the loop, the pool or threads
-NATIVE_CHAR_COST = 0.125
 
 
 def _whole(counts: TokenCounts, text: str, piece: Encoding, cut: bool) -> int:
@@ -139,19 +136,6 @@ class ModelTokenizer:
             actual = self._whole.token_to_id(token)
             if actual is not None and actual != expected:
                 raise StartupError(f"{path}: token {token} has id {actual}, the manifest says {expected}")
-
-    def cost_chars(self, texts: list[str], limit: int, truncate: bool = True) -> int:
-        """What tokenizing `texts` for ids costs, in the library's characters, for a caller that compares it
-        with `limit`: a plain text (the C++ WordPiece's) weighs NATIVE_CHAR_COST a character and one more
-        for itself, any other its length (a text that only looks plain, such as ASCII holding an added token's
-        first character, must not pass for a cheap one). The texts are read only when they could weigh
-        `limit` or less; a call that does not truncate weighs its length (its cut texts are counted whole by
-        the library)."""
-        chars = sum(len(text) for text in texts)
-        if self._native is None or not truncate or chars * NATIVE_CHAR_COST + len(texts) > limit:
-            return chars
-        plain = self._plain.plain
-        return int(sum(len(t) * NATIVE_CHAR_COST + 1 if plain(t) else len(t) for t in texts))
 
     def encode(
         self, texts: list[str], truncate: bool, detailed: bool = True, left: bool = False

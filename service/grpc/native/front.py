@@ -43,9 +43,8 @@ DRAIN_POLL_S = 0.01  # while draining: how often the calls still held are counte
 INLINE_PARSE_BYTES = 64 * 1024  # larger requests are parsed on the CPU pool, not the event loop
 COUNT_EVERY_S = 1.0  # how often the transport's own refusals reach the metrics
 CODES = {code.value[0]: code for code in grpc.StatusCode}
-# A group's calls are tokenized on the loop up to this many characters in all, as the library costs them
-# (`cost_chars`: a bounded hold of the loop, cheaper than the hop to the CPU pool); the rest of the group goes
-# to the pool in one hop.
+# A group's calls are tokenized on the loop up to this many characters in all (a bounded hold of the loop,
+# cheaper than the hop to the CPU pool); the rest of the group goes to the pool in one hop.
 INLINE_GROUP_CHARS = 2048
 
 
@@ -222,8 +221,7 @@ class NativeFront:
             if isinstance(admitted, BaseException):
                 self._answer(call, started, admitted)
                 continue
-            truncate = admitted.plain.truncate or self.settings.auto_truncate
-            chars = admitted.served.tokenizer.cost_chars(admitted.texts, budget, truncate)
+            chars = sum(len(t) for t in admitted.texts)
             inline = chars <= budget
             budget -= chars if inline else 0
             group = short if inline else long
