@@ -128,7 +128,7 @@ def test_no_answer_is_dropped_when_a_front_reads_late(tiny_repo, tmp_path):
     assert asyncio.run(_unread_answers(settings, f"{tmp_path}/engine", calls)) == calls
 
 
-async def _mismatches(tiny_repo, address: str) -> tuple[str, tuple]:
+async def _mismatches(tiny_repo, address: str) -> tuple[str, tuple, tuple]:
     settings = load_settings(model_repo=tiny_repo, models=["tiny-embed"], metrics_port=-1, http_port=-1)
     engine = Engine(settings, address, Metrics())
     await engine.start()
