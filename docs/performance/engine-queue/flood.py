@@ -3,10 +3,11 @@
 Starts `Engine` (service/engine/process.py) in a child process on the simulated device (`--device-ms` per
 batch, no CPU), then keeps `--in-flight` unary calls of `--inputs` inputs (one by default) queued through
 `--links` connections from this process, each answer sending the next call (after a random pause up to
-`--spread-ms` when set, so the calls come spread out as from real fronts). The calls are pre-built: this process costs the engine little of
-the two cores. Prints one JSON line: calls/s, batches/s, the mean batch, the compute and the run per batch
-(the metrics `bertserve_inference_duration_seconds` and `bertserve_encoder_run_duration_seconds`), and the
-engine's CPU per call by thread (`bs-engine`: its event loop; `bs-compute`: the batch's worker).
+`--spread-ms` when set, so the calls come spread out as from real fronts). The calls are pre-built: this
+process costs the engine little of the two cores. Prints one JSON line: calls/s, batches/s, the mean batch,
+the compute and the run per batch (the metrics `bertserve_inference_duration_seconds` and
+`bertserve_encoder_run_duration_seconds`), and the engine's CPU per call by thread (`bs-engine`: its event
+loop; `bs-compute`: the batch's worker).
 
     python docs/performance/engine-queue/flood.py --in-flight 1024 --links 8 --device-ms 1
 """
