@@ -18,7 +18,7 @@ import pytest
 from bertserve.service.core.core import InferenceCore
 from bertserve.service.core.remote_engine import EngineLink
 from bertserve.service.engine import model_registry
-from bertserve.service.engine.messages import options_out, small
+from bertserve.service.engine.messages import inputs_out
 from bertserve.service.engine.process import Engine
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.errors import EngineUnavailable, InferenceFailed, Overloaded, StartupError
@@ -138,14 +138,13 @@ async def _mismatches(tiny_repo, address: str) -> tuple[str, tuple, tuple]:
         with pytest.raises(StartupError) as refused:  # a front that loaded another repository's models
             await link.connect({"tiny-embed": 1, "tiny-classifier": 1})
         answered = asyncio.get_running_loop().create_future()
-        options = options_out(TaskOptions(Task.EMBED))
         ids = np.array([101, 7, 102])
-        item = ("no-such-model", options, small(ids), small(ids * 0), None)
-        message = ("submit", "tiny-embed", False, None, [item])
+        inputs = inputs_out("no-such-model", [TaskOptions(Task.EMBED)], [ids], [ids * 0], None)
+        message = ("submit", "tiny-embed", False, None, inputs)
         link.call(message, lambda results, error: answered.set_result((results, error)))
         results, error = await asyncio.wait_for(answered, 30)  # answered, not left to hang
         streamed = asyncio.get_running_loop().create_future()  # a stream's request: it waits for room first
-        link.call(("submit", "tiny-embed", True, None, [item]), lambda *answer: streamed.set_result(answer))
+        link.call(("submit", "tiny-embed", True, None, inputs), lambda *answer: streamed.set_result(answer))
         stream_error = (await asyncio.wait_for(streamed, 30))[1]
         held = engine.registry.by_name["tiny-embed"].batcher._room[True].used  # its room given back
     finally:

@@ -16,6 +16,7 @@ import pytest
 
 from bertserve.service.engine import batcher as batcher_module
 from bertserve.service.engine.batcher import Batcher, BatchLimits, BatchObserver, WorkItem
+from bertserve.service.engine.messages import inputs_out
 from bertserve.service.engine.process import Engine
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.unary_calls import UnaryCall
@@ -231,14 +232,18 @@ def test_every_engine_call_is_answered_once():
             engine._groups = {"enc": types.SimpleNamespace(batcher=batcher)}
             engine.registry = types.SimpleNamespace(by_name={"m": None})
             front, ids = Front(), np.zeros(4, np.int64)
-            one = ("m", (Task.EMBED.value,), ids, ids, None)
-            engine._handle(front, ("submit", 1, "enc", False, None, [one, one, one]))  # 2 compute, 1 queued
+            embed = [TaskOptions(Task.EMBED)]
+
+            def inputs(n: int, model: str = "m") -> tuple:
+                return inputs_out(model, embed, [ids] * n, [ids] * n, None)
+
+            engine._handle(front, ("submit", 1, "enc", False, None, inputs(3)))  # 2 compute, 1 queued
             while not batcher._running:
                 await asyncio.sleep(0.001)
-            engine._handle(front, ("submit", 2, "enc", False, time.monotonic() + 0.03, [one]))
-            engine._handle(front, ("submit", 3, "enc", False, None, [one]))
+            engine._handle(front, ("submit", 2, "enc", False, time.monotonic() + 0.03, inputs(1)))
+            engine._handle(front, ("submit", 3, "enc", False, None, inputs(1)))
             engine._handle(front, ("cancel", 3))
-            engine._handle(front, ("submit", 4, "enc", False, None, [one, ("absent", *one[1:])]))
+            engine._handle(front, ("submit", 4, "enc", False, None, inputs(2, "absent")))
             await asyncio.sleep(0.1)
             failing.append(True)
             gate.set()

@@ -67,7 +67,7 @@ from bertserve.service.core.validation import (
     check_texts,
     check_top_k,
 )
-from bertserve.service.engine.batcher import ItemResult, Permit, WorkItem, abandon
+from bertserve.service.engine.batcher import ItemResult, Permit
 from bertserve.service.engine.encoders import EncoderGroup, attach_batchers, batch_limits
 from bertserve.service.engine.model_registry import ModelRegistry
 from bertserve.service.engine.pair_truncation import check_strategy
@@ -75,6 +75,7 @@ from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tasks.classify import ranked
 from bertserve.service.engine.tokenization import EncodedInput
+from bertserve.service.engine.unary_calls import CallInputs, settle
 from bertserve.service.errors import InvalidInput
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
@@ -450,28 +451,16 @@ class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
     ) -> list[ItemResult]:
         """Queues the inputs of every task at once in the room `permit` holds in the model's encoder queue
         and awaits every result: task by task, input by input."""
-        loop = asyncio.get_running_loop()
-        items = [
-            WorkItem(
-                ids=e.ids,
-                type_ids=e.type_ids,
-                options=option,
-                future=loop.create_future(),
-                deadline=deadline,
-                mask_positions=masks[i] if option.task is Task.FILL_MASK else None,
-                model=model,
-                bulk=bulk,
-            )
-            for option in options
-            for i, e in enumerate(encoded)
-        ]
-        model.encoder.batcher.submit(items, permit)
+        if not encoded:
+            return []
+        future = asyncio.get_running_loop().create_future()
+        inputs = CallInputs(
+            model, [e.ids for e in encoded], [e.type_ids for e in encoded], options, deadline, bulk, masks
+        )
+        call = model.encoder.batcher.submit_call(inputs, settle(future), permit)
         for option in options:
             self.metrics.inputs_of(model.name, option.task.value).inc(len(encoded))
-        futures = [item.future for item in items]
         try:
-            if len(futures) == 1:  # most calls: no gathering future and callbacks
-                return [await futures[0]]
-            return await asyncio.gather(*futures)
+            return await future
         finally:
-            abandon(model.encoder.batcher, futures)  # after a failure or a cancel
+            call.cancel()  # after a failure or a cancel: its inputs still queued are dropped

@@ -8,7 +8,6 @@ A plain call has texts, a model, normalize and truncate; anything else goes thro
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,11 +17,14 @@ from bertserve.service.core.prompts import call_prompt
 from bertserve.service.core.results import EmbedResult, call_meta
 from bertserve.service.core.task_calls import EmbedCall
 from bertserve.service.core.validation import check_texts
-from bertserve.service.engine.batcher import Permit, WorkItem, abandon
+from bertserve.service.engine.batcher import Permit
 from bertserve.service.engine.served_model import ServedModel
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.tokenization import EncodedInput
+from bertserve.service.engine.unary_calls import CallInputs
 from bertserve.service.errors import ServiceError, ShuttingDown
+
+Cancel = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -101,45 +103,34 @@ class EmbedGroups:
 
     def submit(
         self, prepared: Admitted, on_done: Callable[[EmbedResult | BaseException], None]
-    ) -> list[asyncio.Future]:
+    ) -> Cancel | None:
         """On the event loop: queues the call's inputs in its room (or calls `on_done` with the refusal at
-        once: its deadline is too near) and calls `on_done` with its result once every input is computed.
-        Returns the inputs' futures: cancelling one drops the call's inputs still queued and answers the
-        call as cancelled."""
-        served, loop = prepared.served, asyncio.get_running_loop()
-        deadline = prepared.plain.deadline
-        items = [
-            WorkItem(e.ids, e.type_ids, prepared.option, loop.create_future(), deadline, model=served)
-            for e in prepared.encoded
-        ]
+        once: its deadline is too near, and returns None) and calls `on_done` with its result once every
+        input is computed. Returns the call's `cancel`: it drops the call's inputs still queued and answers
+        the call as cancelled."""
+        served = prepared.served
+        encoded = prepared.encoded
+
+        def end(results: list | None, error: BaseException | None) -> None:
+            if results is None:
+                on_done(error or ShuttingDown("the call was cancelled"))
+                return
+            try:
+                meta = call_meta(served, encoded, prepared.tokenize_s, results)
+                values = [r.value for r in results]
+                result = embed_result(served, prepared.call, prepared.option, values, meta)
+            except Exception as exc:  # answered all the same
+                result = exc
+            on_done(result)
+
+        ids, type_ids = [e.ids for e in encoded], [e.type_ids for e in encoded]
+        inputs = CallInputs(served, ids, type_ids, [prepared.option], prepared.plain.deadline)
         try:
-            served.encoder.batcher.submit(items, prepared.permit)
+            call = served.encoder.batcher.submit_call(inputs, end, prepared.permit)
         except ServiceError as exc:
             on_done(exc)
-            return []
+            return None
         finally:
             prepared.permit.release()  # room not used (refused); after a submit it was handed over
-        self.core.metrics.inputs_of(served.name, Task.EMBED.value).inc(len(items))
-        left = [len(items)]  # inputs still computing; 0 once the call is answered
-
-        def one_done(future: asyncio.Future) -> None:
-            if not left[0]:
-                return
-            failed = future.cancelled() or future.exception() is not None
-            left[0] = 0 if failed else left[0] - 1
-            if failed:
-                abandon(served.encoder.batcher, [item.future for item in items])
-                on_done(ShuttingDown("the call was cancelled") if future.cancelled() else future.exception())
-            elif not left[0]:
-                try:
-                    results = [item.future.result() for item in items]
-                    meta = call_meta(served, prepared.encoded, prepared.tokenize_s, results)
-                    values = [r.value for r in results]
-                    result = embed_result(served, prepared.call, prepared.option, values, meta)
-                except Exception as exc:  # answered all the same
-                    result = exc
-                on_done(result)
-
-        for item in items:
-            item.future.add_done_callback(one_done)
-        return [item.future for item in items]
+        self.core.metrics.inputs_of(served.name, Task.EMBED.value).inc(len(encoded))
+        return call.cancel

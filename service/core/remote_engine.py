@@ -1,7 +1,7 @@
 """A front's side of the engine process (`workers` > 1): `EngineLink` is the connection (a Unix socket,
 service/engine/frame_link.py), and
 `RemoteBatcher` takes the place of an encoder's `Batcher` in the front's core, sending each call's
-tokenized inputs to the engine's batcher for that encoder and resolving the items' futures from its answer.
+tokenized inputs to the engine's batcher for that encoder in one message and ending the call on its answer.
 
 Bounds: the engine admits against the one queue every front feeds (global `max_queue_inputs` and
 `max_queue_attention`); each front also holds at most that many inputs of its own in flight (admitted,
@@ -17,14 +17,15 @@ import logging
 from collections.abc import Callable
 
 from bertserve.service import errors
-from bertserve.service.engine.batch_items import BatchLimits, ItemResult, WorkItem
+from bertserve.service.engine.batch_items import BatchLimits, ItemResult
 from bertserve.service.engine.frame_link import FrameLink
-from bertserve.service.engine.messages import array, options_out, small, tokens_out, type_ids_out
+from bertserve.service.engine.messages import inputs_out, results_in
 from bertserve.service.engine.queue_room import LaneRoom, Permit
+from bertserve.service.engine.unary_calls import CallInputs, OnEnd, settle
 
 log = logging.getLogger("bertserve.front")
 
-Answer = Callable[[list | None, Exception | None], None]
+Answer = Callable[[tuple | None, Exception | None], None]
 CONNECT_RETRY_S = 0.05  # while the engine loads its models and does not listen yet
 
 
@@ -194,24 +195,13 @@ class RemoteBatcher:
     def note_dead(self) -> None:
         """Nothing: the engine hears of a call that left by its `cancel` message."""
 
-    def submit(self, items: list[WorkItem], permit: Permit) -> None:
-        """Sends the call's items to the engine; each future gets its result (or the call's error). The
-        permit's room is held until the answer (or a cancellation)."""
+    def submit_call(self, inputs: CallInputs, on_end: OnEnd, permit: Permit) -> RemoteCall:
+        """Sends the call's inputs to the engine in one message; `on_end` runs once, as for
+        `Batcher.submit_call`. The permit's room is held until the engine's answer (or a cancellation)."""
         self._check()
-        bulk = items[0].bulk
-        deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
-        payload = [
-            (
-                i.model.name,
-                options_out(i.options),
-                tokens_out(i.ids),
-                type_ids_out(i.type_ids),
-                small(i.mask_positions),
-            )
-            for i in items
-        ]
-        futures = [item.future for item in items]
-        self._send(("submit", self.name, bulk, deadline, payload), futures, permit)
+        fields = (inputs.model.name, inputs.options, inputs.ids, inputs.type_ids, inputs.masks)
+        message = ("submit", self.name, inputs.bulk, inputs.deadline, inputs_out(*fields))
+        return self._send(message, on_end, permit)
 
     async def submit_exclusive(self, run, tokens: int, deadline: float | None, permit: Permit) -> ItemResult:
         """`run` (an AttentionRun) is sent as its fields; the engine runs its own graph."""
@@ -219,42 +209,47 @@ class RemoteBatcher:
         message = ("attention", self.name, run.model, run.ids, run.type_ids, run.layers, run.heads, deadline)
         try:
             self._check()
-            self._send(message, [future], permit)
+            remote = self._send(message, settle(future), permit)
         except BaseException:
             permit.release()  # the core hands the room over with the job
             raise
         try:
-            return await future
+            (result,) = await future
+            return result
         finally:
-            future.cancel()
+            remote.cancel()
 
-    def _send(self, message: tuple, futures: list[asyncio.Future], permit: Permit) -> None:
-        finished = False
+    def _send(self, message: tuple, on_end: OnEnd, permit: Permit) -> RemoteCall:
         # The room is freed when the engine no longer holds the call's inputs (its answer, or its word that
         # it dropped a cancelled call), by this permit of its own: the core's release of `permit`, as its
         # call ends, frees nothing once the call is sent.
-        held = Permit(permit.room, permit.inputs)
-
-        def answer(results: list | None, error: Exception | None) -> None:
-            nonlocal finished
-            finished = True
-            held.release()
-            for k, future in enumerate(futures):
-                if not future.done():
-                    if error is not None:
-                        future.set_exception(error)
-                    else:
-                        value, *times = results[k]
-                        future.set_result(ItemResult(array(value), *times))
-
-        call = self._link.call(message, answer)
+        remote = RemoteCall(self._link, on_end, Permit(permit.room, permit.inputs))
+        remote.id = self._link.call(message, remote.answer)
         permit.hand_over()
+        return remote
 
-        def cancelled(future: asyncio.Future) -> None:  # the caller went away: the engine drops the call
-            nonlocal finished
-            if future.cancelled() and not finished:
-                finished = True
-                self._link.cancel(call, held.release)
 
-        for future in futures:
-            future.add_done_callback(cancelled)
+class RemoteCall:
+    """A call sent to the engine. `on_end` runs once: (its results, None), (None, its error), or (None, None)
+    once cancelled; `held` (its room) is released when the engine has answered it in any way."""
+
+    __slots__ = ("id", "ended", "_link", "_on_end", "_held")
+
+    def __init__(self, link: EngineLink, on_end: OnEnd, held: Permit):
+        self.id = 0
+        self.ended = False
+        self._link, self._on_end, self._held = link, on_end, held
+
+    def answer(self, results: tuple | None, error: Exception | None) -> None:
+        """The link's answer (once): `results_out`'s results, or the error."""
+        self._held.release()
+        if not self.ended:
+            self.ended = True
+            self._on_end(None if results is None else results_in(results), error)
+
+    def cancel(self) -> None:
+        """The caller went away (nothing once ended): ended at once; the engine drops its inputs."""
+        if not self.ended:
+            self.ended = True
+            self._on_end(None, None)
+            self._link.cancel(self.id, self._held.release)

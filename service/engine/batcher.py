@@ -1,15 +1,15 @@
 """Dynamic batching, one queue owner per encoder, in the manner of text-embeddings-inference's queue.
 
 One owner task holds the queue of an encoder graph (shared by every model and task that runs on it).
-Callers `submit` their tokenized inputs (one `WorkItem` each, naming its model and task) and await the
-items' futures; admission is decided at once (a full queue raises `Overloaded`, a deadline the queue
-ahead cannot meet raises `DeadlineTooShort`). The owner cuts batches by a token budget (padded length x
+Callers `submit` their tokenized inputs (one `WorkItem` each, naming its model and task; `submit_call` makes
+them for a whole call, answered by one callback) and await the items' futures; admission is decided at once
+(a full queue raises `Overloaded`, a deadline the queue ahead cannot meet raises `DeadlineTooShort`). The owner cuts batches by a token budget (padded length x
 inputs), a maximum batch size and a maximum queue delay: it waits for more inputs only until the oldest
 queued input has waited `max_queue_delay`, or until a batch is full. Inside that window inputs are grouped
 by length so padding stays small (`cut_batch`), or, with `cut_ladders` and a batch's cost measured, into
 the batch nearest an ideal one, full and unpadded (`cut_by_cost`); the oldest input is always in it. A
-call's inputs may land in several batches; each result goes to its own future, so the caller gets them
-back in order. Inputs whose caller cancelled or whose deadline passed are dropped before compute and
+call's inputs may land in several batches; each result goes to its own future (or slot), so the caller gets
+them back in order. Inputs whose caller cancelled or whose deadline passed are dropped before compute and
 counted.
 
 Two lanes of batch work: interactive (unary calls) and bulk (streams: `WorkItem.bulk`). Interactive
@@ -57,6 +57,7 @@ from bertserve.service.engine.batch_items import (
 )
 from bertserve.service.engine.batch_policy import BatchCostFit, CostEstimate, cut_batch, cut_by_cost
 from bertserve.service.engine.queue_room import LaneRoom, Permit
+from bertserve.service.engine.unary_calls import CallInputs, OnEnd, UnaryCall, submit_call
 from bertserve.service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
 
 log = logging.getLogger(__name__)
@@ -286,6 +287,10 @@ class Batcher:
             self._wake()
         # else the owner can start nothing until a batch finishes, and that wakes it: a turn per call
         # under load would cost the event loop about 30 us and change nothing
+
+    def submit_call(self, inputs: CallInputs, on_end: OnEnd, permit: Permit | None = None) -> UnaryCall:
+        """A call's inputs queued at once, ended by one callback (service/engine/unary_calls.py)."""
+        return submit_call(self, inputs, on_end, permit)
 
     async def submit_exclusive(
         self, run: Callable[[], Any], tokens: int, deadline: float | None, permit: Permit | None = None

@@ -5,14 +5,15 @@ one event-loop turn posts for a peer leaves as one frame, the list of them (serv
 Only this server's own processes can connect: the socket lives in a directory private to its user
 (service/supervisor/processes.py), so unpickling a message trusts no one else.
 
-Front -> engine: ("hello",) | ("submit", call, encoder, bulk, deadline, items) | ("cancel", call) |
+Front -> engine: ("hello",) | ("submit", call, encoder, bulk, deadline, inputs) | ("cancel", call) |
 ("attention", call, encoder, model, ids, type_ids, layers, heads, deadline).
 Engine -> front: ("hello", {encoder: (provider, device)}, {model: version}) | ("done", call, results) |
 ("error", call, error class name, message) | ("cancelled", call): every call is answered exactly once, a
 cancelled one too, so a front frees a call's room only when the engine no longer holds its inputs.
-`items`: (model, options, ids, type_ids, mask positions) per input; `results`: (value, queue_s,
-inference_s, batch_id) per input. Ids travel as `tokens_out`'s bytes, type ids as `type_ids_out`'s (None:
-all 0), other small arrays as `small` tuples and options as `options_out`'s.
+A call travels whole, not input by input: `inputs` is `inputs_out`'s (the model's name, the options, every
+input's ids joined with their lengths, type ids joined or None when all 0, mask positions or None), `results`
+`results_out`'s (the values, stacked into one array when they are arrays of one shape, then each row's
+queue_s, inference_s and batch_id). Small arrays travel as `small` tuples and options as `options_out`'s.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pickle
+from itertools import accumulate
 
 import numpy as np
 
+from bertserve.service.engine.batch_items import ItemResult
 from bertserve.service.engine.tasks import Task, TaskOptions
 
 # Buffers smaller than this travel inside the pickle: a buffer of its own costs more than the copy.
@@ -108,3 +111,47 @@ def options_out(options: TaskOptions) -> tuple:
 def options_in(fields: tuple) -> TaskOptions:
     """`options_out`'s options back."""
     return TaskOptions(Task(fields[0]), *fields[1:])
+
+
+def inputs_out(
+    model: str, options: list[TaskOptions], ids: list, type_ids: list, masks: list | None
+) -> tuple:
+    """A call's inputs (`CallInputs`' fields) as a `submit` message carries them."""
+    joined = ids[0] if len(ids) == 1 else np.concatenate(ids)
+    types = type_ids[0] if len(type_ids) == 1 else np.concatenate(type_ids)
+    lengths = tuple(len(row) for row in ids)
+    marks = None if masks is None else [small(m) for m in masks]
+    return model, tuple(map(options_out, options)), tokens_out(joined), lengths, type_ids_out(types), marks
+
+
+def inputs_in(message: tuple) -> tuple:
+    """`inputs_out`'s fields back: (model name, options, ids per input, type ids per input, masks), each
+    array a read-only view of the message's bytes (all-0 type ids: of the shared zeros)."""
+    model, options, ids, lengths, type_ids, masks = message
+    ids = tokens_in(ids)
+    types = type_ids_in(type_ids, ids.shape[0])
+    ends = list(accumulate(lengths))
+    starts = [0, *ends[:-1]]
+    rows = [ids[a:b] for a, b in zip(starts, ends, strict=True)]
+    type_rows = [types[a:b] for a, b in zip(starts, ends, strict=True)]
+    marks = None if masks is None else [array(m) for m in masks]
+    return model, [options_in(o) for o in options], rows, type_rows, marks
+
+
+def results_out(results: list[ItemResult]) -> tuple:
+    """A call's results as a `done` message carries them: arrays of one shape and type stacked (one copy
+    and one pickled object for the call), any other values each as `small`'s."""
+    values, queue_s, inference_s, batch_ids = zip(*results, strict=True)
+    first = values[0]
+    same = isinstance(first, np.ndarray) and all(
+        isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values
+    )
+    packed = small(np.stack(values)) if same and len(values) > 1 else [small(v) for v in values]
+    return packed, queue_s, inference_s, batch_ids
+
+
+def results_in(message: tuple) -> list[ItemResult]:
+    """`results_out`'s results back, in order (a stacked array's rows are views of it: read-only)."""
+    packed, queue_s, inference_s, batch_ids = message
+    values = [array(v) for v in packed] if isinstance(packed, list) else list(array(packed))
+    return list(map(ItemResult, values, queue_s, inference_s, batch_ids))

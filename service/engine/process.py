@@ -20,12 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bertserve.service import errors
 from bertserve.service.engine import model_registry
-from bertserve.service.engine.batcher import ItemResult, WorkItem, abandon
 from bertserve.service.engine.encoders import EncoderGroup, attach_batchers
 from bertserve.service.engine.frame_link import FrameLink
-from bertserve.service.engine.messages import array, options_in, small, tokens_in, type_ids_in
+from bertserve.service.engine.messages import inputs_in, results_out
 from bertserve.service.engine.model_registry import ModelRegistry
-from bertserve.service.engine.unary_calls import UnaryCall
+from bertserve.service.engine.unary_calls import CallInputs, UnaryCall, settle, submit_call
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
 from bertserve.service.thread_names import name_this_thread, naming
@@ -143,50 +142,35 @@ class Engine:
             task.add_done_callback(lambda done: self._answer(front, call, done))
 
     def _submit_now(
-        self, front: FrameLink, call: int, encoder: str, bulk: bool, deadline: float | None, items: list
+        self, front: FrameLink, call: int, encoder: str, bulk: bool, deadline: float | None, inputs: tuple
     ) -> None:
-        """A unary call's items queued now (or its refusal sent); answered when the last result is in."""
+        """A unary call's inputs queued now (or its refusal sent); answered when the last result is in."""
 
         def end(results: list | None, error: BaseException | None) -> None:
             if self._calls.pop((front, call), None) is None:
                 return  # answered already (a failure in `_handle`)
-            if results is None and (error is None or len(items) > 1):
-                batcher.note_dead()  # its (other) inputs may still be queued
             try:  # runs inside the batcher's loops over a batch: it must not raise into them
                 if error is not None:
                     self._send(front, _error(call, error))
                 elif results is None:
                     self._send(front, ("cancelled", call))  # the front frees the call's room on this
                 else:
-                    self._send(front, ("done", call, [_result(r) for r in results]))
+                    self._send(front, ("done", call, results_out(results)))
             except Exception as exc:
                 log.exception("engine: answering call %d failed", call)
                 self._send(front, _error(call, exc))
 
         batcher = self._group(encoder).batcher
-        unary = UnaryCall(len(items), end)
-        try:
-            work = self._work(front, items, deadline, bulk, unary.slots())
-            batcher.submit(work)  # room and deadline checked once, taken at once
+        try:  # room and deadline checked once, taken at once
+            unary = submit_call(batcher, self._inputs(inputs, deadline, bulk), end, origin=front)
         except errors.ServiceError as exc:
             self._send(front, _error(call, exc))
             return
         self._calls[(front, call)] = unary
 
-    def _work(
-        self, front: FrameLink, items: list, deadline: float | None, bulk: bool, slots: list | None = None
-    ) -> list[WorkItem]:
-        """The call's inputs as queued work; each answered on its slot (`slots`) or on a new future."""
-        if slots is None:
-            loop = asyncio.get_running_loop()
-            slots = [loop.create_future() for _ in items]
-        by_name, now = self.registry.by_name, time.monotonic()
-        work = []
-        for (model, options, ids, type_ids, masks), slot in zip(items, slots, strict=True):
-            ids = tokens_in(ids)
-            fields = (type_ids_in(type_ids, ids.shape[0]), options_in(options), slot, deadline, array(masks))
-            work.append(WorkItem(ids, *fields, by_name[model], bulk, front, now))
-        return work
+    def _inputs(self, message: tuple, deadline: float | None, bulk: bool) -> CallInputs:
+        model, options, ids, type_ids, masks = inputs_in(message)
+        return CallInputs(self.registry.by_name[model], ids, type_ids, options, deadline, bulk, masks)
 
     def _answer(self, front: FrameLink, call: int, task: asyncio.Task) -> None:
         self._calls.pop((front, call), None)
@@ -205,22 +189,21 @@ class Engine:
         return self._groups[name]
 
     async def _submit_bulk(
-        self, front: FrameLink, encoder: str, bulk: bool, deadline: float | None, items: list
-    ) -> list:
+        self, front: FrameLink, encoder: str, bulk: bool, deadline: float | None, inputs: tuple
+    ) -> tuple:
         """A stream's request: it waits for room in the streams' lane, as in one process."""
         batcher = self._group(encoder).batcher
-        permit = await batcher.wait_room(len(items), True)
+        call_inputs = self._inputs(inputs, deadline, bulk)
+        future = asyncio.get_running_loop().create_future()
+        permit = await batcher.wait_room(call_inputs.rows, True)
         try:
-            work = self._work(front, items, deadline, bulk)
-            batcher.submit(work, permit)
+            unary = submit_call(batcher, call_inputs, settle(future), permit, front)
         finally:
             permit.release()
-        futures = [w.future for w in work]
         try:
-            done = [await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures)
+            return results_out(await future)
         finally:
-            abandon(batcher, futures)  # after a failure or a cancel
-        return [_result(r) for r in done]
+            unary.cancel()  # after a failure or a cancel
 
     async def _attention(
         self, encoder: str, model: str, ids, type_ids, layers: list[int], heads: list[int], deadline
@@ -228,12 +211,7 @@ class Engine:
         served = self.registry.by_name[model]
         batcher = self._group(encoder).batcher
         run = served.attention.bind(ids, type_ids, layers, heads, served.name)
-        return [_result(await batcher.submit_exclusive(run, int(ids.shape[0]), deadline))]
-
-
-def _result(result: ItemResult) -> tuple:
-    """One item's result as a `done` message carries it (the front rebuilds the ItemResult)."""
-    return (small(result.value), result.queue_s, result.inference_s, result.batch_id)
+        return results_out([await batcher.submit_exclusive(run, int(ids.shape[0]), deadline)])
 
 
 def _error(call: int, exc: BaseException) -> tuple:

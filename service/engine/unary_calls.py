@@ -1,16 +1,89 @@
-"""A unary call's inputs as the engine process queues them: one result slot per input, and the call ended once
-(all results in, the first error, or the front's cancel) by a plain callback.
+"""A call's inputs as a batcher queues them (`CallInputs`, `submit_call`): one result slot per input, and the
+call ended once (all results in, the first error, or its caller's cancel) by a plain callback.
 
 The slots stand in for asyncio futures where the batcher holds them (`WorkItem.future`): it asks `done()` (on
 the event loop, and from the worker thread before a batch computes), `set_result` and `set_exception` (on the
-loop). A future per input cost the engine's loop a future, a done-callback and a turn of the loop per result.
+loop). A future per input cost the loop a future, a done-callback and a turn of the loop per result, and the
+caller a gathering future: a call of many inputs pays for one callback instead.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bertserve.service.engine.batch_items import WorkItem
+from bertserve.service.engine.tasks import Task, TaskOptions
+from bertserve.service.errors import ShuttingDown
 
 _PENDING = object()
+OnEnd = Callable[[list | None, BaseException | None], None]
+
+
+@dataclass(slots=True)
+class CallInputs:
+    """One call's tokenized inputs for one encoder: each input once per option (task by task, in order), all
+    for one served model; its results come back in that order, one `ItemResult` per row."""
+
+    model: Any  # the ServedModel (a front's or the engine's own)
+    ids: list[np.ndarray]  # (T,) int64 per input
+    type_ids: list[np.ndarray]  # (T,) int64 per input
+    options: list[TaskOptions]
+    deadline: float | None = None  # time.monotonic() seconds
+    bulk: bool = False  # a stream's inputs
+    masks: list[np.ndarray] | None = None  # fill-mask's mask positions per input, for a fill-mask option
+
+    @property
+    def rows(self) -> int:
+        return len(self.ids) * len(self.options)
+
+    def work(self, slots: list, origin: object = None) -> list[WorkItem]:
+        """The rows as queued work, each answered on its slot; `origin`: the front that sent them."""
+        now, work = time.monotonic(), []
+        slot = iter(slots)
+        for option in self.options:
+            masks = self.masks if option.task is Task.FILL_MASK else None
+            for i, ids in enumerate(self.ids):
+                mask = masks[i] if masks is not None else None
+                fields = (option, next(slot), self.deadline, mask, self.model, self.bulk, origin, now)
+                work.append(WorkItem(ids, self.type_ids[i], *fields))
+        return work
+
+
+def settle(future: asyncio.Future) -> OnEnd:
+    """An `on_end` that resolves `future` with the results or the error (a cancelled call: ShuttingDown);
+    nothing once `future` is done (its caller went away)."""
+
+    def end(results: list | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if results is not None:
+            future.set_result(results)
+        else:
+            future.set_exception(error or ShuttingDown("the call was cancelled"))
+
+    return end
+
+
+def submit_call(batcher: Any, inputs: CallInputs, on_end: OnEnd, permit=None, origin=None) -> UnaryCall:
+    """Queues `inputs` in `batcher` (a Batcher: room from `permit`, else taken now; a refusal raises). `on_end`
+    runs once on the loop, and must not raise: (every row's ItemResult, None), (None, the first error), or
+    (None, None) after the returned call's `cancel()`, which drops its inputs still queued."""
+    rows = inputs.rows
+
+    def end(results: list | None, error: BaseException | None) -> None:
+        if results is None and (error is None or rows > 1):
+            batcher.note_dead()  # its (other) inputs may still be queued
+        on_end(results, error)
+
+    call = UnaryCall(rows, end)
+    batcher.submit(inputs.work(call.slots(), origin), permit)
+    return call
 
 
 class UnaryCall:
@@ -30,7 +103,7 @@ class UnaryCall:
         return [ResultSlot(self, i) for i in range(len(self.results))]
 
     def cancel(self) -> None:
-        """The front's cancel: the queued inputs are skipped (their slots read done)."""
+        """The caller's cancel (nothing once ended): the queued inputs are skipped (their slots read done)."""
         self._end(None, None)
 
     def _end(self, results: list | None, error: BaseException | None) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, multiprocess
 
 from bertserve.service.engine.frame_link import FrameLink
-from bertserve.service.engine.messages import options_out, tokens_out, type_ids_out
+from bertserve.service.engine.messages import inputs_out
 from bertserve.service.engine.tasks import Task, TaskOptions
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -93,24 +93,18 @@ async def _flood(args: argparse.Namespace, address: str, pid: int, metrics_dir: 
     loop = asyncio.get_running_loop()
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 60, size=4096) if args.length == 0 else np.full(4096, args.length)
-    options = options_out(TaskOptions(Task.EMBED, normalize=True))
-    items = [
-        (
-            MODEL,
-            options,
-            tokens_out(np.arange(n, dtype=np.int64) + 1000),
-            type_ids_out(np.zeros(n, np.int64)),
-            None,
-        )
-        for n in lengths
+    options = [TaskOptions(Task.EMBED, normalize=True)]
+    rows = [np.arange(n, dtype=np.int64) + 1000 for n in lengths]
+    calls = [  # each call's inputs as a front sends them (service/engine/messages.py)
+        inputs_out(MODEL, options, ids, [np.zeros_like(ids) for ids in ids], None)
+        for ids in (rows[k : k + args.inputs] for k in range(0, len(rows) - args.inputs + 1, args.inputs))
     ]
     sent, answered = [0], [0]
 
     def send(link: FrameLink) -> None:
         call = sent[0]
         sent[0] += 1
-        inputs = [items[(call * args.inputs + k) % len(items)] for k in range(args.inputs)]
-        link.post(("submit", call, MODEL, False, time.monotonic() + 60, inputs))
+        link.post(("submit", call, MODEL, False, time.monotonic() + 60, calls[call % len(calls)]))
 
     def received(link: FrameLink, message: tuple) -> None:
         if message[0] == "hello":

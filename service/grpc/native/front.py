@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -69,8 +70,8 @@ class NativeFront:
         self._pending: set[asyncio.Task] = set()  # calls being parsed or tokenized on the CPU pool
         self._counting: asyncio.Task | None = None
         self._counted = [[0] * STATUS_CODES for _ in self.methods]  # the transport's counts already added
-        # calls taken and not yet answered -> their inputs' futures once queued (None before)
-        self._live: dict[int, list[asyncio.Future] | None] = {}
+        # calls taken and not yet answered -> what cancels them once queued or running (None before)
+        self._live: dict[int, Callable[[], object] | None] = {}
         self._ended: dict[int, grpc.StatusCode] = {}  # live calls the transport ended: how
         self._stopping = False  # no call is taken once stop has begun
         self._idle = IdleRelease()  # the heap's free pages go back once no call is in flight
@@ -163,8 +164,9 @@ class NativeFront:
             if call not in self._live:
                 continue  # answered meanwhile
             self._ended[call] = CODES.get(code, grpc.StatusCode.CANCELLED)
-            for future in self._live[call] or ():
-                future.cancel()
+            cancel = self._live[call]
+            if cancel is not None:
+                cancel()
 
     def _off_loop(self, ids: list[int], work, then, started: float, admitted: list[Admitted] = ()) -> None:
         """`then(ids, work(), started)` on the loop once `work` has run on the CPU pool; if that fails or is
@@ -257,7 +259,7 @@ class NativeFront:
             self._unary_done(unary, None)
             return
         task = run(unary, self._unary_done, self._ended.get)
-        self._live[unary.id] = [task]  # a drop cancels it
+        self._live[unary.id] = task.cancel  # a drop cancels it
         self._pending.add(task)
 
     def _unary_done(self, unary: UnaryCall, task: asyncio.Task | None) -> None:
@@ -291,11 +293,11 @@ class NativeFront:
                 self._answer(call, started, ready)
                 continue
             try:
-                futures = self.groups.submit(
+                cancel = self.groups.submit(
                     one, lambda result, call=call: self._answer(call, started, result)
                 )
                 if call in self._live:  # else answered at once (refused)
-                    self._live[call] = futures
+                    self._live[call] = cancel
             except Exception as exc:  # `submit` answers what it refuses; this is a bug's, answered too
                 log.exception("native Embed: queueing a call failed")
                 one.permit.release()
