@@ -51,6 +51,7 @@ def test_a_calls_inputs_come_back_input_by_input(lengths):
     type_ids[-1][n // 2 :] = 1 if (n := lengths[-1]) > 1 else 0  # one sentence pair among single texts
     masks = [np.array([k % n], np.int64) for k, n in enumerate(lengths)]
     message = inputs_out("m", [EMBED, FILL], ids, type_ids, masks)
+    assert (message[3] is None) == (len(lengths) == 1)  # one input: no lengths, nothing to split
     assert len(pack(message)) == (3 if sum(lengths) * 8 >= IN_BAND_BYTES else 1)  # ids and type ids apart
     model, options, ids_back, types_back, masks_back = inputs_in(_through_link(message))
     assert model == "m" and options == [EMBED, FILL]

@@ -116,42 +116,53 @@ def options_in(fields: tuple) -> TaskOptions:
 def inputs_out(
     model: str, options: list[TaskOptions], ids: list, type_ids: list, masks: list | None
 ) -> tuple:
-    """A call's inputs (`CallInputs`' fields) as a `submit` message carries them."""
-    joined = ids[0] if len(ids) == 1 else np.concatenate(ids)
-    types = type_ids[0] if len(type_ids) == 1 else np.concatenate(type_ids)
-    lengths = tuple(len(row) for row in ids)
+    """A call's inputs (`CallInputs`' fields) as a `submit` message carries them (lengths None: one input)."""
+    options = tuple(map(options_out, options))
     marks = None if masks is None else [small(m) for m in masks]
-    return model, tuple(map(options_out, options)), tokens_out(joined), lengths, type_ids_out(types), marks
+    if len(ids) == 1:  # most calls: nothing joined, nothing to split
+        return model, options, tokens_out(ids[0]), None, type_ids_out(type_ids[0]), marks
+    lengths = tuple(len(row) for row in ids)
+    types = type_ids_out(np.concatenate(type_ids))
+    return model, options, tokens_out(np.concatenate(ids)), lengths, types, marks
 
 
 def inputs_in(message: tuple) -> tuple:
     """`inputs_out`'s fields back: (model name, options, ids per input, type ids per input, masks), each
-    array a read-only view of the message's bytes (all-0 type ids: of the shared zeros)."""
+    array a view of the message's bytes (all-0 type ids: of the shared zeros; read-only in band)."""
     model, options, ids, lengths, type_ids, masks = message
     ids = tokens_in(ids)
     types = type_ids_in(type_ids, ids.shape[0])
-    ends = list(accumulate(lengths))
-    starts = [0, *ends[:-1]]
-    rows = [ids[a:b] for a, b in zip(starts, ends, strict=True)]
-    type_rows = [types[a:b] for a, b in zip(starts, ends, strict=True)]
+    if lengths is None:
+        rows, type_rows = [ids], [types]
+    else:
+        ends = list(accumulate(lengths))
+        starts = [0, *ends[:-1]]
+        rows = [ids[a:b] for a, b in zip(starts, ends, strict=True)]
+        type_rows = [types[a:b] for a, b in zip(starts, ends, strict=True)]
     marks = None if masks is None else [array(m) for m in masks]
-    return model, [options_in(o) for o in options], rows, type_rows, marks
+    return model, list(map(options_in, options)), rows, type_rows, marks
 
 
 def results_out(results: list[ItemResult]) -> tuple:
-    """A call's results as a `done` message carries them: arrays of one shape and type stacked (one copy
-    and one pickled object for the call), any other values each as `small`'s."""
+    """A call's results as a `done` message carries them: one result as its fields; several with their
+    values stacked when they are arrays of one shape and type (one copy and one pickled object for the
+    call), else each as `small`'s, and each field's values in a tuple."""
+    if len(results) == 1:
+        one = results[0]
+        return small(one[0]), one[1], one[2], one[3]
     values, queue_s, inference_s, batch_ids = zip(*results, strict=True)
     first = values[0]
     same = isinstance(first, np.ndarray) and all(
         isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values
     )
-    packed = small(np.stack(values)) if same and len(values) > 1 else [small(v) for v in values]
+    packed = small(np.stack(values)) if same else [small(v) for v in values]
     return packed, queue_s, inference_s, batch_ids
 
 
 def results_in(message: tuple) -> list[ItemResult]:
-    """`results_out`'s results back, in order (a stacked array's rows are views of it: read-only)."""
+    """`results_out`'s results back, in order (a stacked array's rows are views of it)."""
     packed, queue_s, inference_s, batch_ids = message
+    if not isinstance(queue_s, tuple):  # one result
+        return [ItemResult(array(packed), queue_s, inference_s, batch_ids)]
     values = [array(v) for v in packed] if isinstance(packed, list) else list(array(packed))
     return list(map(ItemResult, values, queue_s, inference_s, batch_ids))
