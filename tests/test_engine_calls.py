@@ -53,8 +53,9 @@ def test_a_calls_inputs_come_back_input_by_input(lengths):
     message = inputs_out("m", [EMBED, FILL], ids, type_ids, masks)
     assert (message[3] is None) == (len(lengths) == 1)  # one input: no lengths, nothing to split
     assert len(pack(message)) == (3 if sum(lengths) * 8 >= IN_BAND_BYTES else 1)  # ids and type ids apart
-    model, options, ids_back, types_back, masks_back = inputs_in(_through_link(message))
-    assert model == "m" and options == [EMBED, FILL]
+    call = inputs_in(_through_link(message), {"m": "model m"}, 2.5, True)
+    assert (call.model, call.options, call.deadline, call.bulk) == ("model m", [EMBED, FILL], 2.5, True)
+    ids_back, types_back, masks_back = call.ids, call.type_ids, call.masks
     for sent, back in ((ids, ids_back), (type_ids, types_back), (masks, masks_back)):
         assert [a.tolist() for a in back] == [a.tolist() for a in sent]
         assert all(a.dtype == np.int64 for a in back)
@@ -66,8 +67,10 @@ def test_single_texts_type_ids_travel_as_none_and_masks_only_when_asked():
     ids = _rows([4, 9])
     message = inputs_out("m", [EMBED], ids, [np.zeros(4, np.int64), np.zeros(9, np.int64)], None)
     assert message[4] is None and message[5] is None
-    _, _, _, types, masks = inputs_in(_through_link(message))
-    assert [t.tolist() for t in types] == [[0] * 4, [0] * 9] and masks is None
+    call = inputs_in(_through_link(message), {"m": None}, None, False)
+    assert [t.tolist() for t in call.type_ids] == [[0] * 4, [0] * 9] and call.masks is None
+    with pytest.raises(KeyError):  # a model the engine lacks
+        inputs_in(message, {}, None, False)
 
 
 def test_results_of_one_shape_travel_stacked_and_others_one_by_one():

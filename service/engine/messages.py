@@ -21,12 +21,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pickle
+from collections.abc import Mapping
 from itertools import accumulate
+from typing import Any
 
 import numpy as np
 
 from bertserve.service.engine.batch_items import ItemResult
 from bertserve.service.engine.tasks import Task, TaskOptions
+from bertserve.service.engine.unary_calls import CallInputs
 
 # Buffers smaller than this travel inside the pickle: a buffer of its own costs more than the copy.
 IN_BAND_BYTES = 65536
@@ -126,9 +129,9 @@ def inputs_out(
     return model, options, tokens_out(np.concatenate(ids)), lengths, types, marks
 
 
-def inputs_in(message: tuple) -> tuple:
-    """`inputs_out`'s fields back: (model name, options, ids per input, type ids per input, masks), each
-    array a view of the message's bytes (all-0 type ids: of the shared zeros; read-only in band)."""
+def inputs_in(message: tuple, models: Mapping[str, Any], deadline: float | None, bulk: bool) -> CallInputs:
+    """`inputs_out`'s call back, its model looked up in `models` by name (KeyError: not there); each array a
+    view of the message's bytes (all-0 type ids: of the shared zeros; read-only in band)."""
     model, options, ids, lengths, type_ids, masks = message
     ids = tokens_in(ids)
     types = type_ids_in(type_ids, ids.shape[0])
@@ -140,7 +143,7 @@ def inputs_in(message: tuple) -> tuple:
         rows = [ids[a:b] for a, b in zip(starts, ends, strict=True)]
         type_rows = [types[a:b] for a, b in zip(starts, ends, strict=True)]
     marks = None if masks is None else [array(m) for m in masks]
-    return model, list(map(options_in, options)), rows, type_rows, marks
+    return CallInputs(models[model], rows, type_rows, list(map(options_in, options)), deadline, bulk, marks)
 
 
 def results_out(results: list[ItemResult]) -> tuple:

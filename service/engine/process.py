@@ -24,7 +24,7 @@ from bertserve.service.engine.encoders import EncoderGroup, attach_batchers
 from bertserve.service.engine.frame_link import FrameLink
 from bertserve.service.engine.messages import inputs_in, results_out
 from bertserve.service.engine.model_registry import ModelRegistry
-from bertserve.service.engine.unary_calls import CallInputs, UnaryCall, settle, submit_call
+from bertserve.service.engine.unary_calls import UnaryCall, settle, submit_call
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
 from bertserve.service.thread_names import name_this_thread, naming
@@ -162,15 +162,13 @@ class Engine:
 
         batcher = self._group(encoder).batcher
         try:  # room and deadline checked once, taken at once
-            unary = submit_call(batcher, self._inputs(inputs, deadline, bulk), end, origin=front)
+            unary = submit_call(
+                batcher, inputs_in(inputs, self.registry.by_name, deadline, bulk), end, origin=front
+            )
         except errors.ServiceError as exc:
             self._send(front, _error(call, exc))
             return
         self._calls[(front, call)] = unary
-
-    def _inputs(self, message: tuple, deadline: float | None, bulk: bool) -> CallInputs:
-        model, options, ids, type_ids, masks = inputs_in(message)
-        return CallInputs(self.registry.by_name[model], ids, type_ids, options, deadline, bulk, masks)
 
     def _answer(self, front: FrameLink, call: int, task: asyncio.Task) -> None:
         self._calls.pop((front, call), None)
@@ -193,7 +191,7 @@ class Engine:
     ) -> tuple:
         """A stream's request: it waits for room in the streams' lane, as in one process."""
         batcher = self._group(encoder).batcher
-        call_inputs = self._inputs(inputs, deadline, bulk)
+        call_inputs = inputs_in(inputs, self.registry.by_name, deadline, bulk)
         future = asyncio.get_running_loop().create_future()
         permit = await batcher.wait_room(call_inputs.rows, True)
         try:

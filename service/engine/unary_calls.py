@@ -44,8 +44,13 @@ class CallInputs:
 
     def work(self, slots: list, origin: object = None) -> list[WorkItem]:
         """The rows as queued work, each answered on its slot; `origin`: the front that sent them."""
-        now, work = time.monotonic(), []
-        slot = iter(slots)
+        now = time.monotonic()
+        if len(slots) == 1:  # most calls
+            option = self.options[0]
+            mask = self.masks[0] if self.masks is not None and option.task is Task.FILL_MASK else None
+            fields = (option, slots[0], self.deadline, mask, self.model, self.bulk, origin, now)
+            return [WorkItem(self.ids[0], self.type_ids[0], *fields)]
+        work, slot = [], iter(slots)
         for option in self.options:
             masks = self.masks if option.task is Task.FILL_MASK else None
             for i, ids in enumerate(self.ids):
@@ -74,29 +79,24 @@ def submit_call(batcher: Any, inputs: CallInputs, on_end: OnEnd, permit=None, or
     """Queues `inputs` in `batcher` (a Batcher: room from `permit`, else taken now; a refusal raises). `on_end`
     runs once on the loop, and must not raise: (every row's ItemResult, None), (None, the first error), or
     (None, None) after the returned call's `cancel()`, which drops its inputs still queued."""
-    rows = inputs.rows
-
-    def end(results: list | None, error: BaseException | None) -> None:
-        if results is None and (error is None or rows > 1):
-            batcher.note_dead()  # its (other) inputs may still be queued
-        on_end(results, error)
-
-    call = UnaryCall(rows, end)
+    call = UnaryCall(inputs.rows, on_end, batcher.note_dead)
     batcher.submit(inputs.work(call.slots(), origin), permit)
     return call
 
 
 class UnaryCall:
     """`on_end(results, error)` runs once: (every input's result in order, None), (None, the first error),
-    or (None, None) when cancelled. Results that come after the end are dropped."""
+    or (None, None) when cancelled. Results that come after the end are dropped. `note_dead()` (the
+    batcher's) runs first when the call ends with inputs that may still be queued."""
 
-    __slots__ = ("results", "waiting", "ended", "_on_end")
+    __slots__ = ("results", "waiting", "ended", "_on_end", "_note_dead")
 
-    def __init__(self, inputs: int, on_end: Callable[[list | None, BaseException | None], None]):
+    def __init__(self, inputs: int, on_end: OnEnd, note_dead: Callable[[], None] = lambda: None):
         self.results: list = [_PENDING] * inputs
         self.waiting = inputs
         self.ended = False
         self._on_end = on_end
+        self._note_dead = note_dead
 
     def slots(self) -> list[ResultSlot]:
         """One per input, in order (not kept here: the call and its slots form no cycle for the collector)."""
@@ -109,6 +109,8 @@ class UnaryCall:
     def _end(self, results: list | None, error: BaseException | None) -> None:
         if not self.ended:
             self.ended = True
+            if results is None and (error is None or len(self.results) > 1):
+                self._note_dead()  # its (other) inputs may still be queued
             self._on_end(results, error)
 
     def _set(self, index: int, value: object) -> None:
