@@ -26,13 +26,13 @@ from bertserve.repository import (
     NAME_PATTERN,
     Manifest,
     RepositoryError,
-    check_file,
     is_staging,
     is_version_name,
     list_versions,
     read_manifest,
     sha256_file,
 )
+from bertserve.service.engine.checked_files import CHECKED
 from bertserve.service.errors import StartupError
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class _Loader:
 
     def _check(self, path: Path, sha256: str, what: str) -> None:
         if (path, sha256) not in self._checked:
-            check_file(path, sha256, what)
+            CHECKED.check(path, sha256, what)  # hashed unless this process (or its supervisor) did
             self._checked.add((path, sha256))
 
     def _manifest_at(self, directory: Path) -> Manifest:

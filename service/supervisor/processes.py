@@ -27,6 +27,7 @@ from multiprocessing.process import BaseProcess
 
 from bertserve.service import metrics_multiprocess
 from bertserve.service.engine import repository
+from bertserve.service.engine.checked_files import CHECKED, Checked
 from bertserve.service.errors import StartupError
 from bertserve.service.settings import Settings
 from bertserve.service.supervisor.ports import PortClaim
@@ -40,8 +41,9 @@ ENGINE_STOP_S = 10.0  # after the fronts drained: each engine finishes what is q
 FRONT_STOP_AFTER_GRACE_S = 5.0  # beyond the grace period: a front still running is killed
 
 
-def _become_child(settings: Settings, parent: int) -> None:
-    """What the engine and every front do first. Linux: the process gets SIGTERM when the supervisor
+def _become_child(settings: Settings, parent: int, checked: Checked) -> None:
+    """What the engine and every front do first; `checked`: the repository files the supervisor hashed,
+    taken as checked while they stay as they were (service/engine/checked_files.py). Linux: the process gets SIGTERM when the supervisor
     (`parent`) dies, even by SIGKILL; if it died before this could be set, the process stops at once.
     Only the supervisor's SIGTERM stops a child: a terminal's SIGINT or SIGHUP reaches the whole process
     group, and the supervisor turns it into SIGTERMs in order (fronts first; the engine, which they need
@@ -53,19 +55,22 @@ def _become_child(settings: Settings, parent: int) -> None:
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     configure_process(settings, several=True)
+    CHECKED.trust(checked)
 
 
-def _engine_main(settings: Settings, address: str, parent: int, all_warm) -> None:
+def _engine_main(settings: Settings, address: str, parent: int, checked: Checked, all_warm) -> None:
     from bertserve.service.engine import process
 
-    _become_child(settings, parent)
+    _become_child(settings, parent, checked)
     raise SystemExit(process.main(settings, address, all_warm))
 
 
-def _front_main(settings: Settings, address: str, index: int, ready: Connection, parent: int) -> None:
+def _front_main(
+    settings: Settings, address: str, index: int, ready: Connection, parent: int, checked: Checked
+) -> None:
     from bertserve.service.supervisor.server import FrontRole
 
-    _become_child(settings, parent)
+    _become_child(settings, parent, checked)
     name_this_thread(f"bs-front-{index}")  # its loop: the protocols, tokenization, replies
     role = FrontRole(address, index)
     main = run_until_signalled(settings, role, lambda: ready.send(index), (signal.SIGTERM,))
@@ -148,7 +153,7 @@ class Supervisor:
     def _start_front(self, settings: Settings, index: int) -> None:
         self.fronts[index] = self._start(
             f"front-{index}", _front_main, settings, self.addresses[index % len(self.addresses)], index,
-            self._ready_sender, os.getpid(),
+            self._ready_sender, os.getpid(), CHECKED.export(),
         )  # fmt: skip
 
     def _front_ready(self) -> None:
@@ -201,7 +206,7 @@ class Supervisor:
             )  # fmt: skip
         for name, address in zip(self.engine_names, self.addresses, strict=True):
             self.engines[name] = self._start(
-                name, _engine_main, self.settings, address, os.getpid(), self._all_warm
+                name, _engine_main, self.settings, address, os.getpid(), CHECKED.export(), self._all_warm
             )
         for index in range(self.workers):
             self._start_front(self._front_settings, index)
