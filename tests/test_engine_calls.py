@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import types
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -25,7 +26,7 @@ from bertserve.service.engine.messages import (
 )
 from bertserve.service.engine.queue_room import LaneRoom
 from bertserve.service.engine.tasks import Task, TaskOptions
-from bertserve.service.engine.unary_calls import CallInputs
+from bertserve.service.engine.unary_calls import CallInputs, submit_call
 from bertserve.service.errors import InferenceFailed
 
 EMBED = TaskOptions(Task.EMBED, normalize=True)
@@ -179,3 +180,39 @@ def test_a_remote_call_ends_once_and_frees_its_room_only_when_the_engine_answers
     (result,), error = ends[1]
     assert error is None and result.value.tolist() == [1.0, 1.0] and result[1:] == (0.5, 0.25, 3)
     assert len(ends) == 2 and len(link.cancels) == 1 and room.used == 0
+
+
+def test_a_call_of_no_rows_ends_at_once():
+    ends: list = []
+    batcher = types.SimpleNamespace(submit=None, note_dead=lambda: None)  # never asked to queue anything
+    no_tasks = CallInputs(None, [np.zeros(1, np.int64)], [np.zeros(1, np.int64)], [])
+    call = submit_call(batcher, no_tasks, lambda results, error: ends.append((results, error)))
+    assert ends == [([], None)] and call.ended
+    assert results_in(_through_link(results_out([]))) == []
+
+
+async def _two_calls_one_raising() -> list:
+    """Two one-input calls in one batch; the first's `on_end` raises."""
+    limits = BatchLimits(max_batch_size=2, max_batch_tokens=100, max_queue_delay_s=0.05, max_queue_inputs=100)
+    ends: list = []
+
+    def raising(results, error):
+        raise RuntimeError("a broken caller")
+
+    with ThreadPoolExecutor(1) as pool:
+        batcher = Batcher("m", lambda batch: [1] * len(batch), limits, pool, prefetch=0)
+        batcher.start()
+        one = [np.array([1], np.int64)], [np.zeros(1, np.int64)], [EMBED]
+        batcher.submit_call(CallInputs(None, *one), raising)
+        batcher.submit_call(CallInputs(None, *one), lambda results, error: ends.append((results, error)))
+        for _ in range(500):
+            if ends:
+                break
+            await asyncio.sleep(0.01)
+        await batcher.close()
+    return ends
+
+
+def test_a_calls_end_that_raises_leaves_its_batch_mates_answered():
+    ((results, error),) = asyncio.run(_two_calls_one_raising())
+    assert error is None and [r.value for r in results] == [1]

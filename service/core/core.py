@@ -451,7 +451,7 @@ class InferenceCore(PairCalls, TokenizingCalls, AttentionCalls):
     ) -> list[ItemResult]:
         """Queues the inputs of every task at once in the room `permit` holds in the model's encoder queue
         and awaits every result: task by task, input by input."""
-        if not encoded:
+        if not encoded or not options:
             return []
         future = asyncio.get_running_loop().create_future()
         inputs = CallInputs(

@@ -21,7 +21,7 @@ from bertserve.service.engine.batch_items import BatchLimits, ItemResult
 from bertserve.service.engine.frame_link import FrameLink
 from bertserve.service.engine.messages import inputs_out, results_in
 from bertserve.service.engine.queue_room import LaneRoom, Permit
-from bertserve.service.engine.unary_calls import CallInputs, OnEnd, settle
+from bertserve.service.engine.unary_calls import CallInputs, OnEnd, ended, settle
 
 log = logging.getLogger("bertserve.front")
 
@@ -245,11 +245,15 @@ class RemoteCall:
         self._held.release()
         if not self.ended:
             self.ended = True
-            self._on_end(None if results is None else results_in(results), error)
+            try:
+                results = None if results is None else results_in(results)
+            except Exception as exc:  # never raised into the link's loop over a frame
+                results, error = None, errors.InferenceFailed(f"the engine's answer could not be read: {exc}")
+            ended(self._on_end, results, error)
 
     def cancel(self) -> None:
         """The caller went away (nothing once ended): ended at once; the engine drops its inputs."""
         if not self.ended:
             self.ended = True
-            self._on_end(None, None)
             self._link.cancel(self.id, self._held.release)
+            ended(self._on_end, None, None)

@@ -1,9 +1,10 @@
 """Repository files a process takes as checked without hashing them again.
 
 With several processes (`--workers`), the supervisor hashes the served files once at start (its version
-pin) and hands every engine and front what it checked, each file with its stamp (device, inode, size and
-modification time in nanoseconds); a child hashes only a file whose stamp has moved since, so a file
-replaced or written in place is checked again. Within one process a file is hashed once as well.
+pin) and hands every engine and front what it checked, each file with its stamp (device, inode, size, and
+modification and change times in nanoseconds); a child hashes only a file whose stamp has moved since, so a
+file replaced or written in place is checked again: the change time moves on every write, every `utime`
+(which can set the modification time back) and every new file, and no caller can set it. Within one process a file is hashed once as well.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from bertserve.repository import check_file
 
-Stamp = tuple[int, int, int, int]
+Stamp = tuple[int, int, int, int, int]
 Checked = dict[str, tuple[str, Stamp]]  # path -> (sha256, stamp when it was hashed)
 
 
@@ -23,7 +24,7 @@ def stamp(path: Path) -> Stamp | None:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 class CheckedFiles:

@@ -150,6 +150,8 @@ def results_out(results: list[ItemResult]) -> tuple:
     """A call's results as a `done` message carries them: one result as its fields; several with their
     values stacked when they are arrays of one shape and type (one copy and one pickled object for the
     call), else each as `small`'s, and each field's values in a tuple."""
+    if not results:
+        return [], (), (), ()
     if len(results) == 1:
         one = results[0]
         return small(one[0]), one[1], one[2], one[3]

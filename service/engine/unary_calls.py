@@ -10,6 +10,7 @@ caller a gathering future: a call of many inputs pays for one callback instead.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.errors import ShuttingDown
 
 _PENDING = object()
+log = logging.getLogger("bertserve.batcher")
 OnEnd = Callable[[list | None, BaseException | None], None]
 
 
@@ -60,6 +62,15 @@ class CallInputs:
         return work
 
 
+def ended(on_end: OnEnd, results: list | None, error: BaseException | None) -> None:
+    """`on_end(results, error)`, which must not raise: it runs inside the batcher's loops over a batch and
+    the link's over a frame, where an exception would leave the others unanswered. One that does is logged."""
+    try:
+        on_end(results, error)
+    except Exception:
+        log.exception("a call's end failed")
+
+
 def settle(future: asyncio.Future) -> OnEnd:
     """An `on_end` that resolves `future` with the results or the error (a cancelled call: ShuttingDown);
     nothing once `future` is done (its caller went away)."""
@@ -80,6 +91,9 @@ def submit_call(batcher: Any, inputs: CallInputs, on_end: OnEnd, permit=None, or
     runs once on the loop, and must not raise: (every row's ItemResult, None), (None, the first error), or
     (None, None) after the returned call's `cancel()`, which drops its inputs still queued."""
     call = UnaryCall(inputs.rows, on_end, batcher.note_dead)
+    if not inputs.rows:  # nothing to queue (no caller sends such a call): answered at once
+        call._end([], None)
+        return call
     batcher.submit(inputs.work(call.slots(), origin), permit)
     return call
 
@@ -111,7 +125,7 @@ class UnaryCall:
             self.ended = True
             if results is None and (error is None or len(self.results) > 1):
                 self._note_dead()  # its (other) inputs may still be queued
-            self._on_end(results, error)
+            ended(self._on_end, results, error)
 
     def _set(self, index: int, value: object) -> None:
         if self.ended or self.results[index] is not _PENDING:

@@ -92,7 +92,8 @@ async def measure(args: argparse.Namespace) -> dict:
 async def _flood(args: argparse.Namespace, address: str, pid: int, metrics_dir: str) -> dict:
     loop = asyncio.get_running_loop()
     rng = np.random.default_rng(0)
-    lengths = rng.integers(5, 60, size=4096) if args.length == 0 else np.full(4096, args.length)
+    count = max(4096, args.inputs)  # calls cycle over these inputs
+    lengths = rng.integers(5, 60, size=count) if args.length == 0 else np.full(count, args.length)
     options = [TaskOptions(Task.EMBED, normalize=True)]
     rows = [np.arange(n, dtype=np.int64) + 1000 for n in lengths]
     calls = [  # each call's inputs as a front sends them (service/engine/messages.py)
