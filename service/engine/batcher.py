@@ -3,13 +3,13 @@
 One owner task holds the queue of an encoder graph (shared by every model and task that runs on it).
 Callers `submit` their tokenized inputs (one `WorkItem` each, naming its model and task; `submit_call` makes
 them for a whole call, answered by one callback) and await the items' futures; admission is decided at once
-(a full queue raises `Overloaded`, a deadline the queue ahead cannot meet raises `DeadlineTooShort`). The owner cuts batches by a token budget (padded length x
-inputs), a maximum batch size and a maximum queue delay: it waits for more inputs only until the oldest
-queued input has waited `max_queue_delay`, or until a batch is full. Inside that window inputs are grouped
-by length so padding stays small (`cut_batch`), or, with `cut_ladders` and a batch's cost measured, into
-the batch nearest an ideal one, full and unpadded (`cut_by_cost`); the oldest input is always in it. A
-call's inputs may land in several batches; each result goes to its own future (or slot), so the caller gets
-them back in order. Inputs whose caller cancelled or whose deadline passed are dropped before compute and
+(a full queue raises `Overloaded`, a deadline the queue ahead cannot meet raises `DeadlineTooShort`). The
+owner cuts batches by a token budget (padded length x inputs), a maximum batch size and a maximum queue
+delay: it waits for more inputs only until the oldest queued input has waited `max_queue_delay`, or until a
+batch is full. Inside that window inputs are grouped by length so padding stays small (`cut_batch`), or,
+with `cut_ladders` and a batch's cost measured, into the batch nearest an ideal one, full and unpadded
+(`cut_by_cost`); the oldest input is always in it. A call's inputs may land in several batches; each result
+goes to its own future (or slot), so the caller gets them back in order. Inputs whose caller cancelled or whose deadline passed are dropped before compute and
 counted.
 
 Two lanes of batch work: interactive (unary calls) and bulk (streams: `WorkItem.bulk`). Interactive

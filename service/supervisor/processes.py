@@ -43,11 +43,11 @@ FRONT_STOP_AFTER_GRACE_S = 5.0  # beyond the grace period: a front still running
 
 def _become_child(settings: Settings, parent: int, checked: Checked) -> None:
     """What the engine and every front do first; `checked`: the repository files the supervisor hashed,
-    taken as checked while they stay as they were (service/engine/checked_files.py). Linux: the process gets SIGTERM when the supervisor
-    (`parent`) dies, even by SIGKILL; if it died before this could be set, the process stops at once.
-    Only the supervisor's SIGTERM stops a child: a terminal's SIGINT or SIGHUP reaches the whole process
-    group, and the supervisor turns it into SIGTERMs in order (fronts first; the engine, which they need
-    to finish their calls, last)."""
+    taken as checked while they stay as they were (service/engine/checked_files.py). Linux: the process
+    gets SIGTERM when the supervisor (`parent`) dies, even by SIGKILL; if it died before this could be set,
+    the process stops at once. Only the supervisor's SIGTERM stops a child: a terminal's SIGINT or SIGHUP
+    reaches the whole process group, and the supervisor turns it into SIGTERMs in order (fronts first; the
+    engine, which they need to finish their calls, last)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
