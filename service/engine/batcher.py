@@ -9,8 +9,8 @@ delay: it waits for more inputs only until the oldest queued input has waited `m
 batch is full. Inside that window inputs are grouped by length so padding stays small (`cut_batch`), or,
 with `cut_ladders` and a batch's cost measured, into the batch nearest an ideal one, full and unpadded
 (`cut_by_cost`); the oldest input is always in it. A call's inputs may land in several batches; each result
-goes to its own future (or slot), so the caller gets them back in order. Inputs whose caller cancelled or whose deadline passed are dropped before compute and
-counted.
+goes to its own future (or slot), so the caller gets them back in order. Inputs whose caller cancelled or
+whose deadline passed are dropped before compute and counted.
 
 Two lanes of batch work: interactive (unary calls) and bulk (streams: `WorkItem.bulk`). Interactive
 inputs go first; bulk batches run when no interactive input waits, or after `INTERACTIVE_TURNS_PER_BULK`
