@@ -17,7 +17,8 @@ from bertserve.service.errors import StartupError
 
 @pytest.fixture
 def hashed(monkeypatch) -> list:
-    """The paths `check_file` hashes, in order."""
+    """The paths `check_file` hashes, in order; files written just now count as settled."""
+    monkeypatch.setattr(checked_files, "RACY_NS", -(10**12))
     calls = []
     real = checked_files.check_file
 
@@ -52,6 +53,14 @@ def test_a_file_is_hashed_again_only_when_it_changed(tmp_path, hashed):
     os.replace(replaced, path)
     child.check(path, sha, "graph")  # hashed again (another inode), and equal
     assert hashed == ["graph.onnx"] * 4
+
+
+def test_a_file_changed_just_before_its_hash_is_hashed_again(tmp_path):
+    path = tmp_path / "graph.onnx"
+    path.write_bytes(b"weights")  # now: within RACY_NS of the hash, a same-tick write could keep its stamp
+    files = CheckedFiles()
+    files.check(path, hashlib.sha256(b"weights").hexdigest(), "graph")
+    assert files.export() == {}
 
 
 def test_a_missing_file_is_never_taken(tmp_path):
@@ -93,6 +102,7 @@ def test_the_supervisor_hands_its_checks_to_every_child(tiny_repo, monkeypatch):
     from bertserve.service.supervisor import processes
 
     monkeypatch.setattr(checked_files, "CHECKED", CheckedFiles())
+    monkeypatch.setattr(checked_files, "RACY_NS", -(10**12))  # the repository was written just now
     monkeypatch.setattr(repository, "CHECKED", checked_files.CHECKED)
     monkeypatch.setattr(processes, "CHECKED", checked_files.CHECKED)
     settings = load_settings(model_repo=tiny_repo, metrics_port=-1, http_port=-1)

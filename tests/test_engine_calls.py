@@ -24,6 +24,7 @@ from bertserve.service.engine.messages import (
     results_out,
     unpack,
 )
+from bertserve.service.engine.process import Engine
 from bertserve.service.engine.queue_room import LaneRoom
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.unary_calls import CallInputs, submit_call
@@ -189,6 +190,24 @@ def test_a_call_of_no_rows_ends_at_once():
     call = submit_call(batcher, no_tasks, lambda results, error: ends.append((results, error)))
     assert ends == [([], None)] and call.ended
     assert results_in(_through_link(results_out([]))) == []
+
+
+def test_the_engine_answers_a_call_of_no_rows():
+    sent: list = []
+
+    class Front:  # hashable, as a link is
+        post = sent.append
+
+    front = Front()
+    engine = Engine.__new__(Engine)  # its message handling alone: no models loaded
+    engine._calls = {}
+    engine._groups = {
+        "enc": types.SimpleNamespace(batcher=types.SimpleNamespace(submit=None, note_dead=None))
+    }
+    engine.registry = types.SimpleNamespace(by_name={"m": None})
+    no_tasks = inputs_out("m", [], [np.zeros(3, np.int64)], [np.zeros(3, np.int64)], None)
+    engine._handle(front, ("submit", 7, "enc", False, None, no_tasks))
+    assert [(m[0], m[1], results_in(m[2])) for m in sent] == [("done", 7, [])] and not engine._calls
 
 
 async def _two_calls_one_raising() -> list:

@@ -255,5 +255,7 @@ class RemoteCall:
         """The caller went away (nothing once ended): ended at once; the engine drops its inputs."""
         if not self.ended:
             self.ended = True
-            self._link.cancel(self.id, self._held.release)
-            ended(self._on_end, None, None)
+            try:
+                self._link.cancel(self.id, self._held.release)
+            finally:
+                ended(self._on_end, None, None)

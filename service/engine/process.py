@@ -30,6 +30,7 @@ from bertserve.service.settings import Settings
 from bertserve.service.thread_names import name_this_thread, naming
 
 log = logging.getLogger("bertserve.engine")
+_ANSWERED = object()  # a call no longer in `Engine._calls`
 
 
 class Engine:
@@ -52,7 +53,7 @@ class Engine:
         self.metrics.export_limits(settings)
         self.registry: ModelRegistry | None = None
         self._groups: dict[str, EncoderGroup] = {}  # by encoder name, once loaded
-        self._calls: dict[tuple[FrameLink, int], asyncio.Task | UnaryCall] = {}  # (front, call id) -> it
+        self._calls: dict[tuple[FrameLink, int], asyncio.Task | UnaryCall | None] = {}  # (front, call) -> it
         self._cpu = ThreadPoolExecutor(1, "bertserve-engine-load", naming("bs-engine-load"))
         self._server: asyncio.AbstractServer | None = None
         self._stopping = asyncio.Event()
@@ -147,7 +148,7 @@ class Engine:
         """A unary call's inputs queued now (or its refusal sent); answered when the last result is in."""
 
         def end(results: list | None, error: BaseException | None) -> None:
-            if self._calls.pop((front, call), None) is None:
+            if self._calls.pop(key, _ANSWERED) is _ANSWERED:
                 return  # answered already (a failure in `_handle`)
             try:  # runs inside the batcher's loops over a batch: it must not raise into them
                 if error is not None:
@@ -160,15 +161,18 @@ class Engine:
                 log.exception("engine: answering call %d failed", call)
                 self._send(front, _error(call, exc))
 
-        batcher = self._group(encoder).batcher
+        batcher, key = self._group(encoder).batcher, (front, call)
+        self._calls[key] = None  # before the submit: a call may end within it (no rows)
         try:  # room and deadline checked once, taken at once
             unary = submit_call(
                 batcher, inputs_in(inputs, self.registry.by_name, deadline, bulk), end, origin=front
             )
         except errors.ServiceError as exc:
+            self._calls.pop(key, None)
             self._send(front, _error(call, exc))
             return
-        self._calls[(front, call)] = unary
+        if key in self._calls:
+            self._calls[key] = unary
 
     def _answer(self, front: FrameLink, call: int, task: asyncio.Task) -> None:
         self._calls.pop((front, call), None)
