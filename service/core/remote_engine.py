@@ -192,9 +192,6 @@ class RemoteBatcher:
             )
         return self._exclusive.take(1)
 
-    def note_dead(self) -> None:
-        """Nothing: the engine hears of a call that left by its `cancel` message."""
-
     def submit_call(self, inputs: CallInputs, on_end: OnEnd, permit: Permit) -> RemoteCall:
         """Sends the call's inputs to the engine in one message; `on_end` runs once, as for
         `Batcher.submit_call`. The permit's room is held until the engine's answer (or a cancellation)."""
