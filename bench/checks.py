@@ -30,7 +30,7 @@ def ceiling_check(config: BenchConfig, model, tokenizer, mixed: Corpus, found: d
         inprocess.measure_ceiling, "inputs_per_s", 2,
         model.graph(ENCODER), tokenizer, mixed, config.threads, [found["best_batch_size"]],
         config.ceiling_passes, found["instances"], config.provider, found["shared_session"],
-        found["threads_per_instance"],
+        found["threads_per_instance"], config.ceiling_min_s,
     )  # fmt: skip
 
 

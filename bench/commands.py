@@ -167,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
             "ceiling_batch_sizes": gpu.CEILING_BATCH_SIZES,
             "min_requests_per_caller": gpu.MIN_REQUESTS_PER_CALLER,
             "min_open_s": gpu.MIN_OPEN_S,
+            "ceiling_min_s": gpu.MIN_CEILING_S,
         } | overrides
     common = dict(model_repo=args.model_repo, out=args.out, model=args.model, checkpoint=args.checkpoint,
                   threads=args.threads, server_settings=settings, provider=args.provider,

@@ -24,6 +24,7 @@ class BenchConfig:
     inputs_per_request: int = 1
     ceiling_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32])
     ceiling_passes: int = 2
+    ceiling_min_s: float = 0.0  # each ceiling batch size passes at least this long (on a GPU: a pass is ms)
     single_latency_texts: int = 400  # in-process one-at-a-time latency over this many texts
     gemm_seconds_per_shape: float = 0.3
     open_rate: float | None = None  # requests/s; None: a fraction of server-fp32's saturation rate

@@ -76,6 +76,8 @@ CONCURRENCY = [1, 16, 64, 256]
 # phases repeat the corpus, so that each caller sends this many requests and an open phase lasts this long
 MIN_REQUESTS_PER_CALLER = 32
 MIN_OPEN_S = 2.0
+# a ceiling pass lasts a few ms there, and two can both fall in one disturbance: the fastest of this long's
+MIN_CEILING_S = 0.3
 
 NVIDIA_SMI_QUERY = ["--query-gpu=name,clocks.max.sm", "--format=csv,noheader,nounits"]
 

@@ -82,6 +82,7 @@ def _ceilings(config: BenchConfig, model: ModelUnderTest, tokenizer, mixed: Corp
                     config.provider,
                     shared,
                     per_instance,
+                    config.ceiling_min_s,
                 )
                 for instances, per_instance, shared in config.ceiling_layouts
             ]

@@ -374,6 +374,26 @@ def test_a_phase_stops_sending_at_its_time_limit():
     assert closed.summary()["requests_planned"] == 200
 
 
+def test_a_ceiling_keeps_its_fastest_pass_of_as_many_as_fill_its_time(monkeypatch):
+    """A GPU's ceiling pass lasts milliseconds: two slow ones in a row (a lease's H200 read a fifth of its
+    rate so) must not be the figure when more passes fit in the time asked for."""
+    import time
+
+    from bertserve.bench import inprocess
+
+    slow = iter([0.02, 0.02])  # the first two passes disturbed, the rest fast
+
+    def timed(sessions, batches):
+        seconds = next(slow, 0.004)
+        time.sleep(seconds)
+        return seconds
+
+    monkeypatch.setattr(inprocess, "_timed_pass", timed)
+    assert inprocess._fastest_pass([], [], 2, 0.0) == 0.02  # two passes: both disturbed
+    slow = iter([0.02, 0.02])
+    assert inprocess._fastest_pass([], [], 2, 0.1) == 0.004
+
+
 def test_the_ceiling_runs_every_batch_once_on_each_instance_at_once():
     """With model instances, the in-process ceiling runs its sessions side by side, as the server does."""
     import threading

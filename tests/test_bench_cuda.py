@@ -143,11 +143,17 @@ def test_on_cuda_phases_repeat_the_corpus_until_every_caller_sends_enough(tmp_pa
         args = parser.parse_args(["bench", "--quick", "--model-repo", str(tmp_path), "--out", str(tmp_path)])
         args.provider = provider
         assert args.run(args) == 0
-    assert (configs[0].min_requests_per_caller, configs[0].min_open_s) == (
+    assert (configs[0].min_requests_per_caller, configs[0].min_open_s, configs[0].ceiling_min_s) == (
         gpu.MIN_REQUESTS_PER_CALLER,
         gpu.MIN_OPEN_S,
+        gpu.MIN_CEILING_S,
     )
-    assert (configs[1].min_requests_per_caller, configs[1].min_open_s) == (0, 0.0)  # the corpus once
+    cpu = configs[1]
+    assert (cpu.min_requests_per_caller, cpu.min_open_s, cpu.ceiling_min_s) == (
+        0,
+        0.0,
+        0.0,
+    )  # the corpus once
 
     corpus = [Request([f"t{i}"], 1, 1.0) for i in range(3)]
     workload = Workload([4], corpus, corpus, 0.7, min_requests_per_caller=5, min_open_s=0.5)
