@@ -19,7 +19,7 @@ from collections.abc import Callable
 from bertserve.service import errors
 from bertserve.service.engine.batch_items import BatchLimits, ItemResult
 from bertserve.service.engine.frame_link import FrameLink
-from bertserve.service.engine.messages import inputs_out, results_in
+from bertserve.service.engine.messages import inputs_out, results_in, rows_in
 from bertserve.service.engine.queue_room import LaneRoom, Permit
 from bertserve.service.engine.unary_calls import CallInputs, OnEnd, ended, settle
 
@@ -98,6 +98,12 @@ class EngineLink:
         if kind == "hello":
             if self._hello is not None and not self._hello.done():
                 self._hello.set_result(message[1:])
+            return
+        if kind == "rows":  # single-input calls: each answered as a `done` of one result
+            for call, result in rows_in(message):
+                answer = self._calls.pop(call, None)
+                if answer is not None:
+                    answer(result, None)
             return
         answer = self._calls.pop(message[1], None)
         if answer is None:

@@ -35,6 +35,7 @@ class FrameLink(asyncio.BufferedProtocol):
         self._own: bytearray | None = None  # a frame read into memory of its own
         self._own_filled = 0
         self._outbox: list = []
+        self._gathered: dict[Callable[[list], object], list] = {}  # build -> this turn's items (`gather`)
         self.closed = False
 
     # ---- sending
@@ -42,12 +43,28 @@ class FrameLink(asyncio.BufferedProtocol):
         """Queues `message`; sent with the others posted this turn (dropped once the connection is gone)."""
         if self.closed:
             return
-        if not self._outbox:
+        if not self._outbox and not self._gathered:
             asyncio.get_running_loop().call_soon(self._flush)
         self._outbox.append(message)
 
+    def gather(self, build: Callable[[list], object], item: object) -> None:
+        """Queues `item`: this turn's items of one `build` leave as the one message `build(items)`, after
+        the messages posted this turn (dropped once the connection is gone)."""
+        if self.closed:
+            return
+        if not self._outbox and not self._gathered:
+            asyncio.get_running_loop().call_soon(self._flush)
+        items = self._gathered.get(build)
+        if items is None:
+            self._gathered[build] = [item]
+        else:
+            items.append(item)
+
     def _flush(self) -> None:
         messages, self._outbox = self._outbox, []
+        if self._gathered:
+            messages += [build(items) for build, items in self._gathered.items()]
+            self._gathered = {}
         if self.closed or self._transport is None or self._transport.is_closing():
             return
         head, *buffers = pack(messages)
@@ -64,7 +81,7 @@ class FrameLink(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._outbox = []
+        self._outbox, self._gathered = [], {}
         self._on_lost(exc)
 
     def close(self) -> None:

@@ -8,8 +8,10 @@ Only this server's own processes can connect: the socket lives in a directory pr
 Front -> engine: ("hello",) | ("submit", call, encoder, bulk, deadline, inputs) | ("cancel", call) |
 ("attention", call, encoder, model, ids, type_ids, layers, heads, deadline).
 Engine -> front: ("hello", {encoder: (provider, device)}, {model: version}) | ("done", call, results) |
-("error", call, error class name, message) | ("cancelled", call): every call is answered exactly once, a
-cancelled one too, so a front frees a call's room only when the engine no longer holds its inputs.
+("rows", calls, values, queue_s, inference_s, batch_ids) | ("error", call, error class name, message) |
+("cancelled", call): every call is answered exactly once, a cancelled one too, so a front frees a call's
+room only when the engine no longer holds its inputs. `rows` answers the single-input calls of one turn
+together (`rows_out`): a call of one input and one option is most calls under load.
 A call travels whole, not input by input: `inputs` is `inputs_out`'s (the model's name, the options, every
 input's ids joined with their lengths, type ids joined or None when all 0, mask positions or None), `results`
 `results_out`'s (the values, stacked into one array when they are arrays of one shape, then each row's
@@ -27,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from bertserve.service.engine.batch_items import ItemResult
+from bertserve.service import errors
+from bertserve.service.engine.batch_items import ItemResult, WorkItem
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.unary_calls import CallInputs
 
@@ -146,6 +149,26 @@ def inputs_in(message: tuple, models: Mapping[str, Any], deadline: float | None,
     return CallInputs(models[model], rows, type_rows, list(map(options_in, options)), deadline, bulk, marks)
 
 
+def lone_in(message: tuple, models: Mapping[str, Any], deadline: float | None, future: Any, origin: object):
+    """`inputs_out`'s call as its one unary `WorkItem`, answered on `future`, when it is one input with one
+    option (most calls); None for any other call (`inputs_in` reads those)."""
+    model, options, ids, lengths, type_ids, masks = message
+    if lengths is not None or len(options) != 1:
+        return None
+    ids = tokens_in(ids)
+    option = options_in(options[0])
+    mask = array(masks[0]) if masks is not None and option.task is Task.FILL_MASK else None
+    types = type_ids_in(type_ids, ids.shape[0])
+    return WorkItem(ids, types, option, future, deadline, mask, models[model], False, origin)
+
+
+def error_out(call: int, exc: BaseException) -> tuple:
+    """The `error` answer to `call`: a domain error by its class, anything else as InferenceFailed."""
+    if isinstance(exc, errors.ServiceError):
+        return ("error", call, type(exc).__name__, str(exc))
+    return ("error", call, "InferenceFailed", f"the engine failed: {exc}")
+
+
 def results_out(results: list[ItemResult]) -> tuple:
     """A call's results as a `done` message carries them: one result as its fields; several with their
     values stacked when they are arrays of one shape and type (one copy and one pickled object for the
@@ -156,12 +179,7 @@ def results_out(results: list[ItemResult]) -> tuple:
         one = results[0]
         return small(one[0]), one[1], one[2], one[3]
     values, queue_s, inference_s, batch_ids = zip(*results, strict=True)
-    first = values[0]
-    same = isinstance(first, np.ndarray) and all(
-        isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values
-    )
-    packed = small(np.stack(values)) if same else [small(v) for v in values]
-    return packed, queue_s, inference_s, batch_ids
+    return _values_out(values), queue_s, inference_s, batch_ids
 
 
 def results_in(message: tuple) -> list[ItemResult]:
@@ -169,5 +187,30 @@ def results_in(message: tuple) -> list[ItemResult]:
     packed, queue_s, inference_s, batch_ids = message
     if not isinstance(queue_s, tuple):  # one result
         return [ItemResult(array(packed), queue_s, inference_s, batch_ids)]
-    values = [array(v) for v in packed] if isinstance(packed, list) else list(array(packed))
-    return list(map(ItemResult, values, queue_s, inference_s, batch_ids))
+    return list(map(ItemResult, _values_in(packed), queue_s, inference_s, batch_ids))
+
+
+def rows_out(rows: list[tuple[int, ItemResult]]) -> tuple:
+    """The `rows` answer: single-input calls answered in one turn, each (call, its ItemResult), with their
+    values stacked into one array when they are arrays of one shape and type (one pickled object)."""
+    calls, results = zip(*rows, strict=True)
+    values, queue_s, inference_s, batch_ids = zip(*results, strict=True)
+    return "rows", calls, _values_out(values), queue_s, inference_s, batch_ids
+
+
+def rows_in(message: tuple) -> zip:
+    """`rows_out`'s calls back, each (call, its result as `results_in` reads one)."""
+    _, calls, packed, queue_s, inference_s, batch_ids = message
+    return zip(calls, zip(_values_in(packed), queue_s, inference_s, batch_ids, strict=True), strict=True)
+
+
+def _values_out(values: tuple) -> object:
+    first = values[0]
+    same = isinstance(first, np.ndarray) and all(
+        isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values
+    )
+    return small(np.stack(values)) if same else [small(v) for v in values]
+
+
+def _values_in(packed: object) -> list:
+    return [array(v) for v in packed] if isinstance(packed, list) else list(array(packed))

@@ -22,7 +22,8 @@ from bertserve.service import errors
 from bertserve.service.engine import model_registry
 from bertserve.service.engine.encoders import EncoderGroup, attach_batchers
 from bertserve.service.engine.frame_link import FrameLink
-from bertserve.service.engine.messages import inputs_in, results_out
+from bertserve.service.engine.lone_calls import ANSWERED, LoneCall
+from bertserve.service.engine.messages import error_out, inputs_in, lone_in, results_out
 from bertserve.service.engine.model_registry import ModelRegistry
 from bertserve.service.engine.unary_calls import UnaryCall, settle, submit_call
 from bertserve.service.metrics import Metrics
@@ -30,7 +31,6 @@ from bertserve.service.settings import Settings
 from bertserve.service.thread_names import name_this_thread, naming
 
 log = logging.getLogger("bertserve.engine")
-_ANSWERED = object()  # a call no longer in `Engine._calls`
 
 
 class Engine:
@@ -53,7 +53,9 @@ class Engine:
         self.metrics.export_limits(settings)
         self.registry: ModelRegistry | None = None
         self._groups: dict[str, EncoderGroup] = {}  # by encoder name, once loaded
-        self._calls: dict[tuple[FrameLink, int], asyncio.Task | UnaryCall | None] = {}  # (front, call) -> it
+        self._calls: dict[
+            tuple[FrameLink, int], asyncio.Task | UnaryCall | LoneCall | None
+        ] = {}  # (front, call)
         self._cpu = ThreadPoolExecutor(1, "bertserve-engine-load", naming("bs-engine-load"))
         self._server: asyncio.AbstractServer | None = None
         self._stopping = asyncio.Event()
@@ -119,7 +121,7 @@ class Engine:
             log.exception("engine: a message from a front failed")
             if message and message[0] in ("submit", "attention"):  # answered, so the call never hangs
                 self._calls.pop((front, message[1]), None)
-                self._send(front, _error(message[1], exc))
+                self._send(front, error_out(message[1], exc))
 
     def _dispatch(self, front: FrameLink, message: tuple) -> None:
         kind = message[0]
@@ -146,22 +148,32 @@ class Engine:
         self, front: FrameLink, call: int, encoder: str, bulk: bool, deadline: float | None, inputs: tuple
     ) -> None:
         """A unary call's inputs queued now (or its refusal sent); answered when the last result is in."""
+        batcher, key = self._group(encoder).batcher, (front, call)
+        lone = LoneCall(self._calls, front, call, batcher)
+        item = lone_in(inputs, self.registry.by_name, deadline, lone, front)
+        if item is not None:  # one input, one option: no callback, its answer joins the turn's `rows`
+            self._calls[key] = lone
+            try:
+                batcher.submit([item])
+            except errors.ServiceError as exc:
+                self._calls.pop(key, None)
+                self._send(front, error_out(call, exc))
+            return
 
         def end(results: list | None, error: BaseException | None) -> None:
-            if self._calls.pop(key, _ANSWERED) is _ANSWERED:
+            if self._calls.pop(key, ANSWERED) is ANSWERED:
                 return  # answered already (a failure in `_handle`)
             try:  # runs inside the batcher's loops over a batch: it must not raise into them
                 if error is not None:
-                    self._send(front, _error(call, error))
+                    self._send(front, error_out(call, error))
                 elif results is None:
                     self._send(front, ("cancelled", call))  # the front frees the call's room on this
                 else:
                     self._send(front, ("done", call, results_out(results)))
             except Exception as exc:
                 log.exception("engine: answering call %d failed", call)
-                self._send(front, _error(call, exc))
+                self._send(front, error_out(call, exc))
 
-        batcher, key = self._group(encoder).batcher, (front, call)
         self._calls[key] = None  # before the submit: a call may end within it (no rows)
         try:  # room and deadline checked once, taken at once
             unary = submit_call(
@@ -169,7 +181,7 @@ class Engine:
             )
         except errors.ServiceError as exc:
             self._calls.pop(key, None)
-            self._send(front, _error(call, exc))
+            self._send(front, error_out(call, exc))
             return
         if key in self._calls:
             self._calls[key] = unary
@@ -182,7 +194,7 @@ class Engine:
         exc = task.exception()
         if exc is not None and not isinstance(exc, errors.ServiceError):
             log.error("engine: call failed: %r", exc)
-        self._send(front, ("done", call, task.result()) if exc is None else _error(call, exc))
+        self._send(front, ("done", call, task.result()) if exc is None else error_out(call, exc))
 
     def _send(self, front: FrameLink, message: tuple) -> None:
         front.post(message)  # nothing once the front has gone away
@@ -214,13 +226,6 @@ class Engine:
         batcher = self._group(encoder).batcher
         run = served.attention.bind(ids, type_ids, layers, heads, served.name)
         return results_out([await batcher.submit_exclusive(run, int(ids.shape[0]), deadline)])
-
-
-def _error(call: int, exc: BaseException) -> tuple:
-    """The `error` answer to `call`: a domain error by its class, anything else as InferenceFailed."""
-    if isinstance(exc, errors.ServiceError):
-        return ("error", call, type(exc).__name__, str(exc))
-    return ("error", call, "InferenceFailed", f"the engine failed: {exc}")
 
 
 async def _run(settings: Settings, address: str, all_warm: threading.Barrier | None) -> int:

@@ -110,13 +110,14 @@ async def _flood(args: argparse.Namespace, address: str, pid: int, metrics_dir: 
     def received(link: FrameLink, message: tuple) -> None:
         if message[0] == "hello":
             return
-        if message[0] != "done":
+        if message[0] not in ("done", "rows"):
             raise SystemExit(f"the engine answered {message!r}")
-        answered[0] += 1
-        if args.spread_ms:
-            loop.call_later(random.random() * args.spread_ms / 1e3, send, link)
-        else:
-            send(link)
+        for _ in message[1] if message[0] == "rows" else (message[1],):  # rows: several calls' answers
+            answered[0] += 1
+            if args.spread_ms:
+                loop.call_later(random.random() * args.spread_ms / 1e3, send, link)
+            else:
+                send(link)
 
     links = []
     for _ in range(args.links):
@@ -129,17 +130,17 @@ async def _flood(args: argparse.Namespace, address: str, pid: int, metrics_dir: 
     before = answered[0], thread_cpu(pid), metric_sums(metrics_dir), time.perf_counter()
     await asyncio.sleep(args.seconds)
     after = answered[0], thread_cpu(pid), metric_sums(metrics_dir), time.perf_counter()
-    calls, wall = after[0] - before[0], after[3] - before[3]
+    answers, wall = after[0] - before[0], after[3] - before[3]
     sums = {name: value - before[2].get(name, 0.0) for name, value in after[2].items()}
     batches = sums["bertserve_batch_size_count"]
     cpu = {name: seconds - before[1].get(name, 0.0) for name, seconds in after[1].items()}
     return {
-        "calls_per_s": round(calls / wall),
+        "calls_per_s": round(answers / wall),
         "batches_per_s": round(batches / wall),
         "mean_batch": round(sums["bertserve_batch_size_sum"] / batches, 1),
         "compute_ms": round(1e3 * sums["bertserve_inference_duration_seconds_sum"] / batches, 3),
         "run_ms": round(1e3 * sums["bertserve_encoder_run_duration_seconds_sum"] / batches, 3),
-        "cpu_us_per_call": {name: round(1e6 * s / calls, 1) for name, s in cpu.items() if s > 0.01},
+        "cpu_us_per_call": {name: round(1e6 * s / answers, 1) for name, s in cpu.items() if s > 0.01},
     }
 
 

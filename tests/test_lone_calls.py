@@ -1,0 +1,172 @@
+"""Single-input calls in the engine (service/engine/lone_calls.py): queued with no callback, answered
+together per turn in one `rows` message (messages.rows_out) over a real link, and exactly once whether
+answered, failed, refused, expired or cancelled; the front reads each call's row as its answer."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+import types
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from bertserve.service.core.remote_engine import EngineLink
+from bertserve.service.engine.batch_items import ItemResult
+from bertserve.service.engine.batcher import Batcher, BatchLimits
+from bertserve.service.engine.frame_link import FrameLink
+from bertserve.service.engine.messages import inputs_out, pack, results_in, rows_in, rows_out, unpack
+from bertserve.service.engine.process import Engine
+from bertserve.service.engine.tasks import Task, TaskOptions
+
+EMBED = TaskOptions(Task.EMBED, normalize=True)
+
+
+def test_rows_travel_stacked_or_one_by_one_and_come_back_call_by_call():
+    same = [
+        (7, ItemResult(np.full(4, 1.0, np.float32), 0.1, 0.2, 3)),
+        (9, ItemResult(np.zeros(4, np.float32), 0.3, 0.2, 3)),
+    ]
+    message = unpack(pack(rows_out(same)))
+    assert message[0] == "rows" and isinstance(message[2], tuple)  # one stacked array (as `small`)
+    back = [(call, results_in(result)) for call, result in rows_in(message)]
+    assert [call for call, _ in back] == [7, 9]
+    for (_, sent), (_, (got,)) in zip(same, back, strict=True):
+        assert np.array_equal(got.value, sent.value) and got[1:] == sent[1:]
+    mixed = [(1, ItemResult(np.ones(3, np.float32), 0.0, 0.1, 1)), (2, ItemResult([("a", 0.5)], 0.0, 0.1, 1))]
+    back = [(call, results_in(result)) for call, result in rows_in(unpack(pack(rows_out(mixed))))]
+    assert np.array_equal(back[0][1][0].value, np.ones(3)) and back[1][1][0].value == [("a", 0.5)]
+
+
+async def _linked() -> tuple[FrameLink, list]:
+    """An engine-side link whose peer records every message it receives."""
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    received: list = []
+    await loop.create_unix_connection(
+        lambda: FrameLink(lambda _, m: received.append(m), lambda e: None), sock=theirs
+    )
+    _, link = await loop.create_unix_connection(
+        lambda: FrameLink(lambda _, m: None, lambda e: None), sock=ours
+    )
+    return link, received
+
+
+async def _until(condition, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "never reached"
+        await asyncio.sleep(0.005)
+
+
+def test_gathered_items_leave_as_one_message_after_the_posted_ones():
+    async def scenario():
+        link, received = await _linked()
+        link.gather(lambda items: ("many", tuple(items)), 1)
+        link.post(("one",))
+        link.gather(lambda items: ("many", tuple(items)), 2)  # another build: a message of its own
+        await _until(lambda: len(received) == 3)
+        link.close()
+        return received
+
+    received = asyncio.run(scenario())
+    assert received[0] == ("one",) and sorted(received[1:]) == [("many", (1,)), ("many", (2,))]
+
+
+async def _engine_scenario(mode: str) -> tuple[list, list, int]:
+    """Three single-input calls from one front into a real batcher of batches of 3 (an engine with no
+    models loaded). (the messages the front got, the ids computed, the calls the engine still holds)."""
+    gate, computed = threading.Event(), []
+
+    def compute(batch):
+        gate.wait(5)
+        computed.extend(int(item.ids[0]) for item in batch)
+        if mode == "fail":
+            raise RuntimeError("boom")
+        return [np.full(2, int(item.ids[0]), np.float32) for item in batch]
+
+    limits = BatchLimits(max_batch_size=3, max_batch_tokens=100, max_queue_delay_s=0.05, max_queue_inputs=4)
+    link, received = await _linked()
+    with ThreadPoolExecutor(1) as pool:
+        batcher = Batcher("m", compute, limits, pool, prefetch=0)
+        batcher.start()
+        engine = Engine.__new__(Engine)  # its message handling alone
+        engine._calls = {}
+        engine._groups = {"enc": types.SimpleNamespace(batcher=batcher)}
+        engine.registry = types.SimpleNamespace(by_name={"m": None})
+        deadline = time.monotonic() + 60
+        if mode == "expire":  # call 0 computes (at the gate) while 1-3 wait past their deadline
+            zero = inputs_out("m", [EMBED], [np.array([0], np.int64)], [np.zeros(1, np.int64)], None)
+            engine._handle(link, ("submit", 0, "enc", False, None, zero))
+            await _until(lambda: batcher._running)
+            deadline = time.monotonic() + 0.05
+        for k in (1, 2, 3):
+            one = inputs_out("m", [EMBED], [np.array([k, 0], np.int64)], [np.zeros(2, np.int64)], None)
+            engine._handle(link, ("submit", k, "enc", False, deadline, one))
+        if mode == "cancel":
+            engine._handle(link, ("cancel", 2))
+            engine._handle(link, ("cancel", 2))  # a second cancel changes nothing
+        if mode == "refuse":  # room for 4: the fifth is refused, the fourth queued
+            for k in (4, 5):
+                one = inputs_out("m", [EMBED], [np.array([k], np.int64)], [np.zeros(1, np.int64)], None)
+                engine._handle(link, ("submit", k, "enc", False, None, one))
+        if mode == "expire":
+            await asyncio.sleep(0.2)
+        gate.set()
+        answered = {"refuse": 5, "expire": 4}.get(mode, 3)
+        await _until(lambda: sum(len(m[1]) if m[0] == "rows" else 1 for m in received) == answered)
+        await asyncio.sleep(0.05)  # nothing more comes
+        await batcher.close()
+    link.close()
+    return received, computed, len(engine._calls)
+
+
+def test_single_input_calls_answered_in_one_turn_share_one_rows_message():
+    received, computed, held = asyncio.run(_engine_scenario("answer"))
+    ((kind, calls, *_),) = received  # one batch, one turn, one message
+    assert kind == "rows" and calls == (1, 2, 3) and computed == [1, 2, 3] and held == 0
+    answers = {call: results_in(result)[0].value.tolist() for call, result in rows_in(received[0])}
+    assert answers == {1: [1.0, 1.0], 2: [2.0, 2.0], 3: [3.0, 3.0]}
+
+
+def test_a_failed_batch_answers_each_of_its_calls_once_with_its_error():
+    received, _, held = asyncio.run(_engine_scenario("fail"))
+    assert sorted(m[:3] for m in received) == [("error", k, "InferenceFailed") for k in (1, 2, 3)]
+    assert held == 0
+
+
+def test_a_cancelled_call_is_answered_cancelled_once_and_never_computed():
+    received, computed, held = asyncio.run(_engine_scenario("cancel"))
+    assert ("cancelled", 2) in received and 2 not in computed and held == 0
+    rows = [m for m in received if m[0] == "rows"]
+    assert sorted(c for m in rows for c in m[1]) == [1, 3] and len(received) == len(rows) + 1
+
+
+def test_a_call_refused_for_room_is_answered_at_once_and_not_held():
+    received, computed, held = asyncio.run(_engine_scenario("refuse"))
+    errors = [m for m in received if m[0] == "error"]
+    assert [(m[1], m[2]) for m in errors] == [(5, "Overloaded")] and "max_queue_inputs 4" in errors[0][3]
+    assert sorted(computed) == [1, 2, 3, 4] and held == 0
+
+
+def test_calls_whose_deadline_passed_in_the_queue_are_answered_with_it():
+    received, computed, held = asyncio.run(_engine_scenario("expire"))
+    errors = sorted((m[0], m[1], m[2]) for m in received if m[0] != "rows")
+    assert errors == [("error", k, "DeadlineTooShort") for k in (1, 2, 3)]
+    assert [m[1] for m in received if m[0] == "rows"] == [(0,)] and computed == [0] and held == 0
+
+
+def test_a_front_answers_each_call_of_a_rows_message_once():
+    link = EngineLink("unused")
+    heard: list = []
+    for call in (4, 5):
+        link._calls[call] = lambda results, error, call=call: heard.append((call, results, error))
+    values = [ItemResult(np.full(2, k, np.float32), 0.0, 0.1, 1) for k in (4, 5, 6)]
+    link._received(None, unpack(pack(rows_out(list(zip((4, 5, 6), values, strict=True))))))
+    assert [(call, results_in(results)[0].value.tolist(), error) for call, results, error in heard] == [
+        (4, [4.0, 4.0], None),
+        (5, [5.0, 5.0], None),
+    ]  # call 6 is not this front's (cancelled and answered already): ignored
+    assert link._calls == {}
