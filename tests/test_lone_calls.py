@@ -13,15 +13,26 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from bertserve.service.core.remote_engine import EngineLink
+from bertserve.service.core.remote_engine import EngineLink, RemoteBatcher
 from bertserve.service.engine.batch_items import ItemResult
 from bertserve.service.engine.batcher import Batcher, BatchLimits
 from bertserve.service.engine.frame_link import FrameLink
-from bertserve.service.engine.messages import inputs_out, pack, results_in, rows_in, rows_out, unpack
+from bertserve.service.engine.messages import (
+    inputs_out,
+    lones_in,
+    lones_out,
+    pack,
+    results_in,
+    rows_in,
+    rows_out,
+    unpack,
+)
 from bertserve.service.engine.process import Engine
 from bertserve.service.engine.tasks import Task, TaskOptions
+from bertserve.service.engine.unary_calls import CallInputs
 
 EMBED = TaskOptions(Task.EMBED, normalize=True)
+LIMITS = BatchLimits(max_batch_size=3, max_batch_tokens=100, max_queue_delay_s=0.01, max_queue_inputs=8)
 
 
 def test_rows_travel_stacked_or_one_by_one_and_come_back_call_by_call():
@@ -170,3 +181,77 @@ def test_a_front_answers_each_call_of_a_rows_message_once():
         (5, [5.0, 5.0], None),
     ]  # call 6 is not this front's (cancelled and answered already): ignored
     assert link._calls == {}
+
+
+def test_a_turns_single_input_calls_travel_field_by_field_and_come_back_whole():
+    ids = [np.array([5, 6, 7], np.int64), np.array([9], np.int64), np.arange(40, dtype=np.int64)]
+    types = [np.zeros(3, np.int64), np.zeros(1, np.int64), np.ones(40, np.int64)]
+    calls = [(k, "enc", "m", EMBED, ids[k], types[k], 1.5 + k) for k in range(3)]
+    back = list(lones_in(unpack(pack(lones_out(calls)))))
+    for sent, got in zip(calls, back, strict=True):
+        assert got[:4] == sent[:4] and got[6] == sent[6]
+        assert np.array_equal(got[4], sent[4]) and np.array_equal(got[5], sent[5])
+    only_zeros = lones_out(calls[:2])
+    assert only_zeros[7] is None  # all type ids 0: none travel
+    (one,) = lones_in(unpack(pack(lones_out(calls[1:2]))))
+    assert one[4].tolist() == [9] and one[5].tolist() == [0]
+
+
+def test_one_bad_call_in_a_lones_message_is_answered_alone_and_the_rest_computed():
+    async def scenario():
+        link, received = await _linked()
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(
+                "m", lambda batch: [np.zeros(2, np.float32)] * len(batch), LIMITS, pool, prefetch=0
+            )
+            batcher.start()
+            engine = Engine.__new__(Engine)
+            engine._calls = {}
+            engine._groups = {"enc": types.SimpleNamespace(batcher=batcher)}
+            engine.registry = types.SimpleNamespace(by_name={"m": None})
+            calls = [
+                (
+                    k,
+                    "enc",
+                    "m" if k != 2 else "unknown",
+                    EMBED,
+                    np.array([k], np.int64),
+                    np.zeros(1, np.int64),
+                    None,
+                )
+                for k in (1, 2, 3)
+            ]
+            engine._handle(link, unpack(pack(lones_out(calls))))
+            await _until(lambda: sum(len(m[1]) if m[0] == "rows" else 1 for m in received) == 3)
+            await batcher.close()
+        link.close()
+        return received, engine._calls
+
+    received, held = asyncio.run(scenario())
+    errors = [m[:3] for m in received if m[0] == "error"]
+    assert errors == [("error", 2, "InferenceFailed")] and held == {}
+    assert sorted(c for m in received if m[0] == "rows" for c in m[1]) == [1, 3]
+
+
+def test_a_fronts_single_input_calls_of_one_turn_leave_in_one_lones_message():
+    sent: list = []
+
+    class Link:  # the FrameLink's two ways out
+        def post(self, message):
+            sent.append(message)
+
+        def gather(self, build, item):
+            sent.append(("gathered", build, item))
+
+    link = EngineLink("unused")
+    link._link, link._hello = Link(), types.SimpleNamespace(done=lambda: True)
+    remote = RemoteBatcher(link, "enc", LIMITS)
+    model = types.SimpleNamespace(name="m")
+    one = CallInputs(model, [np.array([1, 2], np.int64)], [np.zeros(2, np.int64)], [EMBED], deadline=3.0)
+    two = CallInputs(model, [np.array([1], np.int64)] * 2, [np.zeros(1, np.int64)] * 2, [EMBED])
+    for inputs in (one, one, two):
+        remote.submit_call(inputs, lambda results, error: None, remote.reserve(inputs.rows))
+    gathered = [m for m in sent if m[0] == "gathered"]
+    assert [m[1] for m in gathered] == [lones_out] * 2 and [m[2][0] for m in gathered] == [1, 2]
+    assert [m[0] for m in sent if m[0] != "gathered"] == ["submit"]  # two inputs: a call of its own
+    assert gathered[0][2][1:4] == ("enc", "m", EMBED) and gathered[0][2][6] == 3.0

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from bertserve.service import errors
 from bertserve.service.engine.batch_items import BatchLimits, ItemResult
 from bertserve.service.engine.frame_link import FrameLink
-from bertserve.service.engine.messages import inputs_out, results_in, rows_in
+from bertserve.service.engine.messages import inputs_out, lones_out, results_in, rows_in
 from bertserve.service.engine.queue_room import LaneRoom, Permit
 from bertserve.service.engine.unary_calls import CallInputs, OnEnd, ended, settle
 
@@ -75,6 +75,18 @@ class EngineLink:
         call = next(self._ids)
         self._calls[call] = answer
         self._link.post((message[0], call, *message[1:]))
+        return call
+
+    def call_lone(self, fields: tuple, answer: Answer) -> int:
+        """As `call`, for a unary call of one input and one option: `fields` (encoder, model, options, ids,
+        type ids, deadline) join this turn's `lones` message."""
+        if self.lost is not None:
+            raise self.lost
+        if self._link is None or not self._hello.done():
+            raise errors.EngineUnavailable("the engine is still loading its models; retry")
+        call = next(self._ids)
+        self._calls[call] = answer
+        self._link.gather(lones_out, (call, *fields))
         return call
 
     def cancel(self, call: int, then: Callable[[], None]) -> None:
@@ -202,6 +214,12 @@ class RemoteBatcher:
         """Sends the call's inputs to the engine in one message; `on_end` runs once, as for
         `Batcher.submit_call`. The permit's room is held until the engine's answer (or a cancellation)."""
         self._check()
+        if len(inputs.ids) == 1 and len(inputs.options) == 1 and inputs.masks is None and not inputs.bulk:
+            fields = (self.name, inputs.model.name, inputs.options[0], inputs.ids[0], inputs.type_ids[0])
+            remote = RemoteCall(self._link, on_end, Permit(permit.room, permit.inputs))
+            remote.id = self._link.call_lone((*fields, inputs.deadline), remote.answer)
+            permit.hand_over()
+            return remote
         fields = (inputs.model.name, inputs.options, inputs.ids, inputs.type_ids, inputs.masks)
         message = ("submit", self.name, inputs.bulk, inputs.deadline, inputs_out(*fields))
         return self._send(message, on_end, permit)

@@ -5,8 +5,10 @@ one event-loop turn posts for a peer leaves as one frame, the list of them (serv
 Only this server's own processes can connect: the socket lives in a directory private to its user
 (service/supervisor/processes.py), so unpickling a message trusts no one else.
 
-Front -> engine: ("hello",) | ("submit", call, encoder, bulk, deadline, inputs) | ("cancel", call) |
-("attention", call, encoder, model, ids, type_ids, layers, heads, deadline).
+Front -> engine: ("hello",) | ("submit", call, encoder, bulk, deadline, inputs) | ("lones", calls, encoders,
+models, options, ids, lengths, type_ids, deadlines) | ("cancel", call) | ("attention", call, encoder, model,
+ids, type_ids, layers, heads, deadline). `lones` carries a turn's unary calls of one input and one option
+(`lones_out`), field by field.
 Engine -> front: ("hello", {encoder: (provider, device)}, {model: version}) | ("done", call, results) |
 ("rows", calls, values, queue_s, inference_s, batch_ids) | ("error", call, error class name, message) |
 ("cancelled", call): every call is answered exactly once, a cancelled one too, so a front frees a call's
@@ -147,6 +149,39 @@ def inputs_in(message: tuple, models: Mapping[str, Any], deadline: float | None,
         type_rows = [types[a:b] for a, b in zip(starts, ends, strict=True)]
     marks = None if masks is None else [array(m) for m in masks]
     return CallInputs(models[model], rows, type_rows, list(map(options_in, options)), deadline, bulk, marks)
+
+
+def lones_out(calls: list[tuple]) -> tuple:
+    """The `lones` message: single-input calls of one turn, each (call, encoder, model, options, ids, type
+    ids, deadline), their ids joined (and type ids, or None when all are 0), the rest field by field."""
+    numbers, encoders, models, options, ids, type_ids, deadlines = zip(*calls, strict=True)
+    lengths = tuple(map(len, ids))
+    joined = tokens_out(np.concatenate(ids)) if len(ids) > 1 else tokens_out(ids[0])
+    types = type_ids_out(np.concatenate(type_ids))
+    return (
+        "lones",
+        numbers,
+        encoders,
+        models,
+        tuple(map(options_out, options)),
+        joined,
+        lengths,
+        types,
+        deadlines,
+    )
+
+
+def lones_in(message: tuple) -> zip:
+    """`lones_out`'s calls back, each (call, encoder, model, options, ids, type ids, deadline), the arrays
+    views of the message's (read-only)."""
+    _, numbers, encoders, models, options, joined, lengths, types, deadlines = message
+    ids = tokens_in(joined)
+    types = type_ids_in(types, ids.shape[0])
+    ends = list(accumulate(lengths))
+    starts = [0, *ends[:-1]]
+    rows = [ids[a:b] for a, b in zip(starts, ends, strict=True)]
+    type_rows = [types[a:b] for a, b in zip(starts, ends, strict=True)]
+    return zip(numbers, encoders, models, map(options_in, options), rows, type_rows, deadlines, strict=True)
 
 
 def lone_in(message: tuple, models: Mapping[str, Any], deadline: float | None, future: Any, origin: object):

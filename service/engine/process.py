@@ -20,10 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bertserve.service import errors
 from bertserve.service.engine import model_registry
+from bertserve.service.engine.batch_items import WorkItem
 from bertserve.service.engine.encoders import EncoderGroup, attach_batchers
 from bertserve.service.engine.frame_link import FrameLink
 from bertserve.service.engine.lone_calls import ANSWERED, LoneCall
-from bertserve.service.engine.messages import error_out, inputs_in, lone_in, results_out
+from bertserve.service.engine.messages import error_out, inputs_in, lone_in, lones_in, results_out
 from bertserve.service.engine.model_registry import ModelRegistry
 from bertserve.service.engine.unary_calls import UnaryCall, settle, submit_call
 from bertserve.service.metrics import Metrics
@@ -133,6 +134,8 @@ class Engine:
             task = self._calls.get((front, message[1]))
             if task is not None:
                 task.cancel()
+        elif kind == "lones":
+            self._submit_lones(front, message)
         elif kind == "submit" and not message[3]:  # a unary call: admitted or refused at once, no task
             self._submit_now(front, *message[1:])
         else:  # a stream's request (it waits for room) or an attention call
@@ -143,6 +146,23 @@ class Engine:
             task = asyncio.ensure_future(coro)
             self._calls[(front, call)] = task
             task.add_done_callback(lambda done: self._answer(front, call, done))
+
+    def _submit_lones(self, front: FrameLink, message: tuple) -> None:
+        """A turn's single-input unary calls from `front`, each admitted or refused on its own."""
+        models, calls = self.registry.by_name, self._calls
+        for call, encoder, model, options, ids, type_ids, deadline in lones_in(message):
+            key = (front, call)
+            try:
+                batcher = self._groups[encoder].batcher
+                lone = LoneCall(calls, front, call, batcher)
+                item = WorkItem(ids, type_ids, options, lone, deadline, None, models[model], False, front)
+                calls[key] = lone
+                batcher.submit([item])
+            except Exception as exc:  # refused (a ServiceError), or a bug: answered, the others go on
+                if not isinstance(exc, errors.ServiceError):
+                    log.exception("engine: a call from a front failed")
+                calls.pop(key, None)
+                front.post(error_out(call, exc))
 
     def _submit_now(
         self, front: FrameLink, call: int, encoder: str, bulk: bool, deadline: float | None, inputs: tuple

@@ -29,7 +29,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, multiprocess
 
 from bertserve.service.engine.frame_link import FrameLink
-from bertserve.service.engine.messages import inputs_out
+from bertserve.service.engine.messages import inputs_out, lones_out
 from bertserve.service.engine.tasks import Task, TaskOptions
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -96,6 +96,7 @@ async def _flood(args: argparse.Namespace, address: str, pid: int, metrics_dir: 
     lengths = rng.integers(5, 60, size=count) if args.length == 0 else np.full(count, args.length)
     options = [TaskOptions(Task.EMBED, normalize=True)]
     rows = [np.arange(n, dtype=np.int64) + 1000 for n in lengths]
+    type_rows = [np.zeros_like(row) for row in rows]
     calls = [  # each call's inputs as a front sends them (service/engine/messages.py)
         inputs_out(MODEL, options, ids, [np.zeros_like(ids) for ids in ids], None)
         for ids in (rows[k : k + args.inputs] for k in range(0, len(rows) - args.inputs + 1, args.inputs))
@@ -105,7 +106,12 @@ async def _flood(args: argparse.Namespace, address: str, pid: int, metrics_dir: 
     def send(link: FrameLink) -> None:
         call = sent[0]
         sent[0] += 1
-        link.post(("submit", call, MODEL, False, time.monotonic() + 60, calls[call % len(calls)]))
+        deadline = time.monotonic() + 60
+        if args.inputs == 1:  # as a front sends a unary call of one input
+            one = rows[call % count], type_rows[call % count]
+            link.gather(lones_out, (call, MODEL, MODEL, options[0], *one, deadline))
+        else:
+            link.post(("submit", call, MODEL, False, deadline, calls[call % len(calls)]))
 
     def received(link: FrameLink, message: tuple) -> None:
         if message[0] == "hello":
