@@ -168,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
             "min_requests_per_caller": gpu.MIN_REQUESTS_PER_CALLER,
             "min_open_s": gpu.MIN_OPEN_S,
             "ceiling_min_s": gpu.MIN_CEILING_S,
+            "loadgen_threads": gpu.LOADGEN_THREADS,
         } | overrides
     common = dict(model_repo=args.model_repo, out=args.out, model=args.model, checkpoint=args.checkpoint,
                   threads=args.threads, server_settings=settings, provider=args.provider,

@@ -34,6 +34,7 @@ class BenchConfig:
     # open one lasts at least min_open_s (the corpus over again; 0: the corpus once, the CPU rounds' protocol)
     min_requests_per_caller: int = 0
     min_open_s: float = 0.0
+    loadgen_threads: int = 1  # threads of the native gRPC load generator's closed phases
     phase_time_limit_s: float | None = 90.0  # a phase sends no request after this (slow targets stay bounded)
     server_settings: dict[str, str] = field(
         default_factory=dict

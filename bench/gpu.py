@@ -78,6 +78,9 @@ MIN_REQUESTS_PER_CALLER = 32
 MIN_OPEN_S = 2.0
 # a ceiling pass lasts a few ms there, and two can both fall in one disturbance: the fastest of this long's
 MIN_CEILING_S = 0.3
+# one thread of the native load generator kept 0.7-0.85 of a core busy at c=256 on an H200 server: the
+# closed phases spread their connections over this many (of 16 cores)
+LOADGEN_THREADS = 4
 
 NVIDIA_SMI_QUERY = ["--query-gpu=name,clocks.max.sm", "--format=csv,noheader,nounits"]
 

@@ -129,12 +129,14 @@ class NativePhase:
         timeout_s: float = 300.0,
         seed: int = 0,
         connections: int = 1,
+        threads: int = 1,
     ):
         self.binary, self.address, self.method = binary, address, method
         self.requests, self.warmup = list(requests), list(warmup)
         self.concurrency, self.rate, self.seed = concurrency, rate, seed
         self.time_limit_s, self.timeout_s = time_limit_s, timeout_s
         self.connections = connections  # TCP connections the calls are spread over (loadgen.cc)
+        self.threads = threads  # a closed loop's threads, each serving some of the connections (loadgen.cc)
         self._scratch: tempfile.TemporaryDirectory | None = None
         self._process: asyncio.subprocess.Process | None = None
 
@@ -167,6 +169,7 @@ class NativePhase:
             str(self.time_limit_s or 0),
             str(self.timeout_s),
             str(self.connections),
+            str(self.threads),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

@@ -236,6 +236,7 @@ async def run(config: BenchConfig) -> dict:
             checked_target=analysis.SERVER,
             min_requests_per_caller=config.min_requests_per_caller,
             min_open_s=config.min_open_s,
+            loadgen_threads=config.loadgen_threads,
         )
         targets: dict[str, dict] = {}
         open_rate = config.open_rate

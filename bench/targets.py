@@ -67,6 +67,7 @@ class Workload:
     # min_open_s at its rate (the corpus over again): phases long enough for a fast server (0: the corpus once)
     min_requests_per_caller: int = 0
     min_open_s: float = 0.0
+    loadgen_threads: int = 1  # the native gRPC load generator's threads for a closed phase (loadgen.cc)
 
 
 def _line(name: str, label: str, s: dict) -> str:
@@ -130,11 +131,12 @@ class TargetRun:
             requests = repeated(requests, least)
         if self.native is not None:
             connections = self.connections if rate else min(concurrency, self.connections)
+            threads = self.workload.loadgen_threads if self.workload is not None and not http else 1
             address = self.server.address if via else self.server.embed_address
             address = f"127.0.0.1:{self.server.http_port}" if http and via is None else address
             return NativePhase(
                 self.native, address, method, requests, concurrency, warmup or [], rate, time_limit_s,
-                REQUEST_TIMEOUT_S, connections=connections,
+                REQUEST_TIMEOUT_S, connections=connections, threads=threads,
             )  # fmt: skip
         warm = (lambda: closed_loop(call, warmup, concurrency, label=f"{label} warm-up")) if warmup else None
         if rate is None:

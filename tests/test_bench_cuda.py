@@ -148,6 +148,7 @@ def test_on_cuda_phases_repeat_the_corpus_until_every_caller_sends_enough(tmp_pa
         gpu.MIN_OPEN_S,
         gpu.MIN_CEILING_S,
     )
+    assert (configs[0].loadgen_threads, configs[1].loadgen_threads) == (gpu.LOADGEN_THREADS, 1)
     cpu = configs[1]
     assert (cpu.min_requests_per_caller, cpu.min_open_s, cpu.ceiling_min_s) == (
         0,

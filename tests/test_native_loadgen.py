@@ -119,6 +119,27 @@ def test_calls_are_spread_over_the_connections_asked_for(binary, rate):
         assert min(per_connection) >= 3
 
 
+def test_a_closed_loop_on_several_threads_sends_each_request_once_at_its_concurrency(binary):
+    """Threads share a closed loop's connections (a fast server is not bounded by one client thread): every
+    request goes once, the concurrency holds, each caller keeps its connection, all are recorded."""
+    echo = EchoServer(delay_s=0.005, fail=frozenset({b"t3"}))
+    requests = _requests([f"t{i}" for i in range(60)])
+
+    async def go():
+        async with echo.serving() as address:
+            phase = NativePhase(
+                binary, address, ECHO, requests, 6, _requests(["w"]), connections=6, threads=3
+            )
+            await phase.warm_up()
+            return await phase.measure()
+
+    result = asyncio.run(go())
+    assert sorted(echo.received[1:]) == sorted(f"t{i}".encode() for i in range(60))
+    assert echo.most_in_flight == 6 and len(set(echo.peers[1:])) == 6
+    assert result.errors == {"RESOURCE_EXHAUSTED": 1} and len(result.latencies) == 59
+    assert not result.stopped_early and min(result.latencies) >= 0.005
+
+
 def test_the_python_clients_channels_each_open_a_connection():
     echo = EchoServer()
 

@@ -2,15 +2,18 @@
 //
 // A Python grpc.aio client spends about 0.5 ms of CPU per call; on the 2 cores a bench shares with the
 // server that is CPU taken from the server under test. This client sends pre-serialized requests through
-// gRPC's C++ generic stub on one completion queue (one thread of ours), as Triton's perf_analyzer does in
+// gRPC's C++ generic stub on one completion queue per thread of ours, as Triton's perf_analyzer does in
 // C++, and records each reply's bytes for the Python side to parse.
 //
 // Usage: bertserve-loadgen TARGET METHOD REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP TIME_LIMIT_S TIMEOUT_S
-//        [CONNECTIONS]
+//        [CONNECTIONS [THREADS]]
 //   CONNECTIONS (default 1): TCP connections to TARGET, as that many clients would open; a closed loop's
 //   callers are spread over them (each answered call's successor goes out on its connection), an open
 //   loop's requests go round-robin. A server whose processes share one port (SO_REUSEPORT) gets each
 //   connection in one of them, so one connection would measure one process.
+//   THREADS (default 1): a closed loop's connections are shared out over this many threads, each with its
+//   completion queue (at most one thread per connection), so one thread does not bound a fast server; an
+//   open loop runs on one.
 //   REQUESTS_FILE: records of [f64 scheduled send offset, s; negative: closed loop][u32 length][bytes].
 //   The first WARMUP records are sent first, closed loop at CONCURRENCY, and not recorded. Then it writes
 //   "ready\n" to stdout and waits for a line on stdin; the measured phase starts when that line comes:
@@ -25,6 +28,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -32,8 +36,10 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -68,10 +74,66 @@ std::chrono::system_clock::time_point wall_clock_in(Duration from_now) {
 
 class Runner {
  public:
-  Runner(const std::vector<std::shared_ptr<grpc::Channel>>& channels, std::string method, double timeout_s)
+  Runner(const std::vector<std::shared_ptr<grpc::Channel>>& channels, std::string method, double timeout_s,
+         size_t threads)
       : method_(std::move(method)), timeout_(timeout_s) {
     for (const auto& channel : channels) stubs_.push_back(std::make_unique<grpc::GenericStub>(channel));
+    threads_ = std::max<size_t>(1, std::min(threads, stubs_.size()));
   }
+
+  // A closed loop on every thread: caller k goes out on connection k % connections, which thread
+  // (k % connections) % threads serves on its own queue; the request indexes are taken in turn by all.
+  size_t run_closed(const std::vector<Request>& requests, size_t first, size_t last, size_t concurrency,
+                    double time_limit_s, bool record, std::FILE* out) {
+    const Clock::time_point start = Clock::now();
+    std::atomic<size_t> next{first}, sent{0};
+    std::atomic<bool> stopped{false};
+    std::mutex writing;
+    auto work = [&](size_t thread) {
+      grpc::CompletionQueue queue;
+      size_t in_flight = 0;
+      auto send_next = [&](size_t connection) {
+        if (stopped.load() ||
+            (time_limit_s > 0 && std::chrono::duration<double>(Clock::now() - start).count() > time_limit_s)) {
+          stopped.store(true);
+          return;
+        }
+        const size_t index = next.fetch_add(1);
+        if (index >= last) return;
+        sent.fetch_add(1);
+        start_call(new_call(index, connection, record, Clock::now()), requests[index].payload, &queue);
+        ++in_flight;
+      };
+      for (size_t caller = 0; caller < concurrency; ++caller)
+        if ((caller % stubs_.size()) % threads_ == thread) send_next(caller % stubs_.size());
+      while (in_flight > 0) {
+        void* tag = nullptr;
+        bool ok = false;
+        if (!queue.Next(&tag, &ok)) break;
+        auto* call = static_cast<Call*>(tag);
+        const Clock::time_point done = Clock::now();
+        const size_t connection = call->connection;
+        --in_flight;
+        if (call->recorded) {
+          std::lock_guard<std::mutex> lock(writing);
+          write_record(out, *call, done);
+        }
+        delete call;
+        send_next(connection);
+      }
+      queue.Shutdown();
+      void* tag = nullptr;
+      bool ok = false;
+      while (queue.Next(&tag, &ok)) {}
+    };
+    std::vector<std::thread> others;
+    for (size_t thread = 1; thread < threads_; ++thread) others.emplace_back(work, thread);
+    work(0);
+    for (auto& other : others) other.join();
+    return sent.load();
+  }
+
+  size_t threads() const { return threads_; }
 
   // Sends requests[first, last) and waits for all of them; open loop when their offsets are >= 0.
   // Returns how many were sent (fewer than last - first when the time limit cut the phase short).
@@ -85,15 +147,7 @@ class Runner {
     };
     size_t round_robin = 0;
     auto send = [&](Clock::time_point scheduled, size_t connection) {
-      auto* call = new Call;
-      call->index = next;
-      call->connection = connection;
-      call->recorded = record;
-      call->started = scheduled;
-      call->context.set_deadline(wall_clock_in(std::chrono::duration<double>(timeout_)));
-      call->reader = stubs_[connection]->PrepareUnaryCall(&call->context, method_, requests[next].payload, &queue_);
-      call->reader->StartCall();
-      call->reader->Finish(&call->reply, &call->status, call);
+      start_call(new_call(next, connection, record, scheduled), requests[next].payload, &queue_);
       ++next;
       ++in_flight;
     };
@@ -142,6 +196,22 @@ class Runner {
   }
 
  private:
+  static Call* new_call(size_t index, size_t connection, bool record, Clock::time_point started) {
+    auto* call = new Call;
+    call->index = index;
+    call->connection = connection;
+    call->recorded = record;
+    call->started = started;
+    return call;
+  }
+
+  void start_call(Call* call, const grpc::ByteBuffer& payload, grpc::CompletionQueue* queue) {
+    call->context.set_deadline(wall_clock_in(std::chrono::duration<double>(timeout_)));
+    call->reader = stubs_[call->connection]->PrepareUnaryCall(&call->context, method_, payload, queue);
+    call->reader->StartCall();
+    call->reader->Finish(&call->reply, &call->status, call);
+  }
+
   static void write_record(std::FILE* out, Call& call, Clock::time_point done) {
     uint32_t index = static_cast<uint32_t>(call.index);
     int32_t code = static_cast<int32_t>(call.status.error_code());
@@ -160,13 +230,15 @@ class Runner {
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
   std::string method_;
   double timeout_;
+  size_t threads_ = 1;
   grpc::CompletionQueue queue_;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* usage = "TARGET METHOD REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP TIME_LIMIT_S TIMEOUT_S [CONNECTIONS]";
+  const char* usage =
+      "TARGET METHOD REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP TIME_LIMIT_S TIMEOUT_S [CONNECTIONS [THREADS]]";
   return phase::main_of(argc, argv, "bertserve-loadgen", usage, [](phase::Command& c) {
     std::vector<Request> requests;
     for (auto& record : c.records) {
@@ -187,9 +259,12 @@ int main(int argc, char** argv) {
         return 3;
       }
     }
-    Runner runner(channels, c.method, c.timeout_s);
+    Runner runner(channels, c.method, c.timeout_s, c.threads);
     return phase::drive(c, [&](size_t first, size_t last, double limit, bool record) {
-      return runner.run(requests, first, last, c.concurrency, limit, record, c.out);
+      const bool open = first < last && requests[first].offset_s >= 0;
+      if (open || runner.threads() == 1)
+        return runner.run(requests, first, last, c.concurrency, limit, record, c.out);
+      return runner.run_closed(requests, first, last, c.concurrency, limit, record, c.out);
     });
   });
 }

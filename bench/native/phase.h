@@ -49,7 +49,7 @@ inline double process_cpu_seconds() {
 }
 
 // The command line both take: TARGET METHOD REQUESTS_FILE OUT_FILE CONCURRENCY WARMUP TIME_LIMIT_S TIMEOUT_S
-// [CONNECTIONS].
+// [CONNECTIONS [THREADS]] (THREADS: the gRPC one's closed loops; the HTTP one runs on one thread).
 struct Command {
   std::string target, method, timeout_text;
   std::vector<Record> records;
@@ -58,23 +58,25 @@ struct Command {
   size_t concurrency, warmup;
   double time_limit_s, timeout_s;
   size_t connections;  // 0: not given
+  size_t threads;      // 1 unless given
 };
 
 // `name`'s main: parses the command line (usage and exit 2 when wrong) into a Command for `body`, whose
 // result is the exit code; an exception ends it with one line and exit 1.
 template <class Body>
 int main_of(int argc, char** argv, const char* name, const char* usage, Body&& body) {
-  if (argc != 9 && argc != 10) {
+  if (argc < 9 || argc > 11) {
     std::cerr << "usage: " << name << " " << usage << "\n";
     return 2;
   }
   try {
     Command c{argv[1], argv[2], argv[8], read_records(argv[3]), argv[4], std::fopen(argv[4], "wb"), 0, 0,
-              std::atof(argv[7]), std::atof(argv[8]), 0};
+              std::atof(argv[7]), std::atof(argv[8]), 0, 1};
     if (!c.out) throw std::runtime_error(std::string("cannot write ") + argv[4]);
     c.concurrency = std::max<long>(1, std::atol(argv[5]));
     c.warmup = std::min<size_t>(std::atol(argv[6]), c.records.size());
-    c.connections = argc == 10 ? std::max<long>(1, std::atol(argv[9])) : 0;
+    c.connections = argc >= 10 ? std::max<long>(1, std::atol(argv[9])) : 0;
+    c.threads = argc == 11 ? std::max<long>(1, std::atol(argv[10])) : 1;
     return body(c);
   } catch (const std::exception& error) {
     std::cerr << name << ": " << error.what() << "\n";
