@@ -60,6 +60,7 @@ class PhaseResult:
     # CPU seconds of a load generator in another process (bench/native_loadgen.py) over the measured
     # requests; 0 for this process's, which the bench reads itself
     client_cpu_s: float = 0.0
+    client_threads: int = 1  # the native load generator's threads in the measured part
 
     @classmethod
     def merged(cls, parts: list[PhaseResult]) -> PhaseResult:

@@ -210,6 +210,7 @@ class NativePhase:
             stopped_early=bool(stats["stopped_early"]),
             seconds=stats["seconds"],
             client_cpu_s=stats["cpu_s"],
+            client_threads=stats.get("threads", 1),
         )
         assert self._scratch is not None
         replies = Path(self._scratch.name) / "replies.bin"

@@ -72,18 +72,44 @@ async def _until(condition, timeout: float = 10) -> None:
         await asyncio.sleep(0.005)
 
 
-def test_gathered_items_leave_as_one_message_after_the_posted_ones():
+def _none_failed(items, error):
+    raise AssertionError(f"no build should fail here: {error!r}")
+
+
+def test_gathered_items_leave_as_one_message_before_the_posted_ones():
     async def scenario():
         link, received = await _linked()
-        link.gather(lambda items: ("many", tuple(items)), 1)
-        link.post(("one",))
-        link.gather(lambda items: ("many", tuple(items)), 2)  # another build: a message of its own
+        link.gather(lambda items: ("many", tuple(items)), 1, _none_failed)
+        link.post(("one",))  # a cancel of a call gathered in this turn must come after it
+        link.gather(lambda items: ("many", tuple(items)), 2, _none_failed)  # another build: its own message
         await _until(lambda: len(received) == 3)
         link.close()
         return received
 
     received = asyncio.run(scenario())
-    assert received[0] == ("one",) and sorted(received[1:]) == [("many", (1,)), ("many", (2,))]
+    assert received[2] == ("one",) and sorted(received[:2]) == [("many", (1,)), ("many", (2,))]
+
+
+def test_a_message_that_cannot_be_built_fails_its_items_alone_and_the_link_goes_on():
+    def broken(items):
+        raise ValueError("cannot build")
+
+    async def scenario():
+        link, received = await _linked()
+        failed: list = []
+        link.gather(broken, "a", lambda items, error: failed.append((items, str(error))))
+        link.gather(lambda items: ("many", tuple(items)), "b", _none_failed)
+        link.post(("one",))
+        await _until(lambda: len(received) == 2)
+        link.post(("two",))  # the next turn's frame is written as usual
+        link.gather(lambda items: ("many", tuple(items)), "c", _none_failed)
+        await _until(lambda: len(received) == 4)
+        link.close()
+        return received, failed
+
+    received, failed = asyncio.run(scenario())
+    assert failed == [(["a"], "cannot build")]
+    assert received == [("many", ("b",)), ("one",), ("many", ("c",)), ("two",)]
 
 
 async def _engine_scenario(mode: str) -> tuple[list, list, int]:
@@ -240,7 +266,7 @@ def test_a_fronts_single_input_calls_of_one_turn_leave_in_one_lones_message():
         def post(self, message):
             sent.append(message)
 
-        def gather(self, build, item):
+        def gather(self, build, item, failed):
             sent.append(("gathered", build, item))
 
     link = EngineLink("unused")
@@ -255,3 +281,89 @@ def test_a_fronts_single_input_calls_of_one_turn_leave_in_one_lones_message():
     assert [m[1] for m in gathered] == [lones_out] * 2 and [m[2][0] for m in gathered] == [1, 2]
     assert [m[0] for m in sent if m[0] != "gathered"] == ["submit"]  # two inputs: a call of its own
     assert gathered[0][2][1:4] == ("enc", "m", EMBED) and gathered[0][2][6] == 3.0
+
+
+async def _engine_link(compute, pool) -> tuple[FrameLink, list, Batcher, Engine]:
+    """A front's link to an engine (no models loaded) over a real socket pair, the engine's one batcher
+    computing with `compute` on `pool`: (the front's link, what the front received, the batcher, the engine)."""
+    loop = asyncio.get_running_loop()
+    batcher = Batcher("m", compute, LIMITS, pool, prefetch=0)
+    batcher.start()
+    engine = Engine.__new__(Engine)
+    engine._calls = {}
+    engine._groups = {"enc": types.SimpleNamespace(batcher=batcher)}
+    engine.registry = types.SimpleNamespace(by_name={"m": None})
+    ours, theirs = socket.socketpair()
+    await loop.create_unix_connection(lambda: FrameLink(engine._handle, lambda e: None), sock=theirs)
+    received: list = []
+    _, front = await loop.create_unix_connection(
+        lambda: FrameLink(lambda _, m: received.append(m), lambda e: None), sock=ours
+    )
+    return front, received, batcher, engine
+
+
+def test_a_call_cancelled_in_the_turn_it_was_sent_is_never_computed():
+    """The front's cancel leaves after the gathered call it cancels, so the engine drops it."""
+    computed: list = []
+
+    def compute(batch):
+        computed.extend(int(item.ids[0]) for item in batch)
+        return [np.zeros(2, np.float32)] * len(batch)
+
+    async def scenario():
+        with ThreadPoolExecutor(1) as pool:
+            return await _cancelled_in_turn(pool)
+
+    async def _cancelled_in_turn(pool):
+        front, received, batcher, engine = await _engine_link(compute, pool)
+        one = (7, "enc", "m", EMBED, np.array([7], np.int64), np.zeros(1, np.int64), None)
+        front.gather(lones_out, one, _none_failed)
+        front.post(("cancel", 7))  # the same turn
+        await _until(lambda: received)
+        await asyncio.sleep(0.05)
+        await batcher.close()
+        front.close()
+        return received, engine._calls
+
+    received, held = asyncio.run(scenario())
+    assert received == [("cancelled", 7)] and computed == [] and held == {}
+
+
+def test_a_lones_message_that_cannot_be_read_answers_every_call_it_did_not_queue():
+    async def scenario():
+        with ThreadPoolExecutor(1) as pool:
+            return await _unreadable(pool)
+
+    async def _unreadable(pool):
+        front, received, batcher, engine = await _engine_link(
+            lambda batch: [np.zeros(2, np.float32)] * len(batch), pool
+        )
+        calls = [
+            (k, "enc", "m", EMBED, np.array([k], np.int64), np.zeros(1, np.int64), None) for k in (1, 2, 3)
+        ]
+        message = list(lones_out(calls))
+        message[4] = (message[4][0], ("no such task",), message[4][2])  # call 2's options unreadable
+        front.post(tuple(message))
+        await _until(lambda: sum(len(m[1]) if m[0] == "rows" else 1 for m in received) == 3)
+        await asyncio.sleep(0.05)
+        await batcher.close()
+        front.close()
+        return received, engine._calls
+
+    received, held = asyncio.run(scenario())
+    assert sorted(m[:3] for m in received if m[0] == "error") == [
+        ("error", 2, "InferenceFailed"),
+        ("error", 3, "InferenceFailed"),
+    ]
+    assert [m[1] for m in received if m[0] == "rows"] == [(1,)] and held == {}
+
+
+def test_a_front_fails_the_calls_of_a_lones_message_it_cannot_build():
+    link = EngineLink("unused")
+    heard: list = []
+    for call in (1, 2):
+        link._calls[call] = lambda results, error, call=call: heard.append(
+            (call, results, type(error).__name__)
+        )
+    link._lones_failed([(1, "enc"), (2, "enc")], ValueError("no"))
+    assert heard == [(1, None, "InferenceFailed"), (2, None, "InferenceFailed")] and link._calls == {}

@@ -126,10 +126,15 @@ class Runner {
       bool ok = false;
       while (queue.Next(&tag, &ok)) {}
     };
-    std::vector<std::thread> others;
-    for (size_t thread = 1; thread < threads_; ++thread) others.emplace_back(work, thread);
+    struct Joined {  // every thread joined however this returns (an unjoined one would end the process)
+      std::vector<std::thread> threads;
+      ~Joined() {
+        for (auto& thread : threads)
+          if (thread.joinable()) thread.join();
+      }
+    } others;
+    for (size_t thread = 1; thread < threads_; ++thread) others.threads.emplace_back(work, thread);
     work(0);
-    for (auto& other : others) other.join();
     return sent.load();
   }
 
@@ -260,11 +265,15 @@ int main(int argc, char** argv) {
       }
     }
     Runner runner(channels, c.method, c.timeout_s, c.threads);
-    return phase::drive(c, [&](size_t first, size_t last, double limit, bool record) {
-      const bool open = first < last && requests[first].offset_s >= 0;
-      if (open || runner.threads() == 1)
-        return runner.run(requests, first, last, c.concurrency, limit, record, c.out);
-      return runner.run_closed(requests, first, last, c.concurrency, limit, record, c.out);
-    });
+    size_t threads = 1;  // the last run's
+    return phase::drive(
+        c,
+        [&](size_t first, size_t last, double limit, bool record) {
+          const bool open = first < last && requests[first].offset_s >= 0;
+          threads = open ? 1 : runner.threads();
+          if (threads == 1) return runner.run(requests, first, last, c.concurrency, limit, record, c.out);
+          return runner.run_closed(requests, first, last, c.concurrency, limit, record, c.out);
+        },
+        &threads);
   });
 }

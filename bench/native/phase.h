@@ -86,9 +86,10 @@ int main_of(int argc, char** argv, const char* name, const char* usage, Body&& b
 
 // `run(first, last, time_limit_s, record)` sends requests [first, last) and returns how many it sent: the
 // first `warmup` unrecorded, then "ready" on stdout and a line awaited on stdin, then the rest, recorded, and
-// the stats line {"seconds", "cpu_s", "sent", "stopped_early"}. Returns the exit code (4: stdin closed).
+// the stats line {"seconds", "cpu_s", "sent", "stopped_early"[, "threads": *threads after the run]}.
+// Returns the exit code (4: stdin closed).
 template <class Run>
-int drive(const Command& c, Run&& run) {
+int drive(const Command& c, Run&& run, const size_t* threads = nullptr) {
   run(0, c.warmup, 0.0, false);
   std::cout << "ready" << std::endl;
   std::string go;
@@ -99,8 +100,8 @@ int drive(const Command& c, Run&& run) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double cpu_s = process_cpu_seconds() - cpu_before;
   if (std::ferror(c.out) || std::fclose(c.out) != 0) throw std::runtime_error(std::string("cannot write ") + c.out_path);
-  std::printf("{\"seconds\": %.9f, \"cpu_s\": %.9f, \"sent\": %zu, \"stopped_early\": %d}\n", seconds, cpu_s,
-              sent, sent < c.records.size() - c.warmup ? 1 : 0);
+  std::printf("{\"seconds\": %.9f, \"cpu_s\": %.9f, \"sent\": %zu, \"stopped_early\": %d, \"threads\": %zu}\n",
+              seconds, cpu_s, sent, sent < c.records.size() - c.warmup ? 1 : 0, threads ? *threads : 1);
   std::fflush(stdout);
   return 0;
 }

@@ -86,8 +86,15 @@ class EngineLink:
             raise errors.EngineUnavailable("the engine is still loading its models; retry")
         call = next(self._ids)
         self._calls[call] = answer
-        self._link.gather(lones_out, (call, *fields))
+        self._link.gather(lones_out, (call, *fields), self._lones_failed)
         return call
+
+    def _lones_failed(self, calls: list, error: Exception) -> None:
+        """The turn's `lones` could not be built: its calls fail here (none of them reached the engine)."""
+        for call, *_ in calls:
+            answer = self._calls.pop(call, None)
+            if answer is not None:
+                answer(None, errors.InferenceFailed(f"the call could not be sent to the engine: {error}"))
 
     def cancel(self, call: int, then: Callable[[], None]) -> None:
         """Asks the engine to drop `call`; `then()` runs once the engine has answered it in any way (or is

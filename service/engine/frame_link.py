@@ -12,6 +12,7 @@ socket's). Nothing is dropped: what the peer has not read waits in the sender's 
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from collections.abc import Callable
 
@@ -20,6 +21,8 @@ from bertserve.service.engine.messages import pack, unpack
 _HEAD = struct.Struct("<QI")  # the pickle's and buffers' bytes, the number of buffers
 _LENGTH = struct.Struct("<Q")
 READ_BUFFER_BYTES = 1 << 18  # frames up to this size share one buffer
+Failed = Callable[[list, Exception], None]  # a gathered message's items, when building it raised
+log = logging.getLogger("bertserve.link")
 
 
 class FrameLink(asyncio.BufferedProtocol):
@@ -35,7 +38,7 @@ class FrameLink(asyncio.BufferedProtocol):
         self._own: bytearray | None = None  # a frame read into memory of its own
         self._own_filled = 0
         self._outbox: list = []
-        self._gathered: dict[Callable[[list], object], list] = {}  # build -> this turn's items (`gather`)
+        self._gathered: dict[Callable[[list], object], tuple[Failed, list]] = {}  # build -> (failed, items)
         self.closed = False
 
     # ---- sending
@@ -47,26 +50,33 @@ class FrameLink(asyncio.BufferedProtocol):
             asyncio.get_running_loop().call_soon(self._flush)
         self._outbox.append(message)
 
-    def gather(self, build: Callable[[list], object], item: object) -> None:
-        """Queues `item`: this turn's items of one `build` leave as the one message `build(items)`, after
-        the messages posted this turn (dropped once the connection is gone)."""
+    def gather(self, build: Callable[[list], object], item: object, failed: Failed) -> None:
+        """Queues `item`: this turn's items of one `build` leave as the one message `build(items)`, before
+        the messages posted this turn (a call's cancel after the call). Should `build` raise, `failed(items,
+        error)` answers them instead. Dropped once the connection is gone."""
         if self.closed:
             return
         if not self._outbox and not self._gathered:
             asyncio.get_running_loop().call_soon(self._flush)
-        items = self._gathered.get(build)
-        if items is None:
-            self._gathered[build] = [item]
+        gathered = self._gathered.get(build)
+        if gathered is None:
+            self._gathered[build] = (failed, [item])
         else:
-            items.append(item)
+            gathered[1].append(item)
 
     def _flush(self) -> None:
-        messages, self._outbox = self._outbox, []
-        if self._gathered:
-            messages += [build(items) for build, items in self._gathered.items()]
-            self._gathered = {}
+        posted, self._outbox = self._outbox, []
+        gathered, self._gathered = self._gathered, {}
         if self.closed or self._transport is None or self._transport.is_closing():
             return
+        messages = []
+        for build, (failed, items) in gathered.items():
+            try:
+                messages.append(build(items))
+            except Exception as exc:  # never the frame's other messages, nor the link, lost with it
+                log.exception("a message could not be built")
+                failed(items, exc)
+        messages += posted
         head, *buffers = pack(messages)
         sizes = [memoryview(b).nbytes for b in buffers]
         total = len(head) + sum(sizes)

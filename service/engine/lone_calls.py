@@ -32,7 +32,7 @@ class LoneCall:
 
     def set_result(self, result: ItemResult) -> None:
         if self._end():
-            self._front.gather(rows_out, (self._call, result))
+            self._front.gather(rows_out, (self._call, result), self._rows_failed)
 
     def set_exception(self, error: BaseException) -> None:
         if self._end():
@@ -43,6 +43,11 @@ class LoneCall:
         if self._end():
             self._batcher.note_dead()
             self._front.post(("cancelled", self._call))
+
+    def _rows_failed(self, rows: list, error: Exception) -> None:
+        """The turn's `rows` could not be built: each of its calls answered with the error."""
+        for call, _ in rows:
+            self._front.post(error_out(call, error))
 
     def _end(self) -> bool:
         if self.ended:

@@ -184,12 +184,17 @@ def lones_in(message: tuple) -> zip:
     return zip(numbers, encoders, models, map(options_in, options), rows, type_rows, deadlines, strict=True)
 
 
-def lone_in(message: tuple, models: Mapping[str, Any], deadline: float | None, future: Any, origin: object):
-    """`inputs_out`'s call as its one unary `WorkItem`, answered on `future`, when it is one input with one
-    option (most calls); None for any other call (`inputs_in` reads those)."""
-    model, options, ids, lengths, type_ids, masks = message
-    if lengths is not None or len(options) != 1:
-        return None
+def is_lone(message: tuple) -> bool:
+    """`inputs_out`'s call is one input with one option (`lone_in` reads it)."""
+    return message[3] is None and len(message[1]) == 1
+
+
+def lone_in(
+    message: tuple, models: Mapping[str, Any], deadline: float | None, future: Any, origin: object
+) -> WorkItem:
+    """`inputs_out`'s call of one input and one option (`is_lone`) as its one unary `WorkItem`, answered on
+    `future`."""
+    model, options, ids, _, type_ids, masks = message
     ids = tokens_in(ids)
     option = options_in(options[0])
     mask = array(masks[0]) if masks is not None and option.task is Task.FILL_MASK else None

@@ -24,7 +24,7 @@ from bertserve.service.engine.batch_items import WorkItem
 from bertserve.service.engine.encoders import EncoderGroup, attach_batchers
 from bertserve.service.engine.frame_link import FrameLink
 from bertserve.service.engine.lone_calls import ANSWERED, LoneCall
-from bertserve.service.engine.messages import error_out, inputs_in, lone_in, lones_in, results_out
+from bertserve.service.engine.messages import error_out, inputs_in, is_lone, lone_in, lones_in, results_out
 from bertserve.service.engine.model_registry import ModelRegistry
 from bertserve.service.engine.unary_calls import UnaryCall, settle, submit_call
 from bertserve.service.metrics import Metrics
@@ -149,19 +149,25 @@ class Engine:
 
     def _submit_lones(self, front: FrameLink, message: tuple) -> None:
         """A turn's single-input unary calls from `front`, each admitted or refused on its own."""
-        models, calls = self.registry.by_name, self._calls
-        for call, encoder, model, options, ids, type_ids, deadline in lones_in(message):
-            key = (front, call)
-            try:
-                batcher = self._groups[encoder].batcher
-                lone = LoneCall(calls, front, call, batcher)
-                item = WorkItem(ids, type_ids, options, lone, deadline, None, models[model], False, front)
-                calls[key] = lone
-                batcher.submit([item])
-            except Exception as exc:  # refused (a ServiceError), or a bug: answered, the others go on
-                if not isinstance(exc, errors.ServiceError):
-                    log.exception("engine: a call from a front failed")
-                calls.pop(key, None)
+        models, calls, read = self.registry.by_name, self._calls, 0
+        try:
+            for call, encoder, model, options, ids, type_ids, deadline in lones_in(message):
+                read += 1
+                key = (front, call)
+                try:
+                    batcher = self._groups[encoder].batcher
+                    lone = LoneCall(calls, front, call, batcher)
+                    item = WorkItem(ids, type_ids, options, lone, deadline, None, models[model], False, front)
+                    calls[key] = lone
+                    batcher.submit([item])
+                except Exception as exc:  # refused (a ServiceError), or a bug: answered, the others go on
+                    if not isinstance(exc, errors.ServiceError):
+                        log.exception("engine: a call from a front failed")
+                    calls.pop(key, None)
+                    front.post(error_out(call, exc))
+        except Exception as exc:  # the message itself unreadable: its calls not yet read are answered
+            log.exception("engine: a front's lones message failed")
+            for call in message[1][read:]:
                 front.post(error_out(call, exc))
 
     def _submit_now(
@@ -169,9 +175,9 @@ class Engine:
     ) -> None:
         """A unary call's inputs queued now (or its refusal sent); answered when the last result is in."""
         batcher, key = self._group(encoder).batcher, (front, call)
-        lone = LoneCall(self._calls, front, call, batcher)
-        item = lone_in(inputs, self.registry.by_name, deadline, lone, front)
-        if item is not None:  # one input, one option: no callback, its answer joins the turn's `rows`
+        if is_lone(inputs):  # one input, one option (a fill-mask call): no callback, answered in `rows`
+            lone = LoneCall(self._calls, front, call, batcher)
+            item = lone_in(inputs, self.registry.by_name, deadline, lone, front)
             self._calls[key] = lone
             try:
                 batcher.submit([item])
