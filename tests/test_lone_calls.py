@@ -17,6 +17,7 @@ from bertserve.service.core.remote_engine import EngineLink, RemoteBatcher
 from bertserve.service.engine.batch_items import ItemResult
 from bertserve.service.engine.batcher import Batcher, BatchLimits
 from bertserve.service.engine.frame_link import FrameLink
+from bertserve.service.engine.lone_calls import LoneCall
 from bertserve.service.engine.messages import (
     inputs_out,
     lones_in,
@@ -267,6 +268,7 @@ def test_a_fronts_single_input_calls_of_one_turn_leave_in_one_lones_message():
             sent.append(message)
 
         def gather(self, build, item, failed):
+            assert failed == link._lones_failed  # what fails the call here should its message not build
             sent.append(("gathered", build, item))
 
     link = EngineLink("unused")
@@ -367,3 +369,33 @@ def test_a_front_fails_the_calls_of_a_lones_message_it_cannot_build():
         )
     link._lones_failed([(1, "enc"), (2, "enc")], ValueError("no"))
     assert heard == [(1, None, "InferenceFailed"), (2, None, "InferenceFailed")] and link._calls == {}
+
+
+def test_a_failed_callback_that_raises_or_a_message_that_does_not_pickle_loses_nothing_else():
+    def raising(items, error):
+        raise RuntimeError("a broken callback")
+
+    async def scenario():
+        link, received = await _linked()
+        failed: list = []
+        link.post(("done", 1))
+        link.gather(lambda items: 1 / 0, "a", raising)  # its build raises, then its callback
+        link.gather(
+            lambda items: ("odd", lambda: None), "b", lambda items, e: failed.append(items)
+        )  # no pickle
+        link.gather(lambda items: ("many", tuple(items)), "c", _none_failed)
+        await _until(lambda: len(received) == 2)
+        await asyncio.sleep(0.05)  # nothing more comes
+        link.close()
+        return received, failed
+
+    received, failed = asyncio.run(scenario())
+    assert received == [("many", ("c",)), ("done", 1)] and failed == [["b"]]
+
+
+def test_rows_that_cannot_be_built_are_answered_one_by_one_with_the_error():
+    sent: list = []
+    front = types.SimpleNamespace(post=sent.append)
+    lone = LoneCall({}, front, 5, None)
+    lone._rows_failed([(5, None), (6, None)], ValueError("no"))
+    assert [m[:3] for m in sent] == [("error", 5, "InferenceFailed"), ("error", 6, "InferenceFailed")]

@@ -52,8 +52,9 @@ class FrameLink(asyncio.BufferedProtocol):
 
     def gather(self, build: Callable[[list], object], item: object, failed: Failed) -> None:
         """Queues `item`: this turn's items of one `build` leave as the one message `build(items)`, before
-        the messages posted this turn (a call's cancel after the call). Should `build` raise, `failed(items,
-        error)` answers them instead. Dropped once the connection is gone."""
+        the messages posted this turn (a call's cancel after the call). Should `build` raise, or its message
+        not pickle, `failed(items, error)` answers them instead (it should not raise: one that does is
+        logged). Dropped once the connection is gone."""
         if self.closed:
             return
         if not self._outbox and not self._gathered:
@@ -69,15 +70,17 @@ class FrameLink(asyncio.BufferedProtocol):
         gathered, self._gathered = self._gathered, {}
         if self.closed or self._transport is None or self._transport.is_closing():
             return
-        messages = []
+        messages, built = [], []
         for build, (failed, items) in gathered.items():
             try:
                 messages.append(build(items))
+                built.append((failed, items))
             except Exception as exc:  # never the frame's other messages, nor the link, lost with it
-                log.exception("a message could not be built")
-                failed(items, exc)
-        messages += posted
-        head, *buffers = pack(messages)
+                _failed(failed, items, exc)
+        try:
+            head, *buffers = pack(messages + posted)
+        except Exception:  # a gathered message that does not pickle: its items failed, the rest sent
+            head, *buffers = pack([*_picklable(messages, built), *posted])
         sizes = [memoryview(b).nbytes for b in buffers]
         total = len(head) + sum(sizes)
         lengths = b"".join(_LENGTH.pack(size) for size in sizes)
@@ -156,6 +159,26 @@ class FrameLink(asyncio.BufferedProtocol):
     def _deliver(self, view: memoryview, at: int) -> None:
         for message in unpack(frame_parts(view, at)[0]):
             self._on_message(self, message)
+
+
+def _picklable(messages: list, built: list) -> list:
+    """The gathered `messages` that pickle; each other one's items failed."""
+    kept = []
+    for message, (failed, items) in zip(messages, built, strict=True):
+        try:
+            pack(message)
+            kept.append(message)
+        except Exception as exc:
+            _failed(failed, items, exc)
+    return kept
+
+
+def _failed(failed: Failed, items: list, error: Exception) -> None:
+    log.error("a gathered message of %d items could not be sent", len(items), exc_info=error)
+    try:
+        failed(items, error)
+    except Exception:
+        log.exception("answering the items of a message that could not be sent failed")
 
 
 def frame_parts(view: memoryview | bytes, at: int) -> tuple[list, int]:
