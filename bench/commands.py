@@ -116,6 +116,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "simulated-device target always uses per-caller)",
     )
     parser.add_argument(
+        "--loadgen-threads",
+        type=int,
+        default=None,
+        help="threads of the native gRPC client's closed phases, its connections shared out over them "
+        "(default 1; with --provider cuda 4)",
+    )
+    parser.add_argument(
         "--front",
         choices=("main", "native"),
         default="main",
@@ -155,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         "inputs_per_request": args.inputs_per_request,
         "open_rate": args.rate,
         "targets": args.targets,
+        "loadgen_threads": args.loadgen_threads,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     settings = dict(args.server_setting)

@@ -328,7 +328,12 @@ async def run(config: BenchConfig) -> dict:
             "server_settings": config.server_settings,
             "open_rate_rps": open_rate,
             "phase_time_limit_s": config.phase_time_limit_s,
-            "load_generator": loadgen | {"grpc_connections": config.connections, "front": config.front},
+            "load_generator": loadgen
+            | {
+                "grpc_connections": config.connections,
+                "front": config.front,
+                "threads": config.loadgen_threads,
+            },
         },  # fmt: skip
         "flops": {
             "per_input_mean_gflop_mixed": corpus_flops(dims, mixed.tokens) / len(mixed.tokens) / 1e9,

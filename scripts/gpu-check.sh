@@ -38,7 +38,8 @@ usage: scripts/gpu-check.sh [--workers LIST] [--out DIR] [--repo DIR] [--python 
   --workers LIST  runs to bench, comma-separated, each a workers setting (an integer >= 1, auto, or
                   native-N: workers N, the gRPC Embed calls to the native port of every front; N an
                   integer or auto, native is native-1) and :NAME=VALUE settings of that run alone
-                  (default native-auto,native-auto:native_tokenizer=false,native-auto:engines=2;
+                  (loadgen_threads=N: the bench's gRPC client's threads, default 4; default runs
+                  native-auto,native-auto:loadgen_threads=1,native-auto:engines=2;
                   environment GPU_CHECK_WORKERS)
   --out DIR       where the results go (default docs/performance/gpu-<device>, after the GPU's model)
   --repo DIR      model repository; the default model is exported into it unless it is there
@@ -140,7 +141,12 @@ phase_bench() {  # phase_bench RUN: WORKERS[:NAME=VALUE...]
     local args=(--provider cuda --quick --connections per-caller --model-repo "${REPO}" --model "${MODEL}" --targets "${TARGETS}" --out "${run}")
     local setting own=()
     [[ "${spec}" == *:* ]] && IFS=: read -r -a own <<<"${spec#*:}"
-    for setting in ${GPU_CHECK_SETTINGS} ${own[@]+"${own[@]}"}; do args+=(--server-setting "${setting}"); done
+    for setting in ${GPU_CHECK_SETTINGS} ${own[@]+"${own[@]}"}; do
+        case "${setting}" in  # the bench's client, not the server
+            loadgen_threads=*) args+=(--loadgen-threads "${setting#*=}") ;;
+            *) args+=(--server-setting "${setting}") ;;
+        esac
+    done
     if [[ "${workers}" == native* ]]; then
         if ! "${PYTHON_BIN}" -c 'from bertserve.service.grpc.native.transport import library; library()' >/dev/null 2>&1; then
             echo "gpu-check: no native port here (this bertserve lacks it, or g++ and libgrpc++-dev): workers ${workers} not measured"
@@ -206,7 +212,7 @@ if [ "${1:-}" = __phase ]; then
 fi
 
 # ---- the command line ----
-WORKERS="${GPU_CHECK_WORKERS:-native-auto,native-auto:native_tokenizer=false,native-auto:engines=2}"
+WORKERS="${GPU_CHECK_WORKERS:-native-auto,native-auto:loadgen_threads=1,native-auto:engines=2}"
 OUT=""
 REPO_GIVEN=""  # --repo: with --bundle, the bundle's model otherwise (the environment's REPO aside)
 REPO="${REPO:-model_repository}"

@@ -149,6 +149,10 @@ def test_on_cuda_phases_repeat_the_corpus_until_every_caller_sends_enough(tmp_pa
         gpu.MIN_CEILING_S,
     )
     assert (configs[0].loadgen_threads, configs[1].loadgen_threads) == (gpu.LOADGEN_THREADS, 1)
+    args = parser.parse_args(["bench", "--quick", "--model-repo", str(tmp_path), "--out", str(tmp_path),
+                              "--loadgen-threads", "2"])  # fmt: skip
+    args.provider = "cuda"
+    assert args.run(args) == 0 and configs[2].loadgen_threads == 2  # asked for: over the GPU's default
     cpu = configs[1]
     assert (cpu.min_requests_per_caller, cpu.min_open_s, cpu.ceiling_min_s) == (
         0,

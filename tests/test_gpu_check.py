@@ -384,13 +384,16 @@ def test_each_setting_reaches_every_bench_run(tmp_path):
         assert ("--server-setting", setting) in pairs
     # a run's own settings (WORKERS:NAME=VALUE...) come after the common ones, so they win; a folder of its own
     calls.write_text("")
-    result = _run("__phase", "bench", "native-auto:max_batch_size=128:batch_shapes=exact", **env)
+    result = _run(
+        "__phase", "bench", "native-auto:max_batch_size=128:batch_shapes=exact:loadgen_threads=1", **env
+    )
     (bench,) = [line.split() for line in calls.read_text().splitlines() if " bench --provider" in line]
     settings = [b for a, b in zip(bench, bench[1:], strict=False) if a == "--server-setting"]
     assert settings == ["max_batch_size=256", "max_batch_tokens=65536", "max_batch_size=128",
                         "batch_shapes=exact", "workers=auto"]  # fmt: skip
+    assert bench[bench.index("--loadgen-threads") + 1] == "1"  # the client's, not the server's
     assert bench[bench.index("--out") + 1] == str(
-        tmp_path / "scratch" / "workers-native-auto-max_batch_size-128-batch_shapes-exact"
+        tmp_path / "scratch" / "workers-native-auto-max_batch_size-128-batch_shapes-exact-loadgen_threads-1"
     )
     assert (
         "--front" in bench
