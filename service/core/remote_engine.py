@@ -223,13 +223,10 @@ class RemoteBatcher:
         self._check()
         if len(inputs.ids) == 1 and len(inputs.options) == 1 and inputs.masks is None and not inputs.bulk:
             fields = (self.name, inputs.model.name, inputs.options[0], inputs.ids[0], inputs.type_ids[0])
-            remote = RemoteCall(self._link, on_end, Permit(permit.room, permit.inputs))
-            remote.id = self._link.call_lone((*fields, inputs.deadline), remote.answer)
-            permit.hand_over()
-            return remote
+            return self._send(self._link.call_lone, (*fields, inputs.deadline), on_end, permit)
         fields = (inputs.model.name, inputs.options, inputs.ids, inputs.type_ids, inputs.masks)
         message = ("submit", self.name, inputs.bulk, inputs.deadline, inputs_out(*fields))
-        return self._send(message, on_end, permit)
+        return self._send(self._link.call, message, on_end, permit)
 
     async def submit_exclusive(self, run, tokens: int, deadline: float | None, permit: Permit) -> ItemResult:
         """`run` (an AttentionRun) is sent as its fields; the engine runs its own graph."""
@@ -237,7 +234,7 @@ class RemoteBatcher:
         message = ("attention", self.name, run.model, run.ids, run.type_ids, run.layers, run.heads, deadline)
         try:
             self._check()
-            remote = self._send(message, settle(future), permit)
+            remote = self._send(self._link.call, message, settle(future), permit)
         except BaseException:
             permit.release()  # the core hands the room over with the job
             raise
@@ -247,12 +244,15 @@ class RemoteBatcher:
         finally:
             remote.cancel()
 
-    def _send(self, message: tuple, on_end: OnEnd, permit: Permit) -> RemoteCall:
-        # The room is freed when the engine no longer holds the call's inputs (its answer, or its word that
-        # it dropped a cancelled call), by this permit of its own: the core's release of `permit`, as its
-        # call ends, frees nothing once the call is sent.
+    def _send(
+        self, call: Callable[[tuple, Answer], int], message: tuple, on_end: OnEnd, permit: Permit
+    ) -> RemoteCall:
+        """`call(message, answer)` (the link's `call` or `call_lone`) sends it, as a `RemoteCall`.
+        The room is freed when the engine no longer holds the call's inputs (its answer, or its word that
+        it dropped a cancelled call), by this permit of its own: the core's release of `permit`, as its
+        call ends, frees nothing once the call is sent."""
         remote = RemoteCall(self._link, on_end, Permit(permit.room, permit.inputs))
-        remote.id = self._link.call(message, remote.answer)
+        remote.id = call(message, remote.answer)
         permit.hand_over()
         return remote
 
