@@ -31,6 +31,7 @@ from bertserve.service.engine.messages import (
 from bertserve.service.engine.process import Engine
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.unary_calls import CallInputs
+from tests.helpers.links import linked, none_failed, until
 
 EMBED = TaskOptions(Task.EMBED, normalize=True)
 LIMITS = BatchLimits(max_batch_size=3, max_batch_tokens=100, max_queue_delay_s=0.01, max_queue_inputs=8)
@@ -52,67 +53,6 @@ def test_rows_travel_stacked_or_one_by_one_and_come_back_call_by_call():
     assert np.array_equal(back[0][1][0].value, np.ones(3)) and back[1][1][0].value == [("a", 0.5)]
 
 
-async def _linked() -> tuple[FrameLink, list]:
-    """An engine-side link whose peer records every message it receives."""
-    loop = asyncio.get_running_loop()
-    ours, theirs = socket.socketpair()
-    received: list = []
-    await loop.create_unix_connection(
-        lambda: FrameLink(lambda _, m: received.append(m), lambda e: None), sock=theirs
-    )
-    _, link = await loop.create_unix_connection(
-        lambda: FrameLink(lambda _, m: None, lambda e: None), sock=ours
-    )
-    return link, received
-
-
-async def _until(condition, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "never reached"
-        await asyncio.sleep(0.005)
-
-
-def _none_failed(items, error):
-    raise AssertionError(f"no build should fail here: {error!r}")
-
-
-def test_gathered_items_leave_as_one_message_before_the_posted_ones():
-    async def scenario():
-        link, received = await _linked()
-        link.gather(lambda items: ("many", tuple(items)), 1, _none_failed)
-        link.post(("one",))  # a cancel of a call gathered in this turn must come after it
-        link.gather(lambda items: ("many", tuple(items)), 2, _none_failed)  # another build: its own message
-        await _until(lambda: len(received) == 3)
-        link.close()
-        return received
-
-    received = asyncio.run(scenario())
-    assert received[2] == ("one",) and sorted(received[:2]) == [("many", (1,)), ("many", (2,))]
-
-
-def test_a_message_that_cannot_be_built_fails_its_items_alone_and_the_link_goes_on():
-    def broken(items):
-        raise ValueError("cannot build")
-
-    async def scenario():
-        link, received = await _linked()
-        failed: list = []
-        link.gather(broken, "a", lambda items, error: failed.append((items, str(error))))
-        link.gather(lambda items: ("many", tuple(items)), "b", _none_failed)
-        link.post(("one",))
-        await _until(lambda: len(received) == 2)
-        link.post(("two",))  # the next turn's frame is written as usual
-        link.gather(lambda items: ("many", tuple(items)), "c", _none_failed)
-        await _until(lambda: len(received) == 4)
-        link.close()
-        return received, failed
-
-    received, failed = asyncio.run(scenario())
-    assert failed == [(["a"], "cannot build")]
-    assert received == [("many", ("b",)), ("one",), ("many", ("c",)), ("two",)]
-
-
 async def _engine_scenario(mode: str) -> tuple[list, list, int]:
     """Three single-input calls from one front into a real batcher of batches of 3 (an engine with no
     models loaded). (the messages the front got, the ids computed, the calls the engine still holds)."""
@@ -126,7 +66,7 @@ async def _engine_scenario(mode: str) -> tuple[list, list, int]:
         return [np.full(2, int(item.ids[0]), np.float32) for item in batch]
 
     limits = BatchLimits(max_batch_size=3, max_batch_tokens=100, max_queue_delay_s=0.05, max_queue_inputs=4)
-    link, received = await _linked()
+    link, received = await linked()
     with ThreadPoolExecutor(1) as pool:
         batcher = Batcher("m", compute, limits, pool, prefetch=0)
         batcher.start()
@@ -138,7 +78,7 @@ async def _engine_scenario(mode: str) -> tuple[list, list, int]:
         if mode == "expire":  # call 0 computes (at the gate) while 1-3 wait past their deadline
             zero = inputs_out("m", [EMBED], [np.array([0], np.int64)], [np.zeros(1, np.int64)], None)
             engine._handle(link, ("submit", 0, "enc", False, None, zero))
-            await _until(lambda: batcher._running)
+            await until(lambda: batcher._running)
             deadline = time.monotonic() + 0.05
         for k in (1, 2, 3):
             one = inputs_out("m", [EMBED], [np.array([k, 0], np.int64)], [np.zeros(2, np.int64)], None)
@@ -154,7 +94,7 @@ async def _engine_scenario(mode: str) -> tuple[list, list, int]:
             await asyncio.sleep(0.2)
         gate.set()
         answered = {"refuse": 5, "expire": 4}.get(mode, 3)
-        await _until(lambda: sum(len(m[1]) if m[0] == "rows" else 1 for m in received) == answered)
+        await until(lambda: sum(len(m[1]) if m[0] == "rows" else 1 for m in received) == answered)
         await asyncio.sleep(0.05)  # nothing more comes
         await batcher.close()
     link.close()
@@ -226,7 +166,7 @@ def test_a_turns_single_input_calls_travel_field_by_field_and_come_back_whole():
 
 def test_one_bad_call_in_a_lones_message_is_answered_alone_and_the_rest_computed():
     async def scenario():
-        link, received = await _linked()
+        link, received = await linked()
         with ThreadPoolExecutor(1) as pool:
             batcher = Batcher(
                 "m", lambda batch: [np.zeros(2, np.float32)] * len(batch), LIMITS, pool, prefetch=0
@@ -249,7 +189,7 @@ def test_one_bad_call_in_a_lones_message_is_answered_alone_and_the_rest_computed
                 for k in (1, 2, 3)
             ]
             engine._handle(link, unpack(pack(lones_out(calls))))
-            await _until(lambda: sum(len(m[1]) if m[0] == "rows" else 1 for m in received) == 3)
+            await until(lambda: sum(len(m[1]) if m[0] == "rows" else 1 for m in received) == 3)
             await batcher.close()
         link.close()
         return received, engine._calls
@@ -319,9 +259,9 @@ def test_a_call_cancelled_in_the_turn_it_was_sent_is_never_computed():
     async def _cancelled_in_turn(pool):
         front, received, batcher, engine = await _engine_link(compute, pool)
         one = (7, "enc", "m", EMBED, np.array([7], np.int64), np.zeros(1, np.int64), None)
-        front.gather(lones_out, one, _none_failed)
+        front.gather(lones_out, one, none_failed)
         front.post(("cancel", 7))  # the same turn
-        await _until(lambda: received)
+        await until(lambda: received)
         await asyncio.sleep(0.05)
         await batcher.close()
         front.close()
@@ -346,7 +286,7 @@ def test_a_lones_message_that_cannot_be_read_answers_every_call_it_did_not_queue
         message = list(lones_out(calls))
         message[4] = (message[4][0], ("no such task",), message[4][2])  # call 2's options unreadable
         front.post(tuple(message))
-        await _until(lambda: sum(len(m[1]) if m[0] == "rows" else 1 for m in received) == 3)
+        await until(lambda: sum(len(m[1]) if m[0] == "rows" else 1 for m in received) == 3)
         await asyncio.sleep(0.05)
         await batcher.close()
         front.close()
@@ -369,28 +309,6 @@ def test_a_front_fails_the_calls_of_a_lones_message_it_cannot_build():
         )
     link._lones_failed([(1, "enc"), (2, "enc")], ValueError("no"))
     assert heard == [(1, None, "InferenceFailed"), (2, None, "InferenceFailed")] and link._calls == {}
-
-
-def test_a_failed_callback_that_raises_or_a_message_that_does_not_pickle_loses_nothing_else():
-    def raising(items, error):
-        raise RuntimeError("a broken callback")
-
-    async def scenario():
-        link, received = await _linked()
-        failed: list = []
-        link.post(("done", 1))
-        link.gather(lambda items: 1 / 0, "a", raising)  # its build raises, then its callback
-        link.gather(
-            lambda items: ("odd", lambda: None), "b", lambda items, e: failed.append(items)
-        )  # no pickle
-        link.gather(lambda items: ("many", tuple(items)), "c", _none_failed)
-        await _until(lambda: len(received) == 2)
-        await asyncio.sleep(0.05)  # nothing more comes
-        link.close()
-        return received, failed
-
-    received, failed = asyncio.run(scenario())
-    assert received == [("many", ("c",)), ("done", 1)] and failed == [["b"]]
 
 
 def test_rows_that_cannot_be_built_are_answered_one_by_one_with_the_error():
