@@ -19,7 +19,6 @@ from bertserve.service.engine.batcher import Batcher, BatchLimits
 from bertserve.service.engine.frame_link import FrameLink
 from bertserve.service.engine.lone_calls import LoneCall
 from bertserve.service.engine.messages import (
-    inputs_out,
     lones_in,
     lones_out,
     pack,
@@ -53,6 +52,11 @@ def test_rows_travel_stacked_or_one_by_one_and_come_back_call_by_call():
     assert np.array_equal(back[0][1][0].value, np.ones(3)) and back[1][1][0].value == [("a", 0.5)]
 
 
+def _lone(call: int, ids: np.ndarray, deadline: float | None) -> tuple:
+    """A `lones` message of one call, as it arrives from a front."""
+    return unpack(pack(lones_out([(call, "enc", "m", EMBED, ids, np.zeros_like(ids), None, deadline)])))
+
+
 async def _engine_scenario(mode: str) -> tuple[list, list, int]:
     """Three single-input calls from one front into a real batcher of batches of 3 (an engine with no
     models loaded). (the messages the front got, the ids computed, the calls the engine still holds)."""
@@ -76,20 +80,17 @@ async def _engine_scenario(mode: str) -> tuple[list, list, int]:
         engine.registry = types.SimpleNamespace(by_name={"m": None})
         deadline = time.monotonic() + 60
         if mode == "expire":  # call 0 computes (at the gate) while 1-3 wait past their deadline
-            zero = inputs_out("m", [EMBED], [np.array([0], np.int64)], [np.zeros(1, np.int64)], None)
-            engine._handle(link, ("submit", 0, "enc", False, None, zero))
+            engine._handle(link, _lone(0, np.array([0], np.int64), None))
             await until(lambda: batcher._running)
             deadline = time.monotonic() + 0.05
         for k in (1, 2, 3):
-            one = inputs_out("m", [EMBED], [np.array([k, 0], np.int64)], [np.zeros(2, np.int64)], None)
-            engine._handle(link, ("submit", k, "enc", False, deadline, one))
+            engine._handle(link, _lone(k, np.array([k, 0], np.int64), deadline))
         if mode == "cancel":
             engine._handle(link, ("cancel", 2))
             engine._handle(link, ("cancel", 2))  # a second cancel changes nothing
         if mode == "refuse":  # room for 4: the fifth is refused, the fourth queued
             for k in (4, 5):
-                one = inputs_out("m", [EMBED], [np.array([k], np.int64)], [np.zeros(1, np.int64)], None)
-                engine._handle(link, ("submit", k, "enc", False, None, one))
+                engine._handle(link, _lone(k, np.array([k], np.int64), None))
         if mode == "expire":
             await asyncio.sleep(0.2)
         gate.set()
@@ -153,13 +154,16 @@ def test_a_front_answers_each_call_of_a_rows_message_once():
 def test_a_turns_single_input_calls_travel_field_by_field_and_come_back_whole():
     ids = [np.array([5, 6, 7], np.int64), np.array([9], np.int64), np.arange(40, dtype=np.int64)]
     types = [np.zeros(3, np.int64), np.zeros(1, np.int64), np.ones(40, np.int64)]
-    calls = [(k, "enc", "m", EMBED, ids[k], types[k], 1.5 + k) for k in range(3)]
+    masks = [None, np.array([0], np.int64), None]  # a fill-mask call's mask positions
+    calls = [(k, "enc", "m", EMBED, ids[k], types[k], masks[k], 1.5 + k) for k in range(3)]
     back = list(lones_in(unpack(pack(lones_out(calls)))))
     for sent, got in zip(calls, back, strict=True):
-        assert got[:4] == sent[:4] and got[6] == sent[6]
+        assert got[:4] == sent[:4] and got[7] == sent[7]
         assert np.array_equal(got[4], sent[4]) and np.array_equal(got[5], sent[5])
+    assert back[0][6] is None and back[1][6].tolist() == [0] and back[2][6] is None
     only_zeros = lones_out(calls[:2])
     assert only_zeros[7] is None  # all type ids 0: none travel
+    assert lones_out(calls[:1])[8] is None  # no call with mask positions: none travel
     (one,) = lones_in(unpack(pack(lones_out(calls[1:2]))))
     assert one[4].tolist() == [9] and one[5].tolist() == [0]
 
@@ -184,6 +188,7 @@ def test_one_bad_call_in_a_lones_message_is_answered_alone_and_the_rest_computed
                     EMBED,
                     np.array([k], np.int64),
                     np.zeros(1, np.int64),
+                    None,
                     None,
                 )
                 for k in (1, 2, 3)
@@ -222,7 +227,7 @@ def test_a_fronts_single_input_calls_of_one_turn_leave_in_one_lones_message():
     gathered = [m for m in sent if m[0] == "gathered"]
     assert [m[1] for m in gathered] == [lones_out] * 2 and [m[2][0] for m in gathered] == [1, 2]
     assert [m[0] for m in sent if m[0] != "gathered"] == ["submit"]  # two inputs: a call of its own
-    assert gathered[0][2][1:4] == ("enc", "m", EMBED) and gathered[0][2][6] == 3.0
+    assert gathered[0][2][1:4] == ("enc", "m", EMBED) and gathered[0][2][6:] == (None, 3.0)
 
 
 async def _engine_link(compute, pool) -> tuple[FrameLink, list, Batcher, Engine]:
@@ -258,7 +263,7 @@ def test_a_call_cancelled_in_the_turn_it_was_sent_is_never_computed():
 
     async def _cancelled_in_turn(pool):
         front, received, batcher, engine = await _engine_link(compute, pool)
-        one = (7, "enc", "m", EMBED, np.array([7], np.int64), np.zeros(1, np.int64), None)
+        one = (7, "enc", "m", EMBED, np.array([7], np.int64), np.zeros(1, np.int64), None, None)
         front.gather(lones_out, one, none_failed)
         front.post(("cancel", 7))  # the same turn
         await until(lambda: received)
@@ -281,7 +286,8 @@ def test_a_lones_message_that_cannot_be_read_answers_every_call_it_did_not_queue
             lambda batch: [np.zeros(2, np.float32)] * len(batch), pool
         )
         calls = [
-            (k, "enc", "m", EMBED, np.array([k], np.int64), np.zeros(1, np.int64), None) for k in (1, 2, 3)
+            (k, "enc", "m", EMBED, np.array([k], np.int64), np.zeros(1, np.int64), None, None)
+            for k in (1, 2, 3)
         ]
         message = list(lones_out(calls))
         message[4] = (message[4][0], ("no such task",), message[4][2])  # call 2's options unreadable

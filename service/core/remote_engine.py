@@ -79,7 +79,7 @@ class EngineLink:
 
     def call_lone(self, fields: tuple, answer: Answer) -> int:
         """As `call`, for a unary call of one input and one option: `fields` (encoder, model, options, ids,
-        type ids, deadline) join this turn's `lones` message."""
+        type ids, mask positions or None, deadline) join this turn's `lones` message."""
         if self.lost is not None:
             raise self.lost
         if self._link is None or not self._hello.done():
@@ -221,8 +221,16 @@ class RemoteBatcher:
         """Sends the call's inputs to the engine in one message; `on_end` runs once, as for
         `Batcher.submit_call`. The permit's room is held until the engine's answer (or a cancellation)."""
         self._check()
-        if len(inputs.ids) == 1 and len(inputs.options) == 1 and inputs.masks is None and not inputs.bulk:
-            fields = (self.name, inputs.model.name, inputs.options[0], inputs.ids[0], inputs.type_ids[0])
+        if len(inputs.ids) == 1 and len(inputs.options) == 1 and not inputs.bulk:
+            mask = None if inputs.masks is None else inputs.masks[0]
+            fields = (
+                self.name,
+                inputs.model.name,
+                inputs.options[0],
+                inputs.ids[0],
+                inputs.type_ids[0],
+                mask,
+            )
             return self._send(self._link.call_lone, (*fields, inputs.deadline), on_end, permit)
         fields = (inputs.model.name, inputs.options, inputs.ids, inputs.type_ids, inputs.masks)
         message = ("submit", self.name, inputs.bulk, inputs.deadline, inputs_out(*fields))

@@ -6,9 +6,9 @@ Only this server's own processes can connect: the socket lives in a directory pr
 (service/supervisor/processes.py), so unpickling a message trusts no one else.
 
 Front -> engine: ("hello",) | ("submit", call, encoder, bulk, deadline, inputs) | ("lones", calls, encoders,
-models, options, ids, lengths, type_ids, deadlines) | ("cancel", call) | ("attention", call, encoder, model,
-ids, type_ids, layers, heads, deadline). `lones` carries a turn's unary calls of one input and one option
-(`lones_out`), field by field.
+models, options, ids, lengths, type_ids, masks, deadlines) | ("cancel", call) | ("attention", call, encoder,
+model, ids, type_ids, layers, heads, deadline). `lones` carries a turn's unary calls of one input and one
+option (`lones_out`), field by field.
 Engine -> front: ("hello", {encoder: (provider, device)}, {model: version}) | ("done", call, results) |
 ("rows", calls, values, queue_s, inference_s, batch_ids) | ("error", call, error class name, message) |
 ("cancelled", call): every call is answered exactly once, a cancelled one too, so a front frees a call's
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from bertserve.service import errors
-from bertserve.service.engine.batch_items import ItemResult, WorkItem
+from bertserve.service.engine.batch_items import ItemResult
 from bertserve.service.engine.tasks import Task, TaskOptions
 from bertserve.service.engine.unary_calls import CallInputs
 
@@ -153,53 +153,30 @@ def inputs_in(message: tuple, models: Mapping[str, Any], deadline: float | None,
 
 def lones_out(calls: list[tuple]) -> tuple:
     """The `lones` message: single-input calls of one turn, each (call, encoder, model, options, ids, type
-    ids, deadline), their ids joined (and type ids, or None when all are 0), the rest field by field."""
-    numbers, encoders, models, options, ids, type_ids, deadlines = zip(*calls, strict=True)
+    ids, fill-mask's mask positions or None, deadline), their ids joined (and type ids, or None when all are
+    0; masks None when none has any), the rest field by field."""
+    numbers, encoders, models, options, ids, type_ids, masks, deadlines = zip(*calls, strict=True)
     lengths = tuple(map(len, ids))
     joined = tokens_out(np.concatenate(ids)) if len(ids) > 1 else tokens_out(ids[0])
     types = type_ids_out(np.concatenate(type_ids))
-    return (
-        "lones",
-        numbers,
-        encoders,
-        models,
-        tuple(map(options_out, options)),
-        joined,
-        lengths,
-        types,
-        deadlines,
-    )
+    marks = None if all(m is None for m in masks) else tuple(None if m is None else small(m) for m in masks)
+    options = tuple(map(options_out, options))
+    return "lones", numbers, encoders, models, options, joined, lengths, types, marks, deadlines
 
 
 def lones_in(message: tuple) -> zip:
-    """`lones_out`'s calls back, each (call, encoder, model, options, ids, type ids, deadline), the arrays
-    views of the message's (read-only)."""
-    _, numbers, encoders, models, options, joined, lengths, types, deadlines = message
+    """`lones_out`'s calls back, each (call, encoder, model, options, ids, type ids, mask positions or None,
+    deadline), the arrays views of the message's (read-only)."""
+    _, numbers, encoders, models, options, joined, lengths, types, masks, deadlines = message
     ids = tokens_in(joined)
     types = type_ids_in(types, ids.shape[0])
     ends = list(accumulate(lengths))
     starts = [0, *ends[:-1]]
     rows = [ids[a:b] for a, b in zip(starts, ends, strict=True)]
     type_rows = [types[a:b] for a, b in zip(starts, ends, strict=True)]
-    return zip(numbers, encoders, models, map(options_in, options), rows, type_rows, deadlines, strict=True)
-
-
-def is_lone(message: tuple) -> bool:
-    """`inputs_out`'s call is one input with one option (`lone_in` reads it)."""
-    return message[3] is None and len(message[1]) == 1
-
-
-def lone_in(
-    message: tuple, models: Mapping[str, Any], deadline: float | None, future: Any, origin: object
-) -> WorkItem:
-    """`inputs_out`'s call of one input and one option (`is_lone`) as its one unary `WorkItem`, answered on
-    `future`."""
-    model, options, ids, _, type_ids, masks = message
-    ids = tokens_in(ids)
-    option = options_in(options[0])
-    mask = array(masks[0]) if masks is not None and option.task is Task.FILL_MASK else None
-    types = type_ids_in(type_ids, ids.shape[0])
-    return WorkItem(ids, types, option, future, deadline, mask, models[model], False, origin)
+    marks = [None] * len(numbers) if masks is None else [None if m is None else array(m) for m in masks]
+    options = map(options_in, options)
+    return zip(numbers, encoders, models, options, rows, type_rows, marks, deadlines, strict=True)
 
 
 def error_out(call: int, exc: BaseException) -> tuple:

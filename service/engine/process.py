@@ -24,8 +24,9 @@ from bertserve.service.engine.batch_items import WorkItem
 from bertserve.service.engine.encoders import EncoderGroup, attach_batchers
 from bertserve.service.engine.frame_link import FrameLink
 from bertserve.service.engine.lone_calls import ANSWERED, LoneCall
-from bertserve.service.engine.messages import error_out, inputs_in, is_lone, lone_in, lones_in, results_out
+from bertserve.service.engine.messages import error_out, inputs_in, lones_in, results_out
 from bertserve.service.engine.model_registry import ModelRegistry
+from bertserve.service.engine.tasks import Task
 from bertserve.service.engine.unary_calls import UnaryCall, settle, submit_call
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
@@ -151,13 +152,14 @@ class Engine:
         """A turn's single-input unary calls from `front`, each admitted or refused on its own."""
         models, calls, read = self.registry.by_name, self._calls, 0
         try:
-            for call, encoder, model, options, ids, type_ids, deadline in lones_in(message):
+            for call, encoder, model, options, ids, type_ids, mask, deadline in lones_in(message):
                 read += 1
                 key = (front, call)
+                mask = mask if options.task is Task.FILL_MASK else None
                 try:
                     batcher = self._groups[encoder].batcher
                     lone = LoneCall(calls, front, call, batcher)
-                    item = WorkItem(ids, type_ids, options, lone, deadline, None, models[model], False, front)
+                    item = WorkItem(ids, type_ids, options, lone, deadline, mask, models[model], False, front)
                     calls[key] = lone
                     batcher.submit([item])
                 except Exception as exc:  # refused (a ServiceError), or a bug: answered, the others go on
@@ -175,16 +177,6 @@ class Engine:
     ) -> None:
         """A unary call's inputs queued now (or its refusal sent); answered when the last result is in."""
         batcher, key = self._group(encoder).batcher, (front, call)
-        if is_lone(inputs):  # one input, one option (a fill-mask call): no callback, answered in `rows`
-            lone = LoneCall(self._calls, front, call, batcher)
-            item = lone_in(inputs, self.registry.by_name, deadline, lone, front)
-            self._calls[key] = lone
-            try:
-                batcher.submit([item])
-            except errors.ServiceError as exc:
-                self._calls.pop(key, None)
-                self._send(front, error_out(call, exc))
-            return
 
         def end(results: list | None, error: BaseException | None) -> None:
             if self._calls.pop(key, ANSWERED) is ANSWERED:

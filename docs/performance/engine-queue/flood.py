@@ -109,7 +109,9 @@ async def _flood(args: argparse.Namespace, address: str, pid: int, metrics_dir: 
         deadline = time.monotonic() + 60
         if args.inputs == 1:  # as a front sends a unary call of one input
             one = rows[call % count], type_rows[call % count]
-            link.gather(lones_out, (call, MODEL, MODEL, options[0], *one, deadline), lambda items, exc: None)
+            link.gather(
+                lones_out, (call, MODEL, MODEL, options[0], *one, None, deadline), lambda items, exc: None
+            )
         else:
             link.post(("submit", call, MODEL, False, deadline, calls[call % len(calls)]))
 
