@@ -33,6 +33,9 @@ alternates, so a batch waits behind at most one exclusive job and never shares t
 
 Compute runs in a worker thread so the event loop keeps accepting. Queue time is measured up to the
 moment the worker starts the compute, inference time inside the worker. Nothing here polls with sleeps.
+
+Three files: admission and `submit` (service/engine/queue_admission.py), the owner's turns (here), a
+batch's run and its answers (service/engine/batch_runs.py).
 """
 
 from __future__ import annotations
@@ -56,14 +59,15 @@ from bertserve.service.engine.batch_items import (
     WorkItem,
 )
 from bertserve.service.engine.batch_policy import BatchCostFit, CostEstimate, cut_batch, cut_by_cost
+from bertserve.service.engine.batch_runs import DEADLINE_SLACK_S, BatchRuns, classify_dead, count_dropped
+from bertserve.service.engine.queue_admission import Admission
 from bertserve.service.engine.queue_room import LaneRoom, Permit
-from bertserve.service.engine.unary_calls import CallInputs, OnEnd, UnaryCall, submit_call
-from bertserve.service.errors import DeadlineTooShort, InferenceFailed, Overloaded, ShuttingDown
+from bertserve.service.errors import InferenceFailed, ShuttingDown
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "abandon",
+    "DEADLINE_SLACK_S",
     "Batcher",
     "BatchLimits",
     "BatchObserver",
@@ -74,11 +78,6 @@ __all__ = [
     "cut_batch",
 ]
 
-# A call ended this close to its deadline is counted as expired rather than cancelled: a client's cancel at
-# its deadline reaches the server early by as long as the server took to read the call's headers (under
-# load, more than 50 ms), and the client saw DEADLINE_EXCEEDED. The native transport uses the same slack.
-DEADLINE_SLACK_S = 0.25
-EARLY_REFUSAL_SHARE = 0.5  # of the estimated queue wait that must fit before the deadline
 INTERACTIVE_TURNS_PER_BULK = 4  # interactive batches in a row while bulk inputs wait, then one bulk batch
 INTERACTIVE_RECENT_S = 1.0  # interactive calls count as active this long after the last one arrived or ended
 # Batches handed to the workers beyond one per instance: the next batch waits in the executor and starts
@@ -87,44 +86,12 @@ PREFETCH_BATCHES = 1
 DEAD_SCAN_S = 0.01  # the queue is read through this often for inputs whose caller left unannounced
 
 
-def abandon(batcher: Any, futures: list[asyncio.Future]) -> None:
-    """The caller is done with its inputs' `futures`: each still pending is cancelled, so the owner skips its
-    input, and `batcher.note_dead()` is called if any was pending or cancelled (a cancelled task's awaited
-    futures read done, cancelled)."""
-    if any(future.cancelled() or not future.done() for future in futures):
-        batcher.note_dead()
-    for future in futures:
-        future.cancel()
-
-
 def _resolve(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_result(None)
 
 
-def _timed(fn: Callable[..., Any], *args) -> tuple[Any, float, float]:
-    """Runs in the worker: (result, start in time.monotonic(), seconds of compute)."""
-    started = time.monotonic()
-    value = fn(*args)
-    return value, started, time.monotonic() - started
-
-
-def _run_live(compute: Callable[[list[WorkItem]], list[Any]], batch: list[WorkItem]):
-    """Runs in the worker: computes the batch's inputs that are still wanted when it starts (a batch cut
-    ahead waited for an instance; its callers may have left). ((indices computed, their values), start in
-    time.monotonic(), seconds of compute). Reading `future.done()` here is safe: a future only ever goes
-    from pending to done, so an input seen as wanted costs at most a wasted row."""
-    started = time.monotonic()
-    live = [
-        i
-        for i, item in enumerate(batch)
-        if not item.future.done() and (item.deadline is None or item.deadline > started)
-    ]
-    values = compute([batch[i] for i in live]) if live else []
-    return (live, values), started, time.monotonic() - started
-
-
-class Batcher:
+class Batcher(Admission):
     def __init__(
         self,
         name: str,
@@ -144,9 +111,7 @@ class Batcher:
         self._prefetch = PREFETCH_BATCHES if prefetch is None else prefetch
         self._ahead_when_full = ahead_when_full
         self._running: dict[asyncio.Task, bool] = {}  # batches computing -> bulk or not
-        self._compute = compute
         self.limits = limits
-        self._executor = executor
         self._observer = observer or BatchObserver()
         self._incoming: deque[WorkItem] = deque()  # appended by submit, taken by the owner
         self._lanes = {False: Lane(bulk=False), True: Lane(bulk=True)}  # owned by the owner task
@@ -161,15 +126,21 @@ class Batcher:
         self._depth_pending = False  # a write of the queue-depth gauge is scheduled
         self._waiter: asyncio.Future | None = None  # what the owner awaits while it waits (`_wake`)
         self._closing = False
-        self._batches = 0
         # (rows, length) a batch is computed at, for counting its padded tokens (EncoderGroup's shape buckets)
         self.padded_shape: Callable[[int, int], tuple[int, int]] = lambda rows, length: (rows, length)
         self._last_was_exclusive = False
-        self.cost = CostEstimate()
-        self.cost_fit = BatchCostFit()
         # (counts, lengths) at which batches are cut by cost (`cut_by_cost`); None: by padding (`cut_batch`)
         self.cut_ladders: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._owner: asyncio.Task | None = None
+        self.runs = BatchRuns(name, compute, executor, self._observer)
+
+    @property
+    def cost(self) -> CostEstimate:
+        return self.runs.cost
+
+    @property
+    def cost_fit(self) -> BatchCostFit:
+        return self.runs.cost_fit
 
     @property
     def depth(self) -> int:
@@ -178,139 +149,6 @@ class Batcher:
 
     def start(self) -> None:
         self._owner = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.name}")
-
-    def estimated_wait_s(self, extra_tokens: int = 0, bulk: bool = False) -> float | None:
-        """Seconds until `extra_tokens` more would be computed, at the recent cost per padded token (None
-        before the first batch): bulk inputs wait for every queued token, interactive ones for the
-        interactive tokens and one bulk batch."""
-        per_token = self.cost.seconds_per_token
-        if per_token is None:
-            return None
-        interactive, bulk_tokens = self._lanes[False].tokens, self._lanes[True].tokens
-        ahead = interactive + bulk_tokens if bulk else interactive + min(bulk_tokens, self._bulk_budget())
-        return (ahead + extra_tokens) * per_token / self.concurrency
-
-    @property
-    def _queued_tokens(self) -> int:
-        return self._lanes[False].tokens + self._lanes[True].tokens
-
-    def _check_room(self, n: int, bulk: bool) -> None:
-        if self._closing:
-            raise ShuttingDown(f"model {self.name}: the server is shutting down")
-        # Each lane has its own bound, so streams filling theirs never refuse unary calls (memory: at most
-        # twice max_queue_inputs inputs queued or being tokenized).
-        room = self._room[bulk]
-        if not room.fits(n):
-            kind = "stream" if bulk else "unary"
-            raise Overloaded(
-                f"model {self.name}: the {kind} queue holds {room.used} of max_queue_inputs "
-                f"{self.limits.max_queue_inputs} inputs (queued or being tokenized); this call adds {n}; "
-                "retry later"
-            )
-
-    def reserve(self, n: int, bulk: bool = False, deadline: float | None = None) -> Permit:
-        """Room for a call's `n` inputs, taken before its work (tokenization) or refused at once:
-        Overloaded when the lane is full, DeadlineTooShort when the queue ahead cannot be computed in time."""
-        self._check_room(n, bulk)
-        self._check_deadline(0, deadline, bulk)
-        return self._room[bulk].take(n)
-
-    async def wait_room(self, n: int, bulk: bool = True) -> Permit:
-        """Room for a stream request's `n` inputs, waited for in arrival order (Overloaded at once when
-        `n` can never fit; ShuttingDown when the server stops)."""
-        if self._closing:
-            raise ShuttingDown(f"model {self.name}: the server is shutting down")
-        if n > self.limits.max_queue_inputs:
-            raise Overloaded(
-                f"model {self.name}: {n} inputs is more than max_queue_inputs "
-                f"{self.limits.max_queue_inputs}; send fewer inputs per request"
-            )
-        return await self._room[bulk].wait(n)
-
-    def reserve_exclusive(self) -> Permit:
-        """A place for one attention call, taken before its tokenization (Overloaded when full)."""
-        if self._closing:
-            raise ShuttingDown(f"model {self.name}: the server is shutting down")
-        waiting = len(self._exclusive) + self._exclusive_held
-        if waiting >= self.limits.max_queue_exclusive:
-            raise Overloaded(
-                f"model {self.name}: {waiting} attention calls are queued, "
-                f"max_queue_attention {self.limits.max_queue_exclusive}; retry later"
-            )
-        self._exclusive_held += 1
-        return Permit(_ExclusiveRoom(self), 1)
-
-    def _check_admission(self, n: int, tokens: int, deadline: float | None, bulk: bool) -> None:
-        self._check_room(n, bulk)
-        self._check_deadline(tokens, deadline, bulk)
-
-    def _check_deadline(self, tokens: int, deadline: float | None, bulk: bool) -> None:
-        if deadline is None or self._queued_tokens == 0:  # nothing ahead: never refused for its deadline
-            return
-        wait = self.estimated_wait_s(tokens, bulk)
-        # Refused only when even a fraction of the estimate would miss the deadline: the estimate is rough.
-        if wait is not None and time.monotonic() + EARLY_REFUSAL_SHARE * wait > deadline:
-            raise DeadlineTooShort(
-                f"model {self.name}: the deadline is {max(0.0, deadline - time.monotonic()):.3f}s away, "
-                f"the queue ahead needs about {wait:.3f}s"
-            )
-
-    def submit(self, items: list[WorkItem], permit: Permit | None = None) -> None:
-        """Admits all of a call's inputs or none (all interactive or all bulk); results arrive on each
-        item's future. With `permit` (from `reserve` or `wait_room`) their room is already taken: only the
-        deadline is checked here; without one, room is taken now or the call refused."""
-        if not items:
-            return
-        bulk = items[0].bulk
-        if len(items) == 1:  # most calls under load: no generators
-            tokens, deadline = items[0].length, items[0].deadline
-        else:
-            tokens = sum(item.length for item in items)
-            deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
-        if permit is None:
-            self._check_admission(len(items), tokens, deadline, bulk)
-            self._room[bulk].used += len(items)  # queued now: freed when they leave the queue
-        else:
-            if self._closing:
-                raise ShuttingDown(f"model {self.name}: the server is shutting down")
-            self._check_deadline(tokens, deadline, bulk)
-            self._room[bulk].used += len(items) - permit.inputs
-            permit.hand_over()
-        if not bulk:
-            self._interactive_seen = time.monotonic()
-        self._expires_at(deadline)
-        self._incoming.extend(items)
-        self._lanes[bulk].tokens += tokens
-        self._lanes[bulk].inputs += len(items)
-        self._depth_changed()
-        if len(self._running) < self.concurrency + self._ahead(self._lanes[bulk]):
-            self._wake()
-        # else the owner can start nothing until a batch finishes, and that wakes it: a turn per call
-        # under load would cost the event loop about 30 us and change nothing
-
-    def submit_call(self, inputs: CallInputs, on_end: OnEnd, permit: Permit | None = None) -> UnaryCall:
-        """A call's inputs queued at once, ended by one callback (service/engine/unary_calls.py)."""
-        return submit_call(self, inputs, on_end, permit)
-
-    async def submit_exclusive(
-        self, run: Callable[[], Any], tokens: int, deadline: float | None, permit: Permit | None = None
-    ) -> ItemResult:
-        """Admits `run` (blocking, run on the worker thread alone) and awaits its result. Full: Overloaded
-        (unless `permit`, from `reserve_exclusive`, holds its place); cancelled while queued: never run."""
-        if permit is None:
-            permit = self.reserve_exclusive()
-        elif self._closing:
-            raise ShuttingDown(f"model {self.name}: the server is shutting down")
-        permit.release()  # its place becomes the queued job's
-        job = ExclusiveJob(run, tokens, asyncio.get_running_loop().create_future(), deadline)
-        self._exclusive.append(job)
-        self._expires_at(deadline)
-        self._depth_changed()
-        self._wake()
-        try:
-            return await job.future
-        finally:
-            abandon(self, [job.future])  # the owner skips a job whose caller went away
 
     async def close(self) -> None:
         """Refuses new inputs, finishes the queued ones, then stops the owner."""
@@ -503,19 +341,6 @@ class Batcher:
         self._depth_changed()
         self._room[lane.bulk].free(len(items))  # streams waiting for room may take it now
 
-    def _classify_dead(self, waiting: list, now: float) -> tuple[list, list, list]:
-        live, cancelled, expired = [], [], []
-        for one in waiting:
-            if one.future.done():  # the caller went away: it cancelled, or gRPC ended it at its deadline
-                near_deadline = one.deadline is not None and one.deadline <= now + DEADLINE_SLACK_S
-                (expired if near_deadline else cancelled).append(one)
-            elif one.deadline is not None and one.deadline <= now:
-                expired.append(one)
-                one.future.set_exception(DeadlineTooShort("the deadline passed while the input was queued"))
-            else:
-                live.append(one)
-        return live, cancelled, expired
-
     def _expires_at(self, deadline: float | None) -> None:
         """A queued input's or job's deadline: `_drop_dead` reads the queue through by then."""
         if deadline is not None and deadline < self._next_expiry:
@@ -535,28 +360,23 @@ class Batcher:
         self._dead_scan_at = now + DEAD_SCAN_S
         cancelled, expired = [], []
         for lane in self._lanes.values():
-            live, lane_cancelled, lane_expired = self._classify_dead(lane.items, now)
+            live, lane_cancelled, lane_expired = classify_dead(lane.items, now)
             if lane_cancelled or lane_expired:
                 lane.items = live
                 self._unqueue(lane, lane_cancelled + lane_expired)
                 cancelled += lane_cancelled
                 expired += lane_expired
         if self._exclusive:
-            live_jobs, cancelled_jobs, expired_jobs = self._classify_dead(list(self._exclusive), now)
+            live_jobs, cancelled_jobs, expired_jobs = classify_dead(list(self._exclusive), now)
             if cancelled_jobs or expired_jobs:
                 self._exclusive = deque(live_jobs)
                 cancelled += cancelled_jobs
                 expired += expired_jobs
                 self._depth_changed()
-        self._count_dropped(cancelled, expired)
+        count_dropped(self._observer, cancelled, expired)
         queued = (item for lane in self._lanes.values() for item in lane.items)
         deadlines = [one.deadline for one in (*queued, *self._exclusive) if one.deadline is not None]
         self._next_expiry = min(deadlines, default=float("inf"))
-
-    def _count_dropped(self, cancelled: list, expired: list) -> None:
-        for reason, dropped in (("cancelled", cancelled), ("deadline", expired)):
-            if dropped:
-                self._observer.dropped(reason, len(dropped))
 
     def _batch_full(self, lane: Lane, max_tokens: int) -> bool:
         if len(lane.items) >= self.limits.max_batch_size:
@@ -564,88 +384,11 @@ class Batcher:
         longest = max(item.length for item in lane.items)
         return longest * (len(lane.items) + 1) > max_tokens
 
-    async def _in_worker(
-        self, waiting: list, run: Callable[..., Any], *args
-    ) -> tuple[Any, float, float] | None:
-        """`run(*args)` on the worker (`_timed` or `_run_live`: (value, start, seconds)); None when it
-        failed (the futures are failed)."""
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, run, *args)
-        except asyncio.CancelledError:  # abort(): the grace period is over
-            for one in waiting:
-                if not one.future.done():
-                    one.future.set_exception(ShuttingDown(f"model {self.name}: the server stopped"))
-            raise
-        except Exception as exc:
-            log.exception("model %s: a run of %d inputs failed", self.name, len(waiting))
-            error = exc if isinstance(exc, InferenceFailed) else None
-            for one in waiting:
-                if not one.future.done():
-                    one.future.set_exception(
-                        error or InferenceFailed(f"model {self.name}: inference failed: {exc}")
-                    )
-            return None
-
     async def _execute(self, lane: Lane, batch: list[WorkItem]) -> None:
-        self._batches += 1
-        batch_id = self._batches
-        timed = await self._in_worker(batch, _run_live, self._compute, batch)
+        await self.runs.batch(batch, self.padded_shape, self.cut_ladders is not None)
         if not lane.bulk:
             self._interactive_seen = time.monotonic()
-        if timed is None:
-            return
-        (live, values), started, inference_s = timed
-        if len(live) < len(batch):  # its callers left while it waited for an instance: count them
-            computed = set(live)
-            _, cancelled, expired = self._classify_dead(
-                [item for i, item in enumerate(batch) if i not in computed], time.monotonic()
-            )
-            self._count_dropped(cancelled, expired)
-            batch = [batch[i] for i in live]
-            if not batch:
-                return
-        rows, length = self.padded_shape(len(batch), max(item.length for item in batch))
-        padded = rows * length
-        self.cost.add(inference_s, padded)
-        if self.cut_ladders is not None:
-            line = self.cost_fit.fit
-            self.cost_fit.add(inference_s, padded)
-            if self.cost_fit.fit is not line:
-                self._observer.batch_cost(*self.cost_fit.fit)
-        queue_s = [max(0.0, started - item.enqueued_at) for item in batch]
-        for item, value, waited in zip(batch, values, queue_s, strict=True):
-            if not item.future.done():
-                item.future.set_result(ItemResult(value, waited, inference_s, batch_id))
-        origins = len({item.origin for item in batch})
-        real = sum(item.length for item in batch)
-        self._observer.batch_done(BatchStats(len(batch), padded, real, queue_s, inference_s, origins=origins))
 
     async def _execute_exclusive(self, job: ExclusiveJob) -> None:
         self._depth_changed()
-        _, cancelled, expired = self._classify_dead([job], time.monotonic())
-        if cancelled or expired:  # its caller left since the queue was last read through
-            self._count_dropped(cancelled, expired)
-            return
-        self._batches += 1
-        batch_id = self._batches
-        timed = await self._in_worker([job], _timed, job.run)
-        if timed is None:
-            return
-        value, started, inference_s = timed
-        waited = max(0.0, started - job.enqueued_at)
-        if not job.future.done():
-            job.future.set_result(ItemResult(value, waited, inference_s, batch_id))
-        self._observer.batch_done(
-            BatchStats(1, job.tokens, job.tokens, [waited], inference_s, exclusive=True)
-        )
-
-
-class _ExclusiveRoom:
-    """What a permit from `reserve_exclusive` frees: a place among the attention calls admitted."""
-
-    def __init__(self, batcher: Batcher):
-        self.batcher = batcher
-
-    def free(self, inputs: int) -> None:
-        self.batcher._exclusive_held -= inputs
+        await self.runs.exclusive(job)
