@@ -232,14 +232,14 @@ def test_attention_calls_are_admitted_by_the_encoder_queue(attention_repo):
     with ServerThread(model_repo=attention_repo, max_queue_attention=2) as server:
         (encoder,) = server.server.core.encoders  # tiny-embed and plain-embed hold byte-identical encoders
         batcher = encoder.batcher
-        real, computing, release = batcher._compute, threading.Event(), threading.Event()
+        real, computing, release = batcher.runs.compute, threading.Event(), threading.Event()
 
         def gated(batch):
             computing.set()
             assert release.wait(30)
             return real(batch)
 
-        batcher._compute = gated
+        batcher.runs.compute = gated
         with Client(server.address, timeout=30) as client:
             held = client.stub.Embed.future(pb.EmbedRequest(inputs=["hold"], model="tiny-embed"), timeout=30)
             assert computing.wait(30)

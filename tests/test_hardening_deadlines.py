@@ -25,7 +25,7 @@ SECONDS_PER_BATCH = 0.2
 def test_a_deadline_shorter_than_the_queue_is_refused_at_once(tiny_repo):
     with ServerThread(model_repo=tiny_repo, models=["tiny-embed"], max_batch_size=1) as server:
         batcher = server.server.models[0].batcher
-        real_compute = batcher._compute
+        real_compute = batcher.runs.compute
         release = threading.Event()
         release.set()
         seen: list[int] = []
@@ -36,7 +36,7 @@ def test_a_deadline_shorter_than_the_queue_is_refused_at_once(tiny_repo):
             seen.extend(len(item.ids) for item in batch)
             return real_compute(batch)
 
-        batcher._compute = slow
+        batcher.runs.compute = slow
         long_text = " ".join(["cat"] * 60)  # 62 tokens
         with Client(server.address, timeout=60) as client:
             client.embed(["a cat"])  # the batcher learns the model's time per token (about 0.2 s / 4 tokens)

@@ -109,7 +109,7 @@ def test_an_onnx_runtime_failure_fails_only_the_calls_in_that_batch(failing_repo
     with ServerThread(model_repo=failing_repo, max_batch_size=4) as server:
         model = server.server.models[0]
         batches: list[tuple[list[tuple[int, ...]], bool]] = []  # (each input's ids, the batch failed)
-        real_compute = model.batcher._compute
+        real_compute = model.batcher.runs.compute
 
         def recording(batch):  # watches batch composition; the failure itself is ONNX Runtime's
             ids = [tuple(item.ids.tolist()) for item in batch]
@@ -121,7 +121,7 @@ def test_an_onnx_runtime_failure_fails_only_the_calls_in_that_batch(failing_repo
             batches.append((ids, False))
             return values
 
-        model.batcher._compute = recording
+        model.batcher.runs.compute = recording
         texts = [f"the cat word{k}" for k in range(40)] + [f"the {BAD_WORD} word{k}" for k in range(40, 46)]
         random.Random(5).shuffle(texts)
         with Client(server.address, timeout=30) as client:

@@ -88,7 +88,8 @@ def test_the_serving_wheel_holds_what_export_default_heads_reads_and_no_benchmar
     for weights in ("export/heads/weights/heads.json", "export/pretrain/weights/trained.safetensors"):
         assert f"bertserve/{weights}" in serving
     assert not any(name.startswith("bertserve/bench/") for name in serving)
-    for source in ("transport.cc", "relay.h"):  # the native transport, built where it runs
+    # the native transport, built where it runs: its source and the headers it includes
+    for source in ("transport.cc", "relay.h", "call.h", "transport.h", "reactor.h"):
         assert f"bertserve/service/grpc/native/{source}" in serving
     assert "bertserve/bench/native/loadgen.cc" in _expected_wheel_files(PROJECTS["bertserve-bench"])
 

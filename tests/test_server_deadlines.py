@@ -18,7 +18,7 @@ def gated_server(tiny_repo):
     with ServerThread(model_repo=tiny_repo, models=["tiny-embed"], max_queue_inputs=4) as server:
         model = server.server.models[0]
         state = {"computing": threading.Event(), "release": threading.Event(), "seen": []}
-        real_compute = model.batcher._compute
+        real_compute = model.batcher.runs.compute
 
         def gated(batch):
             state["computing"].set()
@@ -26,7 +26,7 @@ def gated_server(tiny_repo):
             state["seen"].extend(len(item.ids) for item in batch)
             return real_compute(batch)
 
-        model.batcher._compute = gated
+        model.batcher.runs.compute = gated
         yield server, state
         state["release"].set()
 

@@ -50,14 +50,14 @@ def test_health_through_warm_up_and_drain(tiny_repo, monkeypatch):
         # Hold the model inside a batch, so a call is in flight when the drain starts.
         model = server.server.models[0]
         computing, release_model = threading.Event(), threading.Event()
-        real_compute = model.batcher._compute
+        real_compute = model.batcher.runs.compute
 
         def gated_compute(batch):
             computing.set()
             assert release_model.wait(30)
             return real_compute(batch)
 
-        model.batcher._compute = gated_compute
+        model.batcher.runs.compute = gated_compute
         in_flight = client.stub.Embed.future(pb.EmbedRequest(inputs=["a cat"]), timeout=30)
         assert computing.wait(30)
         drained = asyncio.run_coroutine_threadsafe(server.server.drain(), server.loop)

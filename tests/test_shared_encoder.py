@@ -65,7 +65,7 @@ def test_tasks_on_one_encoder_share_one_batch(shared_repo):
     with ServerThread(**settings) as server:
         assert [g.name for g in server.server.core.encoders] == [ENCODER]
         batcher = server.server.core.encoders[0].batcher
-        real_compute, computing, release = batcher._compute, threading.Event(), threading.Event()
+        real_compute, computing, release = batcher.runs.compute, threading.Event(), threading.Event()
 
         def gated(batch):
             computing.set()
@@ -82,7 +82,7 @@ def test_tasks_on_one_encoder_share_one_batch(shared_repo):
         }
         alone = {name: getattr(stub, rpc)(request, timeout=30) for name, (rpc, request) in requests().items()}
 
-        batcher._compute = gated
+        batcher.runs.compute = gated
         before = scrape(server.metrics_url)
         blocker = stub.Embed.future(pb.EmbedRequest(inputs=["hold"], model=ENCODER), timeout=30)
         assert computing.wait(30)

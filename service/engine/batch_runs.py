@@ -84,7 +84,7 @@ class BatchRuns:
         observer: BatchObserver,
     ):
         self.name = name
-        self._compute = compute
+        self.compute = compute  # blocking, on the worker: the encoder group's compute (tests wrap it)
         self._executor = executor
         self._observer = observer
         self._count = 0
@@ -95,7 +95,7 @@ class BatchRuns:
         """Runs `batch`, computed at `padded_shape(rows, length)`; `fit_line`: its time also refits `cost_fit`."""
         self._count += 1
         batch_id = self._count
-        timed = await self._in_worker(batch, _run_live, self._compute, batch)
+        timed = await self._in_worker(batch, _run_live, self.compute, batch)
         if timed is None:
             return
         (live, values), started, inference_s = timed

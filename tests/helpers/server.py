@@ -93,7 +93,7 @@ class GatedBatches:
     def __init__(self, model):
         self.model = model
         self.computing, self._open = threading.Event(), threading.Event()
-        self._compute = model.batcher._compute
+        self._compute = model.batcher.runs.compute
 
     def _gated(self, batch):
         self.computing.set()
@@ -104,12 +104,12 @@ class GatedBatches:
         self._open.set()
 
     def __enter__(self) -> GatedBatches:
-        self.model.batcher._compute = self._gated
+        self.model.batcher.runs.compute = self._gated
         return self
 
     def __exit__(self, *exc) -> None:
         self._open.set()
-        self.model.batcher._compute = self._compute
+        self.model.batcher.runs.compute = self._compute
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
