@@ -113,6 +113,13 @@ def test_every_option_of_every_subcommand_has_help_and_its_choices():
     assert tuple(serve["provider"].choices) == ("auto", "cpu", "cuda")
 
 
+@pytest.mark.parametrize("command", [c for commands in COMMAND_MODULES.values() for c in commands])
+def test_every_command_prints_its_help(command, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main([command, "--help"])
+    assert stopped.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
 def test_serve_rejects_a_value_outside_the_choices(capsys):
     with pytest.raises(SystemExit) as stopped:
         main(["serve", "--precision", "fp8"])

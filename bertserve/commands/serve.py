@@ -76,7 +76,8 @@ def _setting_help(name: str, field) -> str:
     text = field.description or SETTING_HELP.get(name) or name.replace("_", " ")
     default = field.get_default(call_default_factory=True)
     shown = "unset" if default is None else default
-    return f"{text} (env {ENV_PREFIX}{name.upper()}; default: {shown})"
+    # argparse formats help with %: a literal one ("i % engines") is doubled
+    return f"{text} (env {ENV_PREFIX}{name.upper()}; default: {shown})".replace("%", "%%")
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
