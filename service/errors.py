@@ -52,6 +52,8 @@ def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
     """Client data shortened for a status message: repr() cut at `limit` characters (its size named), a
     long sequence cut to its first items. A message never grows with what the client sent."""
     if isinstance(value, list | tuple):
+        if limit < 4:  # deep inside a quoted sequence: its items not shown, so the depth stays bounded
+            return f"[... ({len(value)} items)]"
         shown = ", ".join(quote(v, limit // 4) for v in value[:8])
         more = f", ... ({len(value)} items)" if len(value) > 8 else ""
         return f"[{shown}{more}]"

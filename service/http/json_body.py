@@ -7,8 +7,9 @@
 - Off the loop: bodies above `OFF_LOOP_BYTES` are parsed (and checked) on the CPU pool, and so are
   replies estimated above it built (`off_loop_above`).
 - Refused with 400: invalid UTF-8, NaN and Infinity literals, numbers beyond the float range (1e999),
-  lone surrogates (a "\\ud800" escape is not Unicode text; named by the field that holds it), nesting
-  deeper than the parser's recursion limit.
+  lone surrogates (a "\\ud800" escape is not Unicode text; named by the field that holds it), arrays and
+  objects nested more than `MAX_JSON_DEPTH` deep (counted on the bytes before parsing: what reads the
+  values later, error messages included, never meets a depth a client chose).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import math
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
 
 from bertserve.service.errors import InvalidInput, quote
 from bertserve.service.http.status import HttpError
@@ -31,14 +34,18 @@ OFF_LOOP_BYTES = 64 * 1024  # bodies larger than this are decoded on the CPU poo
 JSON_FLOAT_BYTES = 20  # a float in a reply's JSON, about: to estimate a reply's size
 # JSON strings (or values) a request holds besides its inputs: field names, parameters, outputs.
 STRUCTURE_ALLOWANCE = 1024
+MAX_JSON_DEPTH = 32  # arrays and objects inside each other; a request of any route needs at most five
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_BRACKETS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # an opening one +1, a closing one -1 (int8)
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[{]}"))
 SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def check_counts(
     data: bytes, max_inputs: int, what: str = "body", texts_per_input: int = 1, values_per_input: int = 0
 ) -> None:
-    """Refuses a body with more JSON strings, or values, than a request of `max_inputs` inputs holds;
+    """Refuses a body with more JSON strings, or values, than a request of `max_inputs` inputs holds, or with
+    arrays and objects nested more than MAX_JSON_DEPTH deep;
     `texts_per_input` 2: each input is a pair of texts (or a document object's key and text);
     `values_per_input`: JSON values an input may hold (an array of token ids: the model's max_length)."""
     strings_limit = texts_per_input * max_inputs + STRUCTURE_ALLOWANCE
@@ -53,7 +60,8 @@ def check_counts(
             f"{what}: {strings} JSON strings is more than a request of max_inputs_per_request {max_inputs} "
             f"{inputs} holds (at most {strings_limit}); send at most {max_inputs} inputs in one request"
         )
-    if text.count(b",") + text.count(b"[") + text.count(b"{") <= values_limit:
+    opened = text.count(b"[") + text.count(b"{")
+    if text.count(b",") + opened <= values_limit and opened <= MAX_JSON_DEPTH:
         return
     outside = b"".join(text.split(b'"')[::2])  # the body without its strings: at most strings_limit parts
     values = outside.count(b",") + outside.count(b"[") + outside.count(b"{")
@@ -62,6 +70,13 @@ def check_counts(
             f"{what}: {values} JSON values is more than a request of max_inputs_per_request {max_inputs} "
             f"{inputs} holds (at most {values_limit}); send at most {max_inputs} inputs in one request"
         )
+    if opened > MAX_JSON_DEPTH:
+        marks = np.frombuffer(outside.translate(_BRACKETS, _NOT_BRACKETS), np.int8)
+        depth = int(np.cumsum(marks, dtype=np.int64).max(initial=0))
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidInput(
+                f"{what}: JSON arrays and objects nested {depth} deep, more than {MAX_JSON_DEPTH}"
+            )
 
 
 def _constant(name: str) -> float:

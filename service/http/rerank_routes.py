@@ -25,7 +25,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from bertserve.service.errors import InvalidInput
+from bertserve.service.errors import InvalidInput, quote
 from bertserve.service.http.json_body import off_loop_above
 from bertserve.service.http.pair_fields import (
     PAIR_TEXTS,
@@ -111,7 +111,7 @@ def _relevant_spans(value: object) -> None:
         return
     mode = value.get("mode") if isinstance(value, dict) else None
     if mode != "disabled":
-        shown = repr(mode)[:32] if isinstance(value, dict) else kind_of(value)
+        shown = quote(mode, 32) if isinstance(value, dict) else kind_of(value)
         raise InvalidInput(
             f"relevant_spans: not supported; leave it out or send mode 'disabled' (got {shown})"
         )
