@@ -169,7 +169,8 @@ class Metrics:
             "bertserve_http_connections",
             "HTTP connections by outcome: accepted, refused (over http_max_connections), evicted (idle "
             "keep-alive closed for a new one), handshake_failed, handshake_timeout, not_tls (plain HTTP "
-            "to the HTTPS port)",
+            "to the HTTPS port), unread (closed while its client had not taken a reply, over "
+            "http_max_reply_bytes_in_flight)",
             ["outcome"],
             registry=r,
         )

@@ -177,6 +177,9 @@ class Settings(BaseSettings):
     http_max_connections: int = Field(1024, ge=1, le=1_000_000)  # beyond: 503 and closed
     # bytes of HTTP request bodies being read or answered, all connections together; beyond: 503
     http_max_body_bytes_in_flight: int = Field(64 * 1024 * 1024, ge=1024, le=1 << 40)
+    # bytes of HTTP replies their clients have not taken yet, all connections together; beyond: the connection
+    # waiting longest for its client is closed
+    http_max_reply_bytes_in_flight: int = Field(64 * 1024 * 1024, ge=1024, le=1 << 40)
     http_read_timeout_s: float = Field(30.0, gt=0, le=3600)  # request headers, then its body, each within
     http_keep_alive_s: float = Field(30.0, gt=0, le=3600)  # an idle keep-alive connection is closed after
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -234,12 +237,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_body_budget(self) -> Settings:
-        """A body budget below one message would answer bodies between the two sizes 503 forever."""
-        if self.http_max_body_bytes_in_flight < self.max_message_bytes:
-            raise ValueError(
-                f"http_max_body_bytes_in_flight {self.http_max_body_bytes_in_flight} must be at least "
-                f"max_message_bytes {self.max_message_bytes}"
-            )
+        """A body budget below one message would answer bodies between the two sizes 503 forever, a reply
+        budget below one would close every connection a reply of that size waits on."""
+        for name in ("http_max_body_bytes_in_flight", "http_max_reply_bytes_in_flight"):
+            if getattr(self, name) < self.max_message_bytes:
+                raise ValueError(
+                    f"{name} {getattr(self, name)} must be at least max_message_bytes {self.max_message_bytes}"
+                )
         return self
 
     @model_validator(mode="after")

@@ -2,12 +2,15 @@
 process (psutil), which runs no garbage collection on our behalf:
 - endless header values: each connection holds at most max_header_bytes (431 beyond);
 - bodies one byte short of their Content-Length, then closed: freed with their connection;
-- many large bodies at once: at most http_max_body_bytes_in_flight held (503 beyond).
+- many large bodies at once: at most http_max_body_bytes_in_flight held (503 beyond);
+- large replies their clients never read: at most http_max_reply_bytes_in_flight held (the connection
+  waiting longest aborted beyond it).
 After the clients leave, RSS comes back near where it was."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -15,7 +18,7 @@ import time
 import psutil
 import pytest
 
-from tests.helpers.server import ServerProcess
+from tests.helpers.server import ServerProcess, metric, scrape, wait_for
 
 MiB = 1024 * 1024
 BODY = 8 * MiB  # max_message_bytes' default
@@ -171,3 +174,87 @@ def _readable(sock: socket.socket) -> bool:
         return False
     finally:
         sock.setblocking(True)
+
+
+# A reply larger than the kernel's send buffer takes on loopback (about 3 MiB here), so most of it waits in
+# the server's transport while its client reads nothing.
+REPLY_LIMIT = 16 * MiB  # the reply server's max_message_bytes and its http_max_reply_bytes_in_flight
+READERS_GONE = 12  # connections that ask for a large reply and never read it
+INFER = "http:/v2/models/{name}/infer"
+
+
+@pytest.fixture(scope="module")
+def reply_server(tiny_repo):
+    args = ["--model-repo", str(tiny_repo), "--model", "tiny-embed", "--max-message-bytes", str(REPLY_LIMIT)]
+    process = ServerProcess(*args, "--http-max-reply-bytes-in-flight", str(REPLY_LIMIT)).start()
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+def token_states_request() -> bytes:
+    """A KServe infer call whose JSON reply (every token's state of 256 inputs) takes about 7 MiB."""
+    texts = ["a cat sat on the mat " * 8] * 256
+    body = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}],
+        "outputs": [{"name": "token_embeddings"}],
+    }
+    data = json.dumps(body).encode()
+    head = "POST /v2/models/tiny-embed/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    return f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data
+
+
+def read_reply(sock: socket.socket) -> bytes:
+    """The whole reply (head and body, by Content-Length), or what came before the server reset it."""
+    data = b""
+    with contextlib.suppress(OSError):
+        while b"\r\n\r\n" not in data or len(data) < _reply_size(data):
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+def _reply_size(data: bytes) -> int:
+    head = data.partition(b"\r\n\r\n")[0]
+    fields = (line.partition(b":") for line in head.split(b"\r\n"))
+    return len(head) + 4 + next(int(value) for name, _, value in fields if name.lower() == b"content-length")
+
+
+def answered(server) -> float:
+    return metric(scrape(server.metrics_url), "bertserve_requests_total", rpc=INFER, code="OK")
+
+
+def test_replies_not_read_are_bounded_by_their_budget(reply_server):
+    request = token_states_request()
+    with connect(reply_server) as reader:  # a client that reads: the reply's size
+        reader.sendall(request)
+        size = len(read_reply(reader))
+    assert 4 * MiB < size <= REPLY_LIMIT, size
+    held = REPLY_LIMIT // size  # replies within the budget; each newer one closes the oldest
+    rss = PeakRss(reply_server.process.pid)
+    baseline = settled(reply_server, rss)
+    socks = []
+    try:
+        with rss:
+            for _ in range(READERS_GONE):  # one at a time: the queue takes one call of 256 inputs at once
+                done = answered(reply_server)
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # takes almost nothing
+                sock.settimeout(20)
+                sock.connect(("127.0.0.1", reply_server.http_port))
+                sock.sendall(request)
+                socks.append(sock)
+                wait_for(lambda done=done: answered(reply_server) > done, timeout=60)
+            unread = metric(
+                scrape(reply_server.metrics_url), "bertserve_http_connections_total", outcome="unread"
+            )
+        whole = sum(len(read_reply(sock)) == size for sock in socks)
+    finally:
+        for sock in socks:
+            sock.close()
+    assert unread >= READERS_GONE - held - 1 and whole <= held + 1, (unread, whole, held)
+    assert rss.peak - baseline < REPLY_LIMIT + 24 * MiB, (rss.peak - baseline) / MiB
+    assert health(reply_server) < 2

@@ -60,6 +60,7 @@ SETTING_HELP = {
     "native_port": "port of the native gRPC front: every method of the main port through gRPC's C++ server (unary calls in C++, streams relayed), batched with every other call (0: pick a free one; -1: off; with workers > 1 every front serves it)",
     "http_max_connections": "most open HTTP connections, TLS handshakes included; beyond, 503 and closed",
     "http_max_body_bytes_in_flight": "bytes of HTTP request bodies held at once, all connections; beyond, 503",
+    "http_max_reply_bytes_in_flight": "bytes of HTTP replies their clients have not taken yet, all connections; beyond, the connection waiting longest is closed",
     "http_read_timeout_s": "seconds an HTTP client has to send its request headers, then its body (a gRPC call: its request message)",
     "http_keep_alive_s": "seconds an idle HTTP keep-alive connection stays open",
     "simulated_device_ms": "above 0: encoder batches answered with constant outputs after this many ms, without computing (bertserve bench only)",

@@ -121,6 +121,7 @@ class HttpFront:
             max_body_bytes=settings.max_message_bytes,
             max_connections=settings.http_max_connections,
             max_body_bytes_in_flight=settings.http_max_body_bytes_in_flight,
+            max_reply_bytes_in_flight=settings.http_max_reply_bytes_in_flight,
             header_timeout_s=settings.http_read_timeout_s,
             body_timeout_s=settings.http_read_timeout_s,
             keep_alive_s=settings.http_keep_alive_s,

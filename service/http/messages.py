@@ -18,6 +18,7 @@ class HttpLimits:
     max_header_bytes: int = 32 * 1024  # request line and header fields together
     max_connections: int = 1024
     max_body_bytes_in_flight: int = 64 * 1024 * 1024  # request bodies held, all connections together
+    max_reply_bytes_in_flight: int = 64 * 1024 * 1024  # replies their clients have not taken, all together
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     keep_alive_s: float = 30.0

@@ -116,7 +116,9 @@ class Fields:
             )
         for i, item in enumerate(value):
             if not isinstance(item, int) or isinstance(item, bool) or item < 0:
-                raise InvalidInput(f"{self.prefix}{name}[{i}]: must be an integer >= 0 (got {quote(item, 32)})")
+                raise InvalidInput(
+                    f"{self.prefix}{name}[{i}]: must be an integer >= 0 (got {quote(item, 32)})"
+                )
         return value
 
     def required_string(self, name: str) -> str:

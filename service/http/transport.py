@@ -12,7 +12,9 @@ What one connection may hold (`HttpLimits`; tests/test_http_robustness.py, test_
 - headers not complete `header_timeout_s` after a request's first byte, or a body `body_timeout_s` after
   its headers: 408; no new request `keep_alive_s` after an answer: closed; an answer the client does not
   read within `body_timeout_s` (also one still unsent when its connection closes): aborted; a malformed
-  request or target: 400; `Expect` other than 100-continue: 417.
+  request or target: 400; `Expect` other than 100-continue: 417;
+- an answer not taken (more than WRITE_BUFFER_HIGH unsent): counted whole in the server's budget of replies
+  in flight until the client takes it (connections.py), the request and its response freed meanwhile.
 A refusal is followed by a lingering close (writing shut, what the client still sends read and discarded
 for LINGER_S) so the kernel does not reset the connection before the client reads its answer.
 Requests on one connection are answered in order. The socket is read while a request is answered, so a
@@ -45,6 +47,7 @@ MAX_HEADERS = 100  # header fields per request
 READ_BYTES = 32 * 1024  # one read from the socket
 HEAD_SLICE = 4 * 1024  # request line and headers are fed to the parser in slices of this size, counted
 LINGER_S = 2.0  # after a refusal, what the client still sends is discarded for this long at most
+WRITE_BUFFER_HIGH = 16 * 1024  # unsent bytes a connection holds before it waits for its client
 _READ_BUFFER = memoryview(bytearray(READ_BYTES))  # shared: each read is parsed or copied before the next
 
 
@@ -81,6 +84,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         self.server.opened(self)
         self._arm(self.limits.header_timeout_s, None)  # a connection that never sends a request
 
@@ -259,7 +263,9 @@ class Connection(asyncio.BufferedProtocol):
                 del request
                 self._release_body(reserved)
                 close = not keep_alive or self.server.draining
-                await self._write(serialize(response, close, head))
+                size = self._send(serialize(response, close, head))
+                del response  # only the transport's copy of what is unsent stays while the client reads
+                await self._taken(size)
                 self.answered += 1
                 if close:
                     self.close()
@@ -280,13 +286,22 @@ class Connection(asyncio.BufferedProtocol):
         self.reserved -= size
         self.server.release_body(size)
 
-    async def _write(self, data: bytes) -> None:
+    def _send(self, data: bytes) -> int:
         self.transport.write(data)
-        if not self._writable.is_set():
-            try:
-                await asyncio.wait_for(self._writable.wait(), self.limits.body_timeout_s)
-            except TimeoutError:  # the client does not read its response
-                self.transport.abort()
+        return len(data)
+
+    async def _taken(self, size: int) -> None:
+        """Until the client has taken the reply of `size` bytes but WRITE_BUFFER_HIGH, held in the server's
+        budget of replies in flight meanwhile; aborted after `body_timeout_s`."""
+        if self._writable.is_set():
+            return
+        self.server.hold_reply(self, size)
+        try:
+            await asyncio.wait_for(self._writable.wait(), self.limits.body_timeout_s)
+        except TimeoutError:  # the client does not read its response
+            self.transport.abort()
+        finally:
+            self.server.release_reply(self)
 
     # --- timers and closing --------------------------------------------------------------------------
 

@@ -4,14 +4,15 @@ README's Reliability section lists these terms; `bertserve serve` logs their sum
 tests/test_deploy_memory.py holds the Deployment's memory limit to the models plus this sum.
 
 Not counted: replies that gRPC has taken and a client does not read (HTTP/2 flow control holds them in
-gRPC's send buffer, at most one reply of `max_message_bytes` per call that has ended).
+gRPC's send buffer, at most one reply of `max_message_bytes` per call that has ended), and what the kernel's
+send buffers take of any reply (net.ipv4.tcp_wmem: 4 MiB a socket by default; kernel memory, not RSS).
 """
 
 from __future__ import annotations
 
 from bertserve.service.grpc.stream_memory import streams_bound
 from bertserve.service.http.messages import HttpLimits
-from bertserve.service.http.transport import READ_BYTES
+from bertserve.service.http.transport import READ_BYTES, WRITE_BUFFER_HIGH
 from bertserve.service.settings import Settings
 
 MIB = 1024 * 1024
@@ -23,15 +24,23 @@ NATIVE_QUOTA_MIN = 16 * MIB  # transport.cc's kMinQuotaBytes
 
 
 def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
-    """Bytes per term: HTTP connections (request heads and pipelined bytes), HTTP bodies held, JSON bodies
-    being parsed, gRPC request messages of unary calls (arriving and held), EmbedStreams, and the native port's
+    """Bytes per term: HTTP connections (request heads, pipelined bytes, unsent bytes), HTTP bodies held,
+    HTTP replies their clients have not taken, JSON bodies being parsed, gRPC request messages of unary calls (arriving and held), EmbedStreams, and the native port's
     requests."""
     header_bytes = HttpLimits(max_body_bytes=settings.max_message_bytes).max_header_bytes
-    per_connection = 2 * header_bytes + 2 * READ_BYTES + CONNECTION_OBJECTS + (TLS_READ_BUFFER if tls else 0)
+    per_connection = (
+        2 * header_bytes
+        + 2 * READ_BYTES
+        + WRITE_BUFFER_HIGH
+        + CONNECTION_OBJECTS
+        + (TLS_READ_BUFFER if tls else 0)
+    )
     message = settings.max_message_bytes
     terms = {
         "http_connections": settings.http_max_connections * per_connection,
         "http_bodies": settings.http_max_body_bytes_in_flight + message,
+        # replies not taken: the budget, and the one that waits beyond it while older ones are aborted
+        "http_replies": settings.http_max_reply_bytes_in_flight + message,
         "http_json_parsing": JSON_PARSERS * JSON_PARSE_COPIES * message,
         # the main port's request messages: still arriving (in gRPC's buffers, service/grpc/request_reads.py),
         # then held as received and as parsed
