@@ -25,8 +25,8 @@ NATIVE_QUOTA_MIN = 16 * MIB  # transport.cc's kMinQuotaBytes
 
 def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
     """Bytes per term: HTTP connections (request heads, pipelined bytes, unsent bytes), HTTP bodies held,
-    HTTP replies their clients have not taken, JSON bodies being parsed, gRPC request messages of unary calls (arriving and held), EmbedStreams, and the native port's
-    requests."""
+    HTTP replies their clients have not taken, JSON bodies being parsed, gRPC request messages of unary calls
+    (arriving and held), EmbedStreams, and the native port's requests."""
     header_bytes = HttpLimits(max_body_bytes=settings.max_message_bytes).max_header_bytes
     per_connection = (
         2 * header_bytes
