@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import threading
 import time
 
@@ -19,6 +20,7 @@ import psutil
 import pytest
 
 from tests.helpers.server import ServerProcess, metric, scrape, wait_for
+from tests.test_server_tls import pki  # noqa: F401  (the certificates fixture)
 
 MiB = 1024 * 1024
 BODY = 8 * MiB  # max_message_bytes' default
@@ -67,7 +69,7 @@ def connect(server) -> socket.socket:
 
 def health(server) -> float:
     started = time.monotonic()
-    with connect(server) as sock:
+    with reply_client(server, 1 << 16) if getattr(server, "tls", False) else connect(server) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
     return time.monotonic() - started
@@ -183,14 +185,31 @@ READERS_GONE = 12  # connections that ask for a large reply and never read it
 INFER = "http:/v2/models/{name}/infer"
 
 
-@pytest.fixture(scope="module")
-def reply_server(tiny_repo):
+@pytest.fixture(scope="module", params=["plain", "tls"])
+def reply_server(request, tiny_repo, pki):  # noqa: F811  (pki: the imported fixture)
     args = ["--model-repo", str(tiny_repo), "--model", "tiny-embed", "--max-message-bytes", str(REPLY_LIMIT)]
-    process = ServerProcess(*args, "--http-max-reply-bytes-in-flight", str(REPLY_LIMIT)).start()
+    args += ["--http-max-reply-bytes-in-flight", str(REPLY_LIMIT)]
+    if request.param == "tls":  # its transport would take a whole reply at once: written in pieces
+        args += ["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server-key.pem")]
+    process = ServerProcess(*args).start()
+    process.tls = request.param == "tls"
     try:
         yield process
     finally:
         process.kill()
+
+
+def reply_client(server, receive_buffer: int = 4096) -> socket.socket:
+    """A connection to the reply server whose receive buffer takes almost nothing, over TLS when it serves it."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.settimeout(20)
+    sock.connect(("127.0.0.1", server.http_port))
+    if server.tls:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        sock = context.wrap_socket(sock)
+    return sock
 
 
 def token_states_request() -> bytes:
@@ -228,33 +247,52 @@ def answered(server) -> float:
 
 
 def test_replies_not_read_are_bounded_by_their_budget(reply_server):
+    """Readers gone: each newer reply closes the slowest waiter once the budget is full. A client that reads,
+    slowly, alongside them gets its whole reply."""
     request = token_states_request()
-    with connect(reply_server) as reader:  # a client that reads: the reply's size
+    with reply_client(reply_server, 1 << 20) as reader:  # a client that reads: the reply's size
         reader.sendall(request)
         size = len(read_reply(reader))
     assert 4 * MiB < size <= REPLY_LIMIT, size
-    held = REPLY_LIMIT // size  # replies within the budget; each newer one closes the oldest
+    held = REPLY_LIMIT // size  # replies within the budget
     rss = PeakRss(reply_server.process.pid)
     baseline = settled(reply_server, rss)
-    socks = []
+    socks, slow = [], {}
+
+    def slow_reader():
+        with reply_client(reply_server) as sock:
+            sock.sendall(request)
+            data = b""
+            with contextlib.suppress(OSError):
+                while chunk := sock.recv(65536):
+                    data += chunk
+                    if b"\r\n\r\n" in data and len(data) >= _reply_size(data):
+                        break
+                    time.sleep(0.05)  # about 1 MB/s
+            slow["got"] = len(data)
+
+    reading = threading.Thread(target=slow_reader)
     try:
         with rss:
-            for _ in range(READERS_GONE):  # one at a time: the queue takes one call of 256 inputs at once
+            for sent in range(READERS_GONE):  # one at a time: the queue takes one call of 256 inputs at once
+                if sent == held:  # the budget is full from here on: the reader joins
+                    done = answered(reply_server)
+                    reading.start()
+                    wait_for(lambda done=done: answered(reply_server) > done, timeout=60)
                 done = answered(reply_server)
-                sock = socket.socket()
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # takes almost nothing
-                sock.settimeout(20)
-                sock.connect(("127.0.0.1", reply_server.http_port))
+                sock = reply_client(reply_server)
                 sock.sendall(request)
                 socks.append(sock)
                 wait_for(lambda done=done: answered(reply_server) > done, timeout=60)
             unread = metric(
                 scrape(reply_server.metrics_url), "bertserve_http_connections_total", outcome="unread"
             )
+            reading.join(120)
         whole = sum(len(read_reply(sock)) == size for sock in socks)
     finally:
         for sock in socks:
             sock.close()
+    assert slow.get("got") == size, (slow, size)
     assert unread >= READERS_GONE - held - 1 and whole <= held + 1, (unread, whole, held)
     assert rss.peak - baseline < REPLY_LIMIT + 24 * MiB, (rss.peak - baseline) / MiB
     assert health(reply_server) < 2

@@ -10,14 +10,14 @@ included), the budget of request bodies in flight, eviction, drain and stop, and
   an HTTPS port).
 - Bodies of requests being read or answered hold at most `max_body_bytes_in_flight` bytes in all; beyond,
   503 (transport.py).
-- Replies a client has not taken (more than WRITE_BUFFER_HIGH unsent) hold at most
-  `max_reply_bytes_in_flight` bytes in all: beyond, the connection that has waited longest for its client
-  is aborted (counted `unread`), so a reply on a connection whose client reads always gets room.
+- Replies waiting for their client (more than WRITE_BUFFER_HIGH unsent) hold at most
+  `max_reply_bytes_in_flight` bytes in all: beyond, the waiting connection whose client takes its reply the
+  slowest is aborted (counted `unread`), so clients that read are the last to go.
 
 Memory: about max_connections x (max_header_bytes + 2 x READ_BYTES + the Request objects of one HEAD_SLICE of
-pipelined requests + WRITE_BUFFER_HIGH unsent) + max_body_bytes_in_flight (+ one body copied while a request
-is made of it) + max_reply_bytes_in_flight (+ one reply over it), and with TLS asyncio's read buffer
-(256 KiB) per connection.
+pipelined requests + WRITE_BUFFER_HIGH + REPLY_CHUNK unsent) + max_body_bytes_in_flight (+ one body copied while
+a request is made of it) + max_reply_bytes_in_flight (+ one reply over it), and with TLS asyncio's read buffer
+(256 KiB) and its socket transport's unsent bytes (64 KiB) per connection.
 Counts (`HttpEvents`, exported by service/metrics.py): connections by outcome (accepted, refused,
 evicted, handshake_failed, handshake_timeout, not_tls, unread), open connections, requests refused before routing
 by status.
@@ -72,7 +72,7 @@ class HttpServer:
         self.lingering = 0  # refused sockets being closed gracefully
         self.body_bytes = 0  # bytes of request bodies in flight
         self.reply_bytes = 0  # bytes of replies their clients have not taken
-        self._replies: dict[Connection, int] = {}  # connections waiting for their client, longest first
+        self._replies: dict[Connection, int] = {}  # connections waiting for their client -> the reply's size
         self.draining = False  # answers carry "connection: close"
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.rejected: collections.Counter[int] = collections.Counter()  # status -> requests refused unrouted
@@ -242,16 +242,20 @@ class HttpServer:
 
     def hold_reply(self, connection: Connection, size: int) -> None:
         """`connection` waits for its client to take a reply of `size` bytes. While the replies waiting pass
-        the budget, the connection that has waited longest (not this one) is aborted."""
+        the budget, the connection (not this one) whose client takes its reply the slowest is aborted."""
         self._replies[connection] = size
         self.reply_bytes += size
-        for waiting in list(self._replies):
+        if self.reply_bytes <= self.limits.max_reply_bytes_in_flight:
+            return
+        now = asyncio.get_running_loop().time()
+        # the slowest first; of equal ones (none taken since they began to wait) the oldest
+        waiting = (c for c in self._replies if c is not connection)
+        for slowest in sorted(waiting, key=lambda c: (c.reply_rate(now), c.reply_held_at)):
             if self.reply_bytes <= self.limits.max_reply_bytes_in_flight:
                 break
-            if waiting is not connection:
-                self.release_reply(waiting)
-                self._count("unread")
-                waiting.transport.abort()
+            self.release_reply(slowest)
+            self._count("unread")
+            slowest.transport.abort()
 
     def release_reply(self, connection: Connection) -> None:
         self.reply_bytes -= self._replies.pop(connection, 0)

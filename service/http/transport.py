@@ -13,8 +13,10 @@ What one connection may hold (`HttpLimits`; tests/test_http_robustness.py, test_
   its headers: 408; no new request `keep_alive_s` after an answer: closed; an answer the client does not
   read within `body_timeout_s` (also one still unsent when its connection closes): aborted; a malformed
   request or target: 400; `Expect` other than 100-continue: 417;
-- an answer not taken (more than WRITE_BUFFER_HIGH unsent): counted whole in the server's budget of replies
-  in flight until the client takes it (connections.py), the request and its response freed meanwhile.
+- an answer is written in REPLY_CHUNK pieces, each once the client has taken the last (more than
+  WRITE_BUFFER_HIGH unsent pauses it; over TLS too, whose transport would take a whole reply at once): while it
+  waits it counts whole in the server's budget of replies in flight (connections.py), the request and its
+  response freed meanwhile.
 A refusal is followed by a lingering close (writing shut, what the client still sends read and discarded
 for LINGER_S) so the kernel does not reset the connection before the client reads its answer.
 Requests on one connection are answered in order. The socket is read while a request is answered, so a
@@ -24,7 +26,10 @@ client that disconnects is seen at once: its handler is cancelled, which drops i
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import struct
+import termios
 from collections import deque
 from collections.abc import Callable
 
@@ -48,6 +53,8 @@ READ_BYTES = 32 * 1024  # one read from the socket
 HEAD_SLICE = 4 * 1024  # request line and headers are fed to the parser in slices of this size, counted
 LINGER_S = 2.0  # after a refusal, what the client still sends is discarded for this long at most
 WRITE_BUFFER_HIGH = 16 * 1024  # unsent bytes a connection holds before it waits for its client
+REPLY_CHUNK = 16 * 1024  # an answer goes to the transport in pieces of this size
+_OUTQ = getattr(termios, "TIOCOUTQ", None)  # a socket's unsent bytes in the kernel (SIOCOUTQ on Linux)
 _READ_BUFFER = memoryview(bytearray(READ_BYTES))  # shared: each read is parsed or copied before the next
 
 
@@ -70,6 +77,9 @@ class Connection(asyncio.BufferedProtocol):
         self.closing = False
         self.lingering = False  # refused: what the client still sends is discarded until it closes
         self.failure: tuple | None = None  # a refusal that waits for the answers before it
+        self.reply_written = 0  # bytes of the answer being written given to the transport
+        self.reply_held_at = 0.0  # the loop's time the answer began to wait for its client
+        self.reply_taken_held = 0  # bytes of it the client had taken by then
         self._writable = asyncio.Event()
         self._writable.set()
         self._reset_message()
@@ -263,9 +273,9 @@ class Connection(asyncio.BufferedProtocol):
                 del request
                 self._release_body(reserved)
                 close = not keep_alive or self.server.draining
-                size = self._send(serialize(response, close, head))
-                del response  # only the transport's copy of what is unsent stays while the client reads
-                await self._taken(size)
+                data = serialize(response, close, head)
+                del response  # the answer's bytes alone stay while the client reads them
+                await self._write(data)
                 self.answered += 1
                 if close:
                     self.close()
@@ -286,22 +296,44 @@ class Connection(asyncio.BufferedProtocol):
         self.reserved -= size
         self.server.release_body(size)
 
-    def _send(self, data: bytes) -> int:
-        self.transport.write(data)
-        return len(data)
-
-    async def _taken(self, size: int) -> None:
-        """Until the client has taken the reply of `size` bytes but WRITE_BUFFER_HIGH, held in the server's
-        budget of replies in flight meanwhile; aborted after `body_timeout_s`."""
-        if self._writable.is_set():
-            return
-        self.server.hold_reply(self, size)
+    async def _write(self, data: bytes) -> None:
+        """`data` in REPLY_CHUNK pieces, each once the client has taken the last but WRITE_BUFFER_HIGH; held
+        in the server's budget of replies in flight while it waits. A client that takes nothing for
+        `body_timeout_s` is aborted."""
+        view, held = memoryview(data), False
+        self.reply_written = 0
         try:
-            await asyncio.wait_for(self._writable.wait(), self.limits.body_timeout_s)
-        except TimeoutError:  # the client does not read its response
-            self.transport.abort()
+            for start in range(0, len(view) + REPLY_CHUNK, REPLY_CHUNK):
+                if not self._writable.is_set():
+                    if not held:
+                        self.reply_held_at = asyncio.get_running_loop().time()
+                        self.reply_taken_held = self.reply_taken()
+                        self.server.hold_reply(self, len(data))
+                        held = True
+                    try:
+                        await asyncio.wait_for(self._writable.wait(), self.limits.body_timeout_s)
+                    except TimeoutError:  # the client does not read its response
+                        self.transport.abort()
+                    if self.closing or self.transport.is_closing():  # aborted: for the budget, or as above
+                        return
+                if start < len(view):
+                    piece = view[start : start + REPLY_CHUNK]
+                    self.transport.write(piece)
+                    self.reply_written += len(piece)
         finally:
-            self.server.release_reply(self)
+            if held:
+                self.server.release_reply(self)
+
+    def reply_taken(self) -> int:
+        """Bytes of the answer being written its client has taken (Linux: the kernel's unsent bytes counted as
+        not taken; elsewhere only what the transport holds)."""
+        unsent = self.transport.get_write_buffer_size() + _kernel_unsent(self.transport)
+        return max(0, self.reply_written - unsent)
+
+    def reply_rate(self, now: float) -> float:
+        """Bytes a second its client has taken since the answer began to wait for it: about 0 for a client
+        that reads nothing, whatever the kernel and the transport took at first."""
+        return (self.reply_taken() - self.reply_taken_held) / max(now - self.reply_held_at, 1e-3)
 
     # --- timers and closing --------------------------------------------------------------------------
 
@@ -360,3 +392,13 @@ class Connection(asyncio.BufferedProtocol):
     def close_if_idle(self) -> None:
         if not (self.busy or self.in_message or self.closing):
             self.close()
+
+
+def _kernel_unsent(transport: asyncio.Transport) -> int:
+    sock = transport.get_extra_info("socket")
+    if sock is None or _OUTQ is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):
+        return 0

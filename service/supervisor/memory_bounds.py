@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from bertserve.service.grpc.stream_memory import streams_bound
 from bertserve.service.http.messages import HttpLimits
-from bertserve.service.http.transport import READ_BYTES, WRITE_BUFFER_HIGH
+from bertserve.service.http.transport import READ_BYTES, REPLY_CHUNK, WRITE_BUFFER_HIGH
 from bertserve.service.settings import Settings
 
 MIB = 1024 * 1024
 CONNECTION_OBJECTS = 8 * 1024  # a connection's protocol, parser and buffers' own objects
 TLS_READ_BUFFER = 256 * 1024  # asyncio's read buffer of each TLS connection
+# what a TLS connection's socket transport takes of a reply before it pauses the TLS layer (asyncio's default
+# high-water mark); the TLS layer then pauses the connection at WRITE_BUFFER_HIGH
+TLS_SOCKET_WRITE_HIGH = 64 * 1024
 JSON_PARSERS = 2  # large JSON bodies are parsed on the CPU pool's two threads (service/supervisor/server.py)
 JSON_PARSE_COPIES = 4  # the body, its decoded text, the pre-count's copy and the parsed values
 NATIVE_QUOTA_MIN = 16 * MIB  # transport.cc's kMinQuotaBytes
@@ -32,8 +35,9 @@ def bounds(settings: Settings, dimension: int, tls: bool) -> dict[str, int]:
         2 * header_bytes
         + 2 * READ_BYTES
         + WRITE_BUFFER_HIGH
+        + REPLY_CHUNK
         + CONNECTION_OBJECTS
-        + (TLS_READ_BUFFER if tls else 0)
+        + (TLS_READ_BUFFER + TLS_SOCKET_WRITE_HIGH if tls else 0)
     )
     message = settings.max_message_bytes
     terms = {
