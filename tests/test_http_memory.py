@@ -296,3 +296,17 @@ def test_replies_not_read_are_bounded_by_their_budget(reply_server):
     assert unread >= READERS_GONE - held - 1 and whole <= held + 1, (unread, whole, held)
     assert rss.peak - baseline < REPLY_LIMIT + 24 * MiB, (rss.peak - baseline) / MiB
     assert health(reply_server) < 2
+
+
+def test_a_client_that_leaves_mid_reply_stops_its_writing(reply_server):
+    """The rest of a reply whose client closed is not written piece by piece to a closed transport (asyncio
+    logs each such write from the fifth on), and the next client is answered."""
+    request = token_states_request()
+    for _ in range(3):
+        with reply_client(reply_server) as sock:
+            sock.sendall(request)
+            sock.recv(4096)  # the reply has begun
+    assert health(reply_server) < 2
+    time.sleep(1)  # the server's log lines reach this process
+    lost = ("socket.send() raised", "SSL connection is closed")
+    assert not [line for line in reply_server.lines if any(text in line for text in lost)]

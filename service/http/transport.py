@@ -77,9 +77,10 @@ class Connection(asyncio.BufferedProtocol):
         self.closing = False
         self.lingering = False  # refused: what the client still sends is discarded until it closes
         self.failure: tuple | None = None  # a refusal that waits for the answers before it
-        self.reply_written = 0  # bytes of the answer being written given to the transport
-        self.reply_held_at = 0.0  # the loop's time the answer began to wait for its client
-        self.reply_taken_held = 0  # bytes of it the client had taken by then
+        self.peer_closed = False  # the client closed its side
+        self.written = 0  # bytes given to the transport since the connection opened
+        self.reply_held_at = 0.0  # the loop's time the answer being written began to wait for its client
+        self.taken_at_hold = 0  # bytes the client had taken by then
         self._writable = asyncio.Event()
         self._writable.set()
         self._reset_message()
@@ -126,6 +127,7 @@ class Connection(asyncio.BufferedProtocol):
             self._feed(_READ_BUFFER[:nbytes])
 
     def eof_received(self) -> None:
+        self.peer_closed = True  # an answer being written stops (TLS closes the transport later)
         return None  # closed: a request being answered is cancelled (connection_lost)
 
     def pause_writing(self) -> None:
@@ -275,7 +277,11 @@ class Connection(asyncio.BufferedProtocol):
                 close = not keep_alive or self.server.draining
                 data = serialize(response, close, head)
                 del response  # the answer's bytes alone stay while the client reads them
-                await self._write(data)
+                written = await self._write(data)
+                del data
+                if not written:  # the client went away or was aborted: nothing more is answered
+                    self.closing = True
+                    return
                 self.answered += 1
                 if close:
                     self.close()
@@ -296,44 +302,46 @@ class Connection(asyncio.BufferedProtocol):
         self.reserved -= size
         self.server.release_body(size)
 
-    async def _write(self, data: bytes) -> None:
+    async def _write(self, data: bytes) -> bool:
         """`data` in REPLY_CHUNK pieces, each once the client has taken the last but WRITE_BUFFER_HIGH; held
         in the server's budget of replies in flight while it waits. A client that takes nothing for
-        `body_timeout_s` is aborted."""
+        `body_timeout_s` is aborted. False when the connection ended first."""
         view, held = memoryview(data), False
-        self.reply_written = 0
         try:
             for start in range(0, len(view) + REPLY_CHUNK, REPLY_CHUNK):
                 if not self._writable.is_set():
                     if not held:
                         self.reply_held_at = asyncio.get_running_loop().time()
-                        self.reply_taken_held = self.reply_taken()
+                        self.taken_at_hold = self.taken()
                         self.server.hold_reply(self, len(data))
                         held = True
                     try:
                         await asyncio.wait_for(self._writable.wait(), self.limits.body_timeout_s)
                     except TimeoutError:  # the client does not read its response
                         self.transport.abort()
-                    if self.closing or self.transport.is_closing():  # aborted: for the budget, or as above
-                        return
+                elif 0 < start < len(view):  # a turn between pieces: others go on, a lost client is seen
+                    await asyncio.sleep(0)
+                if self.closing or self.peer_closed or self.transport.is_closing():
+                    return False
                 if start < len(view):
-                    piece = view[start : start + REPLY_CHUNK]
+                    piece = bytes(view[start : start + REPLY_CHUNK])  # queued alone, not a view of `data`
                     self.transport.write(piece)
-                    self.reply_written += len(piece)
+                    self.written += len(piece)
+            return True
         finally:
             if held:
                 self.server.release_reply(self)
 
-    def reply_taken(self) -> int:
-        """Bytes of the answer being written its client has taken (Linux: the kernel's unsent bytes counted as
+    def taken(self) -> int:
+        """Bytes its client has taken since the connection opened (Linux: the kernel's unsent bytes counted as
         not taken; elsewhere only what the transport holds)."""
         unsent = self.transport.get_write_buffer_size() + _kernel_unsent(self.transport)
-        return max(0, self.reply_written - unsent)
+        return max(0, self.written - unsent)
 
     def reply_rate(self, now: float) -> float:
-        """Bytes a second its client has taken since the answer began to wait for it: about 0 for a client
-        that reads nothing, whatever the kernel and the transport took at first."""
-        return (self.reply_taken() - self.reply_taken_held) / max(now - self.reply_held_at, 1e-3)
+        """Bytes a second its client has taken since the answer being written began to wait for it: about 0
+        for a client that reads nothing, whatever the kernel and the transport took at first."""
+        return (self.taken() - self.taken_at_hold) / max(now - self.reply_held_at, 1e-3)
 
     # --- timers and closing --------------------------------------------------------------------------
 
