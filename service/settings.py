@@ -236,7 +236,7 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _check_body_budget(self) -> Settings:
+    def _check_http_budgets(self) -> Settings:
         """A body budget below one message would answer bodies between the two sizes 503 forever, a reply
         budget below one would close every connection a reply of that size waits on."""
         for name in ("http_max_body_bytes_in_flight", "http_max_reply_bytes_in_flight"):

@@ -175,7 +175,7 @@ class Batcher(Admission):
 
     def _fail_waiting_room(self) -> None:
         for room in self._room.values():
-            room.fail_waiting(ShuttingDown(f"model {self.name}: the server is shutting down"))
+            room.fail_waiting(self._shutting_down())
 
     def _fail_queued(self, error: Exception) -> None:
         self._take_incoming()

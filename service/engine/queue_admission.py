@@ -51,9 +51,15 @@ class Admission:
     def _queued_tokens(self) -> int:
         return self._lanes[False].tokens + self._lanes[True].tokens
 
-    def _check_room(self, n: int, bulk: bool) -> None:
+    def _shutting_down(self) -> ShuttingDown:
+        return ShuttingDown(f"model {self.name}: the server is shutting down")
+
+    def _check_open(self) -> None:
         if self._closing:
-            raise ShuttingDown(f"model {self.name}: the server is shutting down")
+            raise self._shutting_down()
+
+    def _check_room(self, n: int, bulk: bool) -> None:
+        self._check_open()
         # Each lane has its own bound, so streams filling theirs never refuse unary calls (memory: at most
         # twice max_queue_inputs inputs queued or being tokenized).
         room = self._room[bulk]
@@ -75,8 +81,7 @@ class Admission:
     async def wait_room(self, n: int, bulk: bool = True) -> Permit:
         """Room for a stream request's `n` inputs, waited for in arrival order (Overloaded at once when
         `n` can never fit; ShuttingDown when the server stops)."""
-        if self._closing:
-            raise ShuttingDown(f"model {self.name}: the server is shutting down")
+        self._check_open()
         if n > self.limits.max_queue_inputs:
             raise Overloaded(
                 f"model {self.name}: {n} inputs is more than max_queue_inputs "
@@ -86,8 +91,7 @@ class Admission:
 
     def reserve_exclusive(self) -> Permit:
         """A place for one attention call, taken before its tokenization (Overloaded when full)."""
-        if self._closing:
-            raise ShuttingDown(f"model {self.name}: the server is shutting down")
+        self._check_open()
         waiting = len(self._exclusive) + self._exclusive_held
         if waiting >= self.limits.max_queue_exclusive:
             raise Overloaded(
@@ -128,8 +132,7 @@ class Admission:
             self._check_admission(len(items), tokens, deadline, bulk)
             self._room[bulk].used += len(items)  # queued now: freed when they leave the queue
         else:
-            if self._closing:
-                raise ShuttingDown(f"model {self.name}: the server is shutting down")
+            self._check_open()
             self._check_deadline(tokens, deadline, bulk)
             self._room[bulk].used += len(items) - permit.inputs
             permit.hand_over()
@@ -156,8 +159,8 @@ class Admission:
         (unless `permit`, from `reserve_exclusive`, holds its place); cancelled while queued: never run."""
         if permit is None:
             permit = self.reserve_exclusive()
-        elif self._closing:
-            raise ShuttingDown(f"model {self.name}: the server is shutting down")
+        else:
+            self._check_open()
         permit.release()  # its place becomes the queued job's
         job = ExclusiveJob(run, tokens, asyncio.get_running_loop().create_future(), deadline)
         self._exclusive.append(job)
