@@ -3,8 +3,8 @@ process (psutil), which runs no garbage collection on our behalf:
 - endless header values: each connection holds at most max_header_bytes (431 beyond);
 - bodies one byte short of their Content-Length, then closed: freed with their connection;
 - many large bodies at once: at most http_max_body_bytes_in_flight held (503 beyond);
-- large replies their clients never read: at most http_max_reply_bytes_in_flight held (the connection
-  waiting longest aborted beyond it).
+- large replies their clients never read: at most http_max_reply_bytes_in_flight held (beyond it the
+  waiting connection whose client takes its reply slowest is aborted).
 After the clients leave, RSS comes back near where it was."""
 
 from __future__ import annotations
@@ -224,15 +224,17 @@ def token_states_request() -> bytes:
     return f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data
 
 
-def read_reply(sock: socket.socket) -> bytes:
-    """The whole reply (head and body, by Content-Length), or what came before the server reset it."""
+def read_reply(sock: socket.socket, size: int = 1 << 20, pause_s: float = 0.0) -> bytes:
+    """The whole reply (head and body, by Content-Length), or what came before the server reset it; read
+    `size` bytes at a time, `pause_s` after each."""
     data = b""
     with contextlib.suppress(OSError):
         while b"\r\n\r\n" not in data or len(data) < _reply_size(data):
-            chunk = sock.recv(1 << 20)
+            chunk = sock.recv(size)
             if not chunk:
                 break
             data += chunk
+            time.sleep(pause_s)
     return data
 
 
@@ -244,6 +246,13 @@ def _reply_size(data: bytes) -> int:
 
 def answered(server) -> float:
     return metric(scrape(server.metrics_url), "bertserve_requests_total", rpc=INFER, code="OK")
+
+
+def answered_after(server, send) -> None:
+    """`send()`, then wait until the server has answered one more infer call."""
+    done = answered(server)
+    send()
+    wait_for(lambda: answered(server) > done, timeout=60)
 
 
 def test_replies_not_read_are_bounded_by_their_budget(reply_server):
@@ -262,28 +271,16 @@ def test_replies_not_read_are_bounded_by_their_budget(reply_server):
     def slow_reader():
         with reply_client(reply_server) as sock:
             sock.sendall(request)
-            data = b""
-            with contextlib.suppress(OSError):
-                while chunk := sock.recv(65536):
-                    data += chunk
-                    if b"\r\n\r\n" in data and len(data) >= _reply_size(data):
-                        break
-                    time.sleep(0.05)  # about 1 MB/s
-            slow["got"] = len(data)
+            slow["got"] = len(read_reply(sock, 65536, 0.05))  # about 1 MB/s
 
     reading = threading.Thread(target=slow_reader)
     try:
         with rss:
             for sent in range(READERS_GONE):  # one at a time: the queue takes one call of 256 inputs at once
                 if sent == held:  # the budget is full from here on: the reader joins
-                    done = answered(reply_server)
-                    reading.start()
-                    wait_for(lambda done=done: answered(reply_server) > done, timeout=60)
-                done = answered(reply_server)
-                sock = reply_client(reply_server)
-                sock.sendall(request)
-                socks.append(sock)
-                wait_for(lambda done=done: answered(reply_server) > done, timeout=60)
+                    answered_after(reply_server, reading.start)
+                socks.append(reply_client(reply_server))
+                answered_after(reply_server, lambda: socks[-1].sendall(request))
             unread = metric(
                 scrape(reply_server.metrics_url), "bertserve_http_connections_total", outcome="unread"
             )
